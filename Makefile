@@ -1,0 +1,49 @@
+# serrano — every entry point. The first use of any target creates .venv and installs
+# the pinned toolchain into it (see pyproject.toml); nothing else is assumed but
+# Python >= 3.11, a C++ compiler, make and perl.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# pytest-xdist workers for `make test`; the suite is sized for 2 cores.
+JOBS   ?= 2
+# Simulator for cocotb runs: verilator (default) or icarus.
+SIM    ?= verilator
+export SIM
+
+.DEFAULT_GOAL := help
+.PHONY: help sim test bench synth lint clean
+
+help: ## list the targets
+	@echo "serrano — make targets (first use creates .venv):"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 16
+	@echo "variables: SIM=verilator|icarus  WAVES=1  JOBS=$(JOBS)  ARGS='extra CLI options'"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "serrano needs Python >= 3.11, found " + sys.version.split()[0])'
+	@command -v c++ >/dev/null || { echo "serrano needs a C++ compiler (c++) for Verilator"; exit 1; }
+	@command -v perl >/dev/null || { echo "serrano needs perl for Verilator"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+sim: $(STAMP) ## simulate the default design on the default workload and print the report
+	$(BIN)/serrano sim $(ARGS)
+
+test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
+	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
+
+bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
+	$(BIN)/python -m bench $(ARGS)
+
+synth: $(STAMP) ## Yosys + nextpnr-ecp5 area and Fmax: print a table, write build/synth.json
+	$(BIN)/python -m synth $(ARGS)
+
+lint: $(STAMP) ## ruff, and Verilator --lint-only on every generated top
+	$(BIN)/ruff check .
+	$(BIN)/python -m tb.lint
+
+clean: ## remove generated files (keeps .venv)
+	rm -rf sim_build build .pytest_cache .ruff_cache .hypothesis
