@@ -1,0 +1,1 @@
+"""Testbenches: the simulator runner, the stream harness, cocotb drivers and the CLI."""

@@ -1,0 +1,148 @@
+"""cocotb tests of the tensor core inside a StreamHarness (see tests/test_tensor_core.py).
+
+Each test reads its parameters with :func:`tb.runner.parameters` and hands metrics back
+with :func:`tb.runner.report`. The scoreboard is the golden GEMM: every result row is
+compared, and the row count must be exact (a missing, duplicated or extra row fails).
+"""
+
+from __future__ import annotations
+
+import cocotb
+import numpy as np
+
+from golden.gemm import gemm
+from tb.gemm_stream import assemble, operand_beats, result_rows, tile_grid
+from tb.harness_driver import HarnessDriver
+from tb.runner import parameters, report
+
+
+def make_operands(rng: np.random.Generator, m: int, k: int, p: int, kind: str):
+    """Random int8 operands; ``extreme`` mixes in the corners -128 and 127 heavily."""
+    if kind == "random":
+        return rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, p))
+    if kind == "extreme":
+        corners = np.array([-128, -128, -128, 127, 0, -1])
+        return rng.choice(corners, (m, k)), rng.choice(corners, (k, p))
+    if kind == "min":  # -128 * -128 summed over all of K: the largest accumulator
+        return np.full((m, k), -128), np.full((k, p), -128)
+    raise ValueError(f"unknown operand kind {kind!r}")
+
+
+class TensorCoreTB:
+    """Loads a GEMM into the harness, runs it and checks it against golden."""
+
+    def __init__(self, dut, n: int):
+        self.harness = HarnessDriver(dut)
+        self.dut, self.n = dut, n
+
+    def set_idle_generator(self, probability: float) -> None:
+        self.harness.set_idle("a", probability)
+        self.harness.set_idle("b", probability)
+
+    def set_backpressure_generator(self, probability: float) -> None:
+        self.harness.set_backpressure("c", probability)
+
+    def load(self, a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
+        """Load the operand beats; return (beats per operand stream, result rows expected)."""
+        a_words, b_words = operand_beats(a, b, self.n)
+        self.harness.load("a", a_words)
+        self.harness.load("b", b_words)
+        rows, cols = tile_grid(a.shape[0], b.shape[1], self.n)
+        expected_rows = rows * cols * self.n
+        self.harness.expect("c", expected_rows)
+        return len(a_words), expected_rows
+
+    def check(self, a: np.ndarray, b: np.ndarray, expected_rows: int) -> None:
+        received = self.harness.counter("c_received")
+        assert received == expected_rows, f"{received} result rows, expected {expected_rows}"
+        values, last = result_rows(self.harness.read("c", expected_rows), self.n)
+        want_last = (np.arange(expected_rows) % self.n) == self.n - 1
+        assert (last == want_last).all(), "result `last` flags are not on every N-th row"
+        got = assemble(values, a.shape[0], b.shape[1], self.n)
+        want = gemm(a, b)
+        bad = np.argwhere(got != want)
+        assert bad.size == 0, (
+            f"{len(bad)} wrong results, first at {tuple(bad[0])}: "
+            f"got {got[tuple(bad[0])]}, want {want[tuple(bad[0])]}"
+        )
+
+
+def _timeout(beats: int, rows: int, idle: float, stall: float, n: int) -> int:
+    return int(4 * (beats / (1 - idle) + rows / (1 - stall))) + 20 * n + 1000
+
+
+@cocotb.test()
+async def gemm_matches_golden(dut):
+    """A random GEMM, tiles back to back, optional idle/backpressure; bit-exact."""
+    p = parameters()
+    n, seed = p["n"], p["seed"]
+    rng = np.random.default_rng(seed)
+    tb = TensorCoreTB(dut, n)
+    a, b = make_operands(rng, p["m"], p["k"], p["p"], p.get("kind", "random"))
+    tb.set_idle_generator(p.get("idle", 0.0))
+    tb.set_backpressure_generator(p.get("stall", 0.0))
+    await tb.harness.reset()
+    beats, rows = tb.load(a, b)
+    stats = await tb.harness.run(
+        seed=seed, timeout_cycles=_timeout(beats, rows, p.get("idle", 0), p.get("stall", 0), n)
+    )
+    assert stats.finished, f"timed out after {stats.cycles} cycles"
+    await tb.harness.settle(4 * n)
+    tb.check(a, b, rows)
+    assert int(dut.error.value) == 0, "error flag set on a well-formed stream"
+    first_in, last_out = tb.harness.counter("a_first"), tb.harness.counter("c_last")
+    span = last_out - first_in + 1
+    report(
+        cycles=stats.cycles,
+        span_cycles=span,
+        macs=int(a.shape[0] * a.shape[1] * b.shape[1]),
+        utilisation=a.shape[0] * a.shape[1] * b.shape[1] / (n * n * span),
+        wall_s=stats.wall_s,
+        cycles_per_s=stats.cycles_per_s,
+    )
+
+
+@cocotb.test()
+async def reset_mid_stream(dut):
+    """Reset halfway through a GEMM, then run it again: the result is exact, nothing stale."""
+    p = parameters()
+    n, seed = p["n"], p["seed"]
+    rng = np.random.default_rng(seed)
+    tb = TensorCoreTB(dut, n)
+    a, b = make_operands(rng, p["m"], p["k"], p["p"], "random")
+    tb.set_backpressure_generator(0.3)
+    await tb.harness.reset()
+    beats, rows = tb.load(a, b)
+    stats = await tb.harness.run(seed=seed, timeout_cycles=beats // 2)
+    assert not stats.finished, "the GEMM finished before the reset could interrupt it"
+    assert tb.harness.counter("c_received") > 0, "reset came before any result left"
+    await tb.harness.reset()
+    assert int(dut.error.value) == 0
+    stats = await tb.harness.run(seed=seed + 1, timeout_cycles=_timeout(beats, rows, 0, 0.3, n))
+    assert stats.finished, "timed out after the reset"
+    await tb.harness.settle(4 * n)
+    tb.check(a, b, rows)
+
+
+@cocotb.test()
+async def operand_stream_ends_early(dut):
+    """A ends one beat before B on the second tile: error set, first tile intact, halt."""
+    p = parameters()
+    n, k = p["n"], p["k"]
+    rng = np.random.default_rng(p["seed"])
+    tb = TensorCoreTB(dut, n)
+    a, b = make_operands(rng, n, k, 2 * n, "random")
+    await tb.harness.reset()
+    tb.load(a, b)
+    a_words, _ = operand_beats(a, b, n)
+    flag = 1 << (8 * n)
+    a_words[k + k - 2] |= flag  # second tile: `last` on A's beat K-2 only
+    tb.harness.load("a", a_words)
+    stats = await tb.harness.run(seed=p["seed"], timeout_cycles=4 * k + 40 * n)
+    assert not stats.finished, "the harness finished although the streams disagree"
+    assert int(dut.error.value) == 1, "mismatched `last` flags did not set the error flag"
+    sent = tb.harness.counter("a_sent")
+    assert sent == k + k - 2, f"core consumed {sent} beats, expected to halt at {2 * k - 2}"
+    tb.check(a[:, :], b[:, :n], n)  # the first tile drained, exactly once
+    await tb.harness.settle(8 * n)
+    assert tb.harness.counter("c_received") == n, "rows left the core after the error"
