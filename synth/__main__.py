@@ -17,7 +17,7 @@ from pathlib import Path
 
 from synth import SYNTH_JSON, load_metrics, metric_name
 from synth.designs import DESIGNS, DesignUnavailable, UnknownDesign, build_design, describe
-from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, SynthError, run_flow, warm_up
+from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, PNR_SEED, SynthError, run_flow, warm_up
 
 # Table columns: (metric, heading).
 COLUMNS = [
@@ -58,8 +58,12 @@ def table(metrics: dict, designs: list[str], freq_mhz: float) -> str:
             continue
         fmax = metrics.get(metric_name(design, "ecp5_fmax_mhz"))
         target = metrics.get(metric_name(design, "ecp5_fmax_target_mhz"), freq_mhz)
-        verdict = "" if fmax is None else ("ok" if fmax >= target else "MISSED")
-        verdict = f">= {target:g}  {verdict}" if verdict else "not placed"
+        if fmax is not None:
+            verdict = f">= {target:g}  {'ok' if fmax >= target else 'MISSED'}"
+        elif metrics.get(metric_name(design, "ecp5_fits")) == 0:
+            verdict = "does not fit 85F"
+        else:
+            verdict = "not placed"
         rows.append([design, *map(_shown, values), verdict])
     if not rows:
         return "(no figures)"
@@ -83,7 +87,7 @@ def _run_one(name: str, args: argparse.Namespace) -> dict | None:
     start = time.perf_counter()
     metrics = run_flow(
         design, name, build_dir=args.build_dir, freq_mhz=args.freq, pnr=not args.no_pnr,
-        timeout=args.timeout, progress=_say,
+        seed=args.seed, timeout=args.timeout, progress=_say,
     )
     _say(f"{name}: done in {time.perf_counter() - start:.1f} s")
     return {metric_name(name, k): v for k, v in metrics.items()}
@@ -102,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--freq", type=float, default=DEFAULT_FREQ_MHZ, metavar="MHZ",
         help=f"target clock for nextpnr and the table (default {DEFAULT_FREQ_MHZ:g})",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=PNR_SEED,
+        help=f"nextpnr placer seed (default {PNR_SEED}; fixed so that runs are comparable)",
     )
     parser.add_argument(
         "--jobs", "-j", type=int, default=1, metavar="N",
@@ -144,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     def job(name: str) -> None:
         try:
             results[name] = _run_one(name, args)
-        except (SynthError, ValueError, TypeError) as exc:
+        except SynthError as exc:
             failures[name] = str(exc)
+            # Keep what did finish (e.g. Yosys figures when nextpnr failed).
+            results[name] = {metric_name(name, k): v for k, v in exc.metrics.items()} or None
             _say(f"{name}: FAILED: {exc}")
+        except (ValueError, TypeError) as exc:  # the design refused its parameters
+            failures[name] = str(exc)
+            _say(f"{name}: FAILED: {type(exc).__name__}: {exc}")
 
     if args.jobs == 1 or len(names) == 1:
         for name in names:
@@ -177,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         cp = args.build_dir / name / "critical_path.txt"
         if fmax is not None and fmax < args.freq and cp.exists():
             print(f"\n{name} misses {args.freq:g} MHz; {cp.read_text().rstrip()}")
-    skipped = [n for n in names if n in results and results[n] is None]
+    skipped = [n for n in names if n in results and results[n] is None and n not in failures]
     if skipped:
         print(f"\nnot available (RTL not importable): {', '.join(skipped)}")
     print(f"\nwrote {args.json} in {time.perf_counter() - start:.1f} s")

@@ -14,7 +14,6 @@ measured is that of the block's own register-to-register paths. See ``docs/synth
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -43,6 +42,7 @@ __all__ = [
     "parse_yosys_stat",
     "parse_nextpnr_report",
     "critical_path_summary",
+    "ecp5_overflow",
     "format_critical_path",
     "run_flow",
     "warm_up",
@@ -84,12 +84,27 @@ PNR_UTILISATION: dict[str, str] = {
     "ebr": "DP16KD",
     "ramw": "TRELLIS_RAMW",
 }
+#: What the LFE5U-85F offers, as nextpnr reports it ("available"), by the cells that use it.
+ECP5_85F_CAPACITY: dict[str, int] = {
+    "TRELLIS_COMB": 83640,
+    "TRELLIS_FF": 83640,
+    "MULT18X18D": 156,
+    "DP16KD": 208,
+    "TRELLIS_RAMW": 10455,
+}
 # Cell types that are bookkeeping, not hardware.
 _NOT_HARDWARE = {"$scopeinfo"}
 
 
 class SynthError(RuntimeError):
-    """A flow step failed: bad input, or a tool that exited with an error (log tail included)."""
+    """A flow step failed: bad input, or a tool that exited with an error (log tail included).
+
+    ``metrics`` holds the figures of the steps that did finish (empty if none did).
+    """
+
+    def __init__(self, message: str, metrics: Metrics | None = None):
+        super().__init__(message)
+        self.metrics: Metrics = dict(metrics or {})
 
 
 # --- tools -----------------------------------------------------------------------------
@@ -375,6 +390,27 @@ def synth_ecp5(
     return result
 
 
+def ecp5_overflow(cells_by_type: Mapping[str, int]) -> list[str]:
+    """What a ``synth_ecp5`` netlist needs beyond the LFE5U-85F, e.g. ``["256 MULT18X18D of
+    156"]``; empty if it may fit. Logic cells are counted as a lower bound (LUT4 + 2 per
+    CCU2C + 2 per TRELLIS_DPR16X4), so only a netlist that certainly cannot fit is flagged.
+    """
+    need = {
+        "TRELLIS_COMB": cells_by_type.get("LUT4", 0)
+        + 2 * cells_by_type.get("CCU2C", 0)
+        + 2 * cells_by_type.get("TRELLIS_DPR16X4", 0),
+        "TRELLIS_FF": cells_by_type.get("TRELLIS_FF", 0),
+        "MULT18X18D": cells_by_type.get("MULT18X18D", 0),
+        "DP16KD": cells_by_type.get("DP16KD", 0),
+        "TRELLIS_RAMW": cells_by_type.get("TRELLIS_DPR16X4", 0),
+    }
+    return [
+        f"{need[bel]} {bel} of {available}"
+        for bel, available in ECP5_85F_CAPACITY.items()
+        if need[bel] > available
+    ]
+
+
 def place_route_ecp5(
     netlist: Path,
     workdir: Path,
@@ -421,15 +457,18 @@ def run_flow(
     build_dir: Path = BUILD_DIR,
     freq_mhz: float = DEFAULT_FREQ_MHZ,
     pnr: bool = True,
+    seed: int = PNR_SEED,
     ports: list[Any] | None = None,
     timeout: float | None = None,
     progress: Progress | None = None,
 ) -> Metrics:
     """Run the whole flow on one design instance; return its metrics (unprefixed names).
 
-    Files go to ``build_dir / name``. With ``pnr=False`` nextpnr is skipped and the
-    ``ecp5_fmax_mhz`` and utilisation metrics are absent. See ``docs/synth.md`` for the
-    meaning of each metric.
+    Files go to ``build_dir / name`` (emptied first). With ``pnr=False``, or when the
+    netlist cannot fit the LFE5U-85F (``ecp5_fits`` = 0), nextpnr is skipped and the
+    ``ecp5_fmax_mhz`` and ``ecp5_pnr_*`` metrics are absent. If a step fails, the
+    :class:`SynthError` carries the metrics of the steps before it. See ``docs/synth.md``
+    for the meaning of each metric.
     """
     say = progress or (lambda line: None)
     workdir = Path(build_dir) / name
@@ -437,9 +476,31 @@ def run_flow(
         shutil.rmtree(workdir)  # no stale report may survive a failed step
     start = time.perf_counter()
     rtlil_path = write_rtlil(design, name, workdir, ports=ports)
-    say(f"{name}: elaborated to {rtlil_path.relative_to(workdir.parent)}")
+    say(f"{name}: elaborated to {rtlil_path}")
 
     metrics: Metrics = {}
+    try:
+        _run_steps(name, rtlil_path, workdir, metrics, freq_mhz, pnr, seed, timeout, say)
+    except SynthError as exc:
+        raise SynthError(str(exc), metrics) from exc
+    metrics["flow_seconds"] = round(time.perf_counter() - start, 2)
+    (workdir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def _run_steps(
+    name: str,
+    rtlil_path: Path,
+    workdir: Path,
+    metrics: Metrics,
+    freq_mhz: float,
+    pnr: bool,
+    seed: int,
+    timeout: float | None,
+    say: Progress,
+) -> None:
+    """The tool steps of :func:`run_flow`, adding to ``metrics`` as each one finishes."""
+    say(f"{name}: yosys synth (generic gates) ...")
     gen = synth_generic(rtlil_path, name, workdir, timeout=timeout)
     ffs = sum(n for t, n in gen["cells_by_type"].items() if "DFF" in t or "DLATCH" in t)
     metrics.update(
@@ -453,44 +514,49 @@ def run_flow(
         f"~{gen['transistors']} transistors{bound}"
     )
 
+    say(f"{name}: yosys synth_ecp5 ...")
     ecp5 = synth_ecp5(rtlil_path, name, workdir, timeout=timeout)
     by_type = ecp5["cells_by_type"]
     for metric, types in ECP5_CELL_METRICS.items():
         metrics[metric] = sum(by_type.get(t, 0) for t in types)
     metrics["ecp5_cells"] = ecp5["cells"]
+    overflow = ecp5_overflow(by_type)
+    metrics["ecp5_fits"] = 0 if overflow else 1
+    metrics["flow_yosys_seconds"] = round(gen["seconds"] + ecp5["seconds"], 2)
     say(
         f"{name}: yosys synth_ecp5 {ecp5['seconds']:.1f} s: {metrics['ecp5_lut4']} LUT4, "
-        f"{metrics['ecp5_ff']} FF, {metrics['ecp5_ccu2c']} CCU2C, "
+        f"{metrics['ecp5_ccu2c']} CCU2C, {metrics['ecp5_ff']} FF, "
         f"{metrics['ecp5_mult18']} MULT18, {metrics['ecp5_ebr']} EBR"
     )
-    metrics["flow_yosys_seconds"] = round(gen["seconds"] + ecp5["seconds"], 2)
+    if not pnr:
+        return
+    if overflow:
+        say(f"{name}: does not fit the LFE5U-85F ({', '.join(overflow)}); nextpnr skipped")
+        return
 
-    if pnr:
-        say(f"{name}: nextpnr-ecp5 at {freq_mhz:g} MHz ...")
-        par = place_route_ecp5(ecp5["netlist"], workdir, freq_mhz=freq_mhz, timeout=timeout)
-        fmax = par["fmax"]
-        metrics["ecp5_fmax_mhz"] = round(min(fmax.values()), 2) if fmax else None
-        if len(fmax) > 1:
-            for clk, mhz in fmax.items():
-                metrics[f"ecp5_fmax_mhz_{_metric_safe(clk)}"] = round(mhz, 2)
-        metrics["ecp5_fmax_target_mhz"] = freq_mhz
-        for stem, bel in PNR_UTILISATION.items():
-            used, available = par["utilisation"].get(bel, (0, 0))
-            metrics[f"ecp5_pnr_{stem}"] = used
-            metrics[f"ecp5_pnr_{stem}_pct"] = (
-                round(100.0 * used / available, 3) if available else None
-            )
-        metrics["flow_pnr_seconds"] = round(par["seconds"], 2)
-        if par["critical_path"] is not None:
-            (workdir / "critical_path.txt").write_text(
-                format_critical_path(par["critical_path"]) + "\n"
-            )
-        shown = "n/a (no clock)" if not fmax else f"{min(fmax.values()):.1f} MHz"
-        say(f"{name}: nextpnr-ecp5 {par['seconds']:.1f} s: Fmax {shown}")
-
-    metrics["flow_seconds"] = round(time.perf_counter() - start, 2)
-    (workdir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return metrics
+    say(f"{name}: nextpnr-ecp5 at {freq_mhz:g} MHz (the slow step) ...")
+    par = place_route_ecp5(
+        ecp5["netlist"], workdir, freq_mhz=freq_mhz, seed=seed, timeout=timeout
+    )
+    fmax = par["fmax"]
+    metrics["ecp5_fmax_mhz"] = round(min(fmax.values()), 2) if fmax else None
+    if len(fmax) > 1:
+        for clk, mhz in fmax.items():
+            metrics[f"ecp5_fmax_mhz_{_metric_safe(clk)}"] = round(mhz, 2)
+    metrics["ecp5_fmax_target_mhz"] = freq_mhz
+    for stem, bel in PNR_UTILISATION.items():
+        used, available = par["utilisation"].get(bel, (0, 0))
+        metrics[f"ecp5_pnr_{stem}"] = used
+        metrics[f"ecp5_pnr_{stem}_pct"] = (
+            round(100.0 * used / available, 3) if available else None
+        )
+    metrics["flow_pnr_seconds"] = round(par["seconds"], 2)
+    if par["critical_path"] is not None:
+        (workdir / "critical_path.txt").write_text(
+            format_critical_path(par["critical_path"]) + "\n"
+        )
+    shown = "n/a (no clock)" if not fmax else f"{min(fmax.values()):.1f} MHz"
+    say(f"{name}: nextpnr-ecp5 {par['seconds']:.1f} s: Fmax {shown}")
 
 
 def _metric_safe(text: str) -> str:
@@ -498,7 +564,3 @@ def _metric_safe(text: str) -> str:
     safe = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
     return safe or "clock"
 
-
-def jobs_default() -> int:
-    """Designs to run at once by default: one (nextpnr is single-threaded per design)."""
-    return 1 if (os.cpu_count() or 1) < 4 else 2

@@ -22,12 +22,16 @@ from synth.__main__ import main
 from synth.flow import (
     SynthError,
     critical_path_summary,
+    ecp5_overflow,
     parse_nextpnr_report,
     parse_yosys_stat,
     run_flow,
     warm_up,
     write_rtlil,
 )
+
+# The designs refused by test_elaboratable_without_ports_is_refused are, rightly, never used.
+pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
 class MacBeat(data.StructLayout):
@@ -116,6 +120,7 @@ def test_ecp5_metrics(tiny_run):
     assert metrics["ecp5_ff"] > 0
     assert metrics["ecp5_mult18"] == 1  # the 8 x 8 product maps to one DSP
     assert metrics["ecp5_ebr"] == 0
+    assert metrics["ecp5_fits"] == 1
     for key in ("ecp5_ccu2c", "ecp5_dpr16x4", "ecp5_alu54", "ecp5_widemux", "ecp5_cells"):
         assert key in metrics
     assert (workdir / "ecp5.json").exists()
@@ -167,7 +172,6 @@ def test_cli_unknown_design_is_a_usage_error(capsys):
     assert "known designs: tensor_core_n4" in capsys.readouterr().err
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_elaboratable_without_ports_is_refused(tmp_path):
     with pytest.raises(SynthError, match="no ports"):
         write_rtlil(Portless(), "portless", tmp_path)
@@ -214,3 +218,9 @@ def test_cli_merges_json_and_load_area(monkeypatch, tmp_path, capsys):
     assert synth.load_area("tiny_mac", tmp_path / "missing.json") is None
     table = capsys.readouterr().out
     assert "tiny_mac" in table and "not placed" in table
+
+
+def test_fit_check_flags_only_certain_overflow():
+    assert ecp5_overflow({"MULT18X18D": 256, "LUT4": 1000}) == ["256 MULT18X18D of 156"]
+    assert ecp5_overflow({"MULT18X18D": 156, "DP16KD": 208, "LUT4": 80000}) == []
+    assert ecp5_overflow({"LUT4": 80000, "CCU2C": 2000}) == ["84000 TRELLIS_COMB of 83640"]
