@@ -1,0 +1,80 @@
+"""Expected outputs of a workload: every integer model, its float64 twin, and their distance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from golden.attention import (
+    attention_decode,
+    attention_decode_float,
+    attention_prefill,
+    attention_prefill_float,
+    cosine,
+    lsb_error,
+)
+from golden.kv_cache import PagedKVCache
+from golden.moe import moe_layer, moe_layer_float
+from golden.numerics import NUMERICS, Numerics
+from golden.workloads import Workload
+
+
+def compute_expected(wl: Workload, numerics: Numerics = NUMERICS) -> dict[str, np.ndarray]:
+    """Integer outputs (``*.out``, bit-exact with the RTL) and float64 twins (``*.ref``).
+
+    Attention layer i: ``attn{i}.prefill.out`` (T, H, dv) int8 with prefill key blocks of
+    ``page_size`` keys, ``attn{i}.decode.out`` (B, H, dv) int8. MoE: ``moe.out`` (T, H) int8,
+    ``moe.experts`` (T, k), ``moe.gates`` (T, k) Q0.15, ``moe.load`` (E,).
+    """
+    cfg, t = wl.config, wl.tensors
+    out: dict[str, np.ndarray] = {}
+    for layer, window in enumerate(cfg.windows):
+        p = f"attn{layer}."
+        sinks = wl.sinks(layer)
+        pre = wl.attention_scales(layer, "prefill")
+        args = (t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"], pre)
+        out[p + "prefill.out"] = attention_prefill(
+            *args, window=window, sinks=sinks, block_keys=cfg.page_size, numerics=numerics
+        )
+        out[p + "prefill.ref"] = attention_prefill_float(*args, window=window, sinks=sinks)
+        dec = wl.attention_scales(layer, "decode")
+        cache = PagedKVCache(t[p + "k_pages"], t[p + "v_pages"])
+        args = (t[p + "q_decode"], cache, t[p + "block_table"], t[p + "context_lens"], dec)
+        out[p + "decode.out"] = attention_decode(
+            *args, window=window, sinks=sinks, numerics=numerics
+        )
+        out[p + "decode.ref"] = attention_decode_float(*args, window=window, sinks=sinks)
+    weights, scales = wl.moe_weights(), wl.moe_scales()
+    r = moe_layer(t["moe.x"], weights, scales, cfg.top_k, numerics)
+    f = moe_layer_float(t["moe.x"], weights, scales, cfg.top_k)
+    out.update({
+        "moe.out": r.out, "moe.experts": r.experts, "moe.gates": r.gates, "moe.load": r.load,
+        "moe.ref": f.out, "moe.ref_experts": f.experts, "moe.ref_gates": f.gates,
+    })
+    return out
+
+
+def accuracy(wl: Workload, expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """Cosine and worst LSB error of each integer output against its float64 twin.
+
+    Cosines are over the whole tensor an output scale was calibrated for (a prefill, or a
+    decode batch); ``decode.cosine_min_seq`` is the worst single sequence of the batch,
+    which also measures how well one output scale fits sequences of different lengths.
+    """
+    cfg = wl.config
+    acc: dict[str, float] = {}
+    for layer in range(len(cfg.windows)):
+        p = f"attn{layer}."
+        for phase in ("prefill", "decode"):
+            s = wl.attention_scales(layer, phase).out
+            y, ref = expected[p + phase + ".out"], expected[p + phase + ".ref"]
+            acc[p + phase + ".cosine"] = cosine(y * s, ref)
+            if phase == "decode":
+                acc[p + "decode.cosine_min_seq"] = min(
+                    cosine(a * s, b) for a, b in zip(y, ref, strict=True)
+                )
+            acc[p + phase + ".max_lsb_error"] = lsb_error(y, ref, s)
+    s_out = wl.moe_scales().out
+    acc["moe.cosine"] = cosine(expected["moe.out"] * s_out, expected["moe.ref"])
+    acc["moe.topk_equal"] = float(np.array_equal(expected["moe.experts"],
+                                                 expected["moe.ref_experts"]))
+    return acc
