@@ -241,7 +241,8 @@ def generate(
         if cfg.latent_kv:
             s_v = s_k
         else:
-            s_v = quantize(np.concatenate([t.v_prefill.ravel()] + [v.ravel() for v in t.v_decode]))[1]
+            all_v = [t.v_prefill.ravel()] + [v.ravel() for v in t.v_decode]
+            s_v = quantize(np.concatenate(all_v))[1]
 
         def q8(x, s):
             return np.clip(np.rint(x / s), -128, 127).astype(np.int8)
