@@ -77,10 +77,11 @@ def logit_multiplier(scale: float, numerics: Numerics = NUMERICS) -> tuple[int, 
     """
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"logit scale must be positive and finite, got {scale}")
+    top = 2.0 ** (numerics.requant_mult_bits - 1)  # beyond this the shift would go negative
     left = 0
-    while scale * 2.0**-left >= 1.0 and left < numerics.logit_max_left_shift:
+    while scale * 2.0**-left >= top and left < numerics.logit_max_left_shift:
         left += 1
-    if scale * 2.0**-left >= 1.0:
+    if scale * 2.0**-left >= top:
         raise ValueError(f"logit scale {scale} is too large for the logit multiplier")
     multiplier, shift = quantize_multiplier(scale * 2.0**-left, numerics)
     return multiplier, shift - left

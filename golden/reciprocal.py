@@ -43,7 +43,7 @@ def reciprocal(l: np.ndarray, numerics: Numerics = NUMERICS) -> tuple[np.ndarray
     2. ``y = seed[(mn >> (B-1-S)) & (2**S - 1)]`` with ``S = recip_seed_bits``.
     3. ``recip_newton_steps`` times: ``t = mn * y``, ``err = 2**(2B-1) - t``,
        ``y += (y * err + 2**(2B-2)) >> (2B-1)``.
-    4. Clamp ``y`` to ``[2**(B-1), 2**B - 1]``.
+    4. Clamp ``y`` to ``[2**(B-1), 2**B]`` (B+1 bits; 2**B only when l is a power of two).
 
     Relative error of ``y * 2**-(B+e)`` against ``1/l``: below ``2**-(B-1)`` (the truncation
     of ``l`` to ``B`` bits plus the ``B``-bit result), see docs/numerics.md.
@@ -61,7 +61,7 @@ def reciprocal(l: np.ndarray, numerics: Numerics = NUMERICS) -> tuple[np.ndarray
     for _ in range(numerics.recip_newton_steps):
         err = one - mn * y
         y = y + ((y * err + (one >> 1)) >> (2 * b - 1))
-    y = np.clip(y, 1 << (b - 1), (1 << b) - 1)
+    y = np.clip(y, 1 << (b - 1), 1 << b)
     return y, e
 
 
