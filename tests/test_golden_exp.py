@@ -41,7 +41,8 @@ def test_logit_multiplier_left_shift_and_accuracy():
         m, sh = logit_multiplier(scale)
         assert abs(m * 2.0**-sh / scale - 1) < 2**-15
         s = np.array([-12345, 0, 777])
-        assert np.abs(to_log2_domain(s, m, sh) - s * scale).max() <= 0.5 + abs(s).max() * scale * 2**-15
+        bound = 0.5 + abs(s).max() * scale * 2**-15
+        assert np.abs(to_log2_domain(s, m, sh) - s * scale).max() <= bound
     assert sh < 0  # 1e6 > 2**16 needs a left shift
 
 
@@ -51,9 +52,10 @@ def test_quantize_log2_logit():
 
 
 def test_reciprocal_error_bound():
-    l = np.unique(np.concatenate([np.arange(1, 5000), np.geomspace(1, 2**40, 5000).astype(np.int64)]))  # noqa: E741
-    y, e = reciprocal(l)
-    rel = np.abs(y * 2.0 ** -(16 + e) * l - 1)
+    big = np.geomspace(1, 2**40, 5000).astype(np.int64)
+    divisors = np.unique(np.concatenate([np.arange(1, 5000), big]))
+    y, e = reciprocal(divisors)
+    rel = np.abs(y * 2.0 ** -(16 + e) * divisors - 1)
     assert rel.max() < 2**-14
     assert np.all((y >= 1 << 15) & (y <= 1 << 16))
     assert reciprocal(np.array([1, 2, 1 << 20]))[0].tolist() == [1 << 16] * 3
@@ -61,12 +63,12 @@ def test_reciprocal_error_bound():
 
 
 def test_reciprocal_newton_steps_matter():
-    l = np.arange(1, 3000)
+    divisors = np.arange(1, 3000)
     no_newton = Numerics(recip_newton_steps=0)
-    y0, e0 = reciprocal(l, no_newton)
-    y2, e2 = reciprocal(l)
-    err0 = np.abs(y0 * 2.0 ** -(16 + e0) * l - 1).max()
-    err2 = np.abs(y2 * 2.0 ** -(16 + e2) * l - 1).max()
+    y0, e0 = reciprocal(divisors, no_newton)
+    y2, e2 = reciprocal(divisors)
+    err0 = np.abs(y0 * 2.0 ** -(16 + e0) * divisors - 1).max()
+    err2 = np.abs(y2 * 2.0 ** -(16 + e2) * divisors - 1).max()
     assert err0 > 100 * err2
 
 
