@@ -87,7 +87,7 @@ def _run_one(name: str, args: argparse.Namespace) -> dict | None:
     start = time.perf_counter()
     metrics = run_flow(
         design, name, build_dir=args.build_dir, freq_mhz=args.freq, pnr=not args.no_pnr,
-        seed=args.seed, timeout=args.timeout, progress=_say,
+        seeds=args.seeds, timeout=args.timeout, progress=_say,
     )
     _say(f"{name}: done in {time.perf_counter() - start:.1f} s")
     return {metric_name(name, k): v for k, v in metrics.items()}
@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"target clock for nextpnr and the table (default {DEFAULT_FREQ_MHZ:g})",
     )
     parser.add_argument(
-        "--seed", type=int, default=PNR_SEED,
-        help=f"nextpnr placer seed (default {PNR_SEED}; fixed so that runs are comparable)",
+        "--seeds", type=int, default=1, metavar="N",
+        help=f"place and route with seeds {PNR_SEED}..N, report the best Fmax and the worst "
+        "(default 1: one fixed seed, so that runs are comparable)",
     )
     parser.add_argument(
         "--jobs", "-j", type=int, default=1, metavar="N",
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in DESIGNS:
             print(f"{name:<20} {describe(name)}")
         return 0
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.freq <= 0:

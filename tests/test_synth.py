@@ -224,3 +224,14 @@ def test_fit_check_flags_only_certain_overflow():
     assert ecp5_overflow({"MULT18X18D": 256, "LUT4": 1000}) == ["256 MULT18X18D of 156"]
     assert ecp5_overflow({"MULT18X18D": 156, "DP16KD": 208, "LUT4": 80000}) == []
     assert ecp5_overflow({"LUT4": 80000, "CCU2C": 2000}) == ["84000 TRELLIS_COMB of 83640"]
+
+
+def test_several_seeds_report_best_and_worst(tmp_path):
+    metrics = run_flow(TinyMac(), "tiny_mac", build_dir=tmp_path, seeds=2)
+    assert metrics["ecp5_fmax_seeds"] == 2
+    assert metrics["ecp5_fmax_mhz"] >= metrics["ecp5_fmax_mhz_worst"] > 0
+    workdir = tmp_path / "tiny_mac"
+    for name in ("pnr_seed1_report.json", "pnr_seed2_report.json", "pnr_report.json"):
+        assert (workdir / name).exists()
+    best = parse_nextpnr_report(workdir / "pnr_report.json")
+    assert round(best["fmax"]["clk"], 2) == metrics["ecp5_fmax_mhz"]
