@@ -333,7 +333,8 @@ def format_critical_path(summary: Mapping[str, Any]) -> str:
     """The critical-path summary as a few readable lines."""
     lines = [
         f"critical path {summary['from']} -> {summary['to']}: {summary['delay_ns']:.2f} ns "
-        f"(logic {summary['logic_ns']:.2f} ns in {summary['logic_stages']} stages, "
+        f"(logic {summary['logic_ns']:.2f} ns in {summary['logic_stages']} "
+        f"stage{'' if summary['logic_stages'] == 1 else 's'}, "
         f"routing {summary['routing_ns']:.2f} ns)",
         f"  from {summary['start']}",
         f"  to   {summary['end']}",
