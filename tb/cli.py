@@ -81,6 +81,8 @@ def sim(args: argparse.Namespace) -> int:
                            f"({result['wall_s']:.3f} s for the run, build excluded)"),
             ("area", _area_line(n)),
         ]
+        if args.waves:
+            rows.append(("waves", result.get("waves_file") or "none written"))
         print()
         for label, text in rows:
             print(f"{label:<12} {text}")

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,20 @@ def toolchain_env(simulator: str) -> None:
         )
 
 
+@functools.cache
+def _verilator_trace_args() -> list[str]:
+    """FST when Verilator's FST writer can be built (it needs liblz4 and zlib), else VCD."""
+    probe = subprocess.run(
+        ["c++", "-x", "c++", "-E", "-", "-o", os.devnull],
+        input="#include <lz4.h>\n#include <zlib.h>\n", capture_output=True, text=True,
+    )
+    if probe.returncode == 0:
+        return ["--trace-fst", "--trace-structs"]
+    print("[serrano] waves as VCD: Verilator's FST writer needs the lz4 and zlib headers "
+          "(Debian/Ubuntu: apt-get install liblz4-dev zlib1g-dev)", file=sys.stderr)
+    return ["--trace-structs"]
+
+
 def _safe(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"build name {name!r} may hold only letters, digits, '_', '.', '-'")
@@ -145,7 +161,7 @@ def build(component, name: str, *, simulator: str | None = None,
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{'-waves' if waves else ''}"
     directory.mkdir(parents=True, exist_ok=True)
     source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
-    args = VERILATOR_ARGS + (["--trace-fst", "--trace-structs"] if waves else [])
+    args = VERILATOR_ARGS + (_verilator_trace_args() if waves else [])
     if simulator != "verilator":
         args = []
     stamp = hashlib.sha256(
@@ -181,7 +197,10 @@ def build(component, name: str, *, simulator: str | None = None,
 
 def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         params: dict | None = None, tag: str = "") -> dict:
-    """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`."""
+    """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`.
+
+    With waves, ``waves_file`` in the result names the FST (or VCD) file of the run.
+    """
     toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
 
@@ -229,7 +248,11 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         raise SimulationFailed(
             f"{module}.{testcase} failed (seed {seed}); log {log_file}\n{tail}\n  {reproduce}"
         )
-    return json.loads(result_file.read_text()) if result_file.exists() else {}
+    metrics = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if handle.waves:
+        dumps = sorted(run_dir.glob("*.fst")) + sorted(run_dir.glob("*.vcd"))
+        metrics["waves_file"] = str(dumps[0]) if dumps else None
+    return metrics
 
 
 # --- helpers for the cocotb side -----------------------------------------------------

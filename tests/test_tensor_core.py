@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from tb.gemm_run import MODULE, simulate_gemm, tensor_core_build
@@ -46,3 +49,14 @@ def test_operand_stream_ending_early_sets_error(n):
     params = {"n": n, "k": 12, "seed": 7}
     run(tensor_core_build(n), MODULE, testcase="operand_stream_ends_early", seed=7,
         params=params)
+
+
+def test_waves_are_recorded_on_request():
+    result = simulate_gemm(2, 3, 4, 3, seed=1, waves=True)
+    assert result["waves_file"] and Path(result["waves_file"]).stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="Icarus Verilog, the optional second simulator, is not installed")
+def test_icarus_agrees_with_golden():
+    simulate_gemm(2, 5, 7, 3, seed=1, stall=0.3, simulator="icarus")
