@@ -33,13 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     metrics: dict = json.loads(args.json.read_text()) if args.json.exists() else {}
+    modules = {name: importlib.import_module(f"bench.{name}") for name in MODULES}
     targets: dict = {}
+    for module in modules.values():  # every target, also of metrics kept from earlier runs
+        targets.update(module.TARGETS)
     for name in args.only or MODULES:
-        module = importlib.import_module(f"bench.{name}")
         print(f"[bench] {name} ...", flush=True)
         start = time.perf_counter()
-        metrics.update(module.run(quick=args.quick))
-        targets.update(module.TARGETS)
+        metrics.update(modules[name].run(quick=args.quick))
         print(f"[bench] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -71,21 +71,25 @@ def _timeout(beats: int, rows: int, idle: float, stall: float, n: int) -> int:
     return int(4 * (beats / (1 - idle) + rows / (1 - stall))) + 20 * n + 1000
 
 
+async def _start(dut, idle: float, stall: float, kind: str = "random"):
+    """The test's parameters, a reset TB with the GEMM (seeded operands) loaded."""
+    p = parameters()
+    tb = TensorCoreTB(dut, p["n"])
+    a, b = make_operands(np.random.default_rng(p["seed"]), p["m"], p["k"], p["p"], kind)
+    tb.set_idle_generator(idle)
+    tb.set_backpressure_generator(stall)
+    await tb.harness.reset()
+    beats, rows = tb.load(a, b)
+    return p, tb, a, b, beats, rows
+
+
 @cocotb.test()
 async def gemm_matches_golden(dut):
     """A random GEMM, tiles back to back, optional idle/backpressure; bit-exact."""
-    p = parameters()
+    idle, stall = parameters().get("idle", 0.0), parameters().get("stall", 0.0)
+    p, tb, a, b, beats, rows = await _start(dut, idle, stall, parameters().get("kind", "random"))
     n, seed = p["n"], p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = TensorCoreTB(dut, n)
-    a, b = make_operands(rng, p["m"], p["k"], p["p"], p.get("kind", "random"))
-    tb.set_idle_generator(p.get("idle", 0.0))
-    tb.set_backpressure_generator(p.get("stall", 0.0))
-    await tb.harness.reset()
-    beats, rows = tb.load(a, b)
-    stats = await tb.harness.run(
-        seed=seed, timeout_cycles=_timeout(beats, rows, p.get("idle", 0), p.get("stall", 0), n)
-    )
+    stats = await tb.harness.run(seed=seed, timeout_cycles=_timeout(beats, rows, idle, stall, n))
     assert stats.finished, f"timed out after {stats.cycles} cycles"
     await tb.harness.settle(4 * n)
     tb.check(a, b, rows)
@@ -105,14 +109,8 @@ async def gemm_matches_golden(dut):
 @cocotb.test()
 async def reset_mid_stream(dut):
     """Reset halfway through a GEMM, then run it again: the result is exact, nothing stale."""
-    p = parameters()
+    p, tb, a, b, beats, rows = await _start(dut, idle=0.0, stall=0.3)
     n, seed = p["n"], p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = TensorCoreTB(dut, n)
-    a, b = make_operands(rng, p["m"], p["k"], p["p"], "random")
-    tb.set_backpressure_generator(0.3)
-    await tb.harness.reset()
-    beats, rows = tb.load(a, b)
     stats = await tb.harness.run(seed=seed, timeout_cycles=beats // 2)
     assert not stats.finished, "the GEMM finished before the reset could interrupt it"
     assert tb.harness.counter("c_received") > 0, "reset came before any result left"
