@@ -1,0 +1,297 @@
+"""The tile sequencer: fetches, checks and dispatches the tile's instruction stream."""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, unsigned
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from golden.numerics import NUMERICS
+from rtl.isa import (
+    COUNT_BITS,
+    INSTRUCTION,
+    INSTRUCTION_BITS,
+    SEMAPHORES,
+    SIGNAL,
+    TILE_MASK_BITS,
+    DmaArgs,
+    GemmArgs,
+    Opcode,
+    VecArgs,
+)
+
+__all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
+
+
+class ErrorCode(enum.Enum, shape=3):
+    """Why the sequencer stopped early (``NONE`` after a clean HALT)."""
+
+    NONE = 0
+    ILLEGAL_OPCODE = 1  # opcode 0 or 8-15
+    BAD_ADDRESS = 2  # a region runs past the end of the scratchpad
+    BAD_SHAPE = 3  # a GEMM with m, k or p = 0
+    BAD_TILE = 4  # a DMA to no tile, or to a tile outside the mesh
+    SEMAPHORE_OVERFLOW = 5  # a semaphore counter would pass 2**16 - 1
+    PC_OVERFLOW = 6  # the program ran off the end of the instruction memory
+
+
+class SequencerStatus(data.StructLayout):
+    def __init__(self, pc_bits: int):
+        super().__init__({
+            "running": 1,  # between `start` and the end of the program
+            "halted": 1,  # stopped, with every dispatched operation finished
+            "error": ErrorCode,
+            "pc": unsigned(pc_bits),  # the instruction executing (or that failed)
+        })
+
+
+class ProgramWrite(data.StructLayout):
+    def __init__(self, pc_bits: int):
+        super().__init__({"address": unsigned(pc_bits), "word": unsigned(INSTRUCTION_BITS)})
+
+
+class Sequencer(wiring.Component):
+    """Runs a tile program: one instruction after another, engines working in parallel.
+
+    GEMM, VEC and DMA instructions are checked (shape, scratchpad bounds, destination
+    tiles), then dispatched in program order on the ``gemm``, ``vec`` and ``dma`` command
+    streams; the engines run them and report each finished operation on their ``*_done``
+    stream, echoing the operation's ``signal`` field. A finished operation with an
+    enabled signal, an arrival from the network (``arrival``) and a SIGNAL instruction
+    each add to a semaphore; WAIT blocks until its semaphore reaches the count and then
+    subtracts it. HALT waits until every dispatched operation has finished.
+
+    A bad instruction stops the sequencer cleanly: nothing after it is dispatched,
+    operations already dispatched finish, and ``status`` shows ``halted`` with the
+    :class:`ErrorCode` and the instruction's ``pc`` (for ``SEMAPHORE_OVERFLOW``, the
+    instruction executing when a counter would have overflowed; the counter keeps its
+    value). ``start`` is ignored until the sequencer is halted.
+
+    Parameters
+    ----------
+    array_size : int
+        N of the tensor core, a power of two (a scratchpad word holds N int8 values).
+    scratchpad_words : int
+        Words of the tile's scratchpad; every region must lie below this.
+    mesh : (int, int)
+        Mesh columns and rows, for checking DMA destinations.
+    program_depth : int
+        Instruction words, a power of two.
+
+    Ports
+    -----
+    program : stream in of ``ProgramWrite``
+        Writes the instruction memory; held off (not ready) while running.
+    start : in
+        Pulse: begin at pc 0, clear the status and the semaphores.
+    status : out, :class:`SequencerStatus`
+
+    Timing: two cycles per instruction (fetch, then check and dispatch), longer when an
+    engine's command stream is not ready or a WAIT blocks.
+    """
+
+    def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
+                 mesh: tuple[int, int] = (2, 2), program_depth: int = 256):
+        if array_size not in (2, 4, 8, 16, 32):
+            raise ValueError(f"array size must be a power of two from 2 to 32, not {array_size}")
+        if not 1 <= scratchpad_words <= 1 << 16:
+            raise ValueError(f"scratchpad_words must be 1..65536, not {scratchpad_words}")
+        columns, rows = mesh
+        if not (1 <= columns <= 8 and 1 <= rows <= 8):
+            raise ValueError(f"mesh must be between 1 x 1 and 8 x 8, not {columns} x {rows}")
+        if program_depth < 2 or program_depth & (program_depth - 1) or program_depth > 1 << 16:
+            raise ValueError(f"program_depth must be a power of two, 2..65536, "
+                             f"not {program_depth}")
+        self.array_size = array_size
+        self.scratchpad_words = scratchpad_words
+        self.mesh = (columns, rows)
+        self.program_depth = program_depth
+        pc_bits = ceil_log2(program_depth)
+        done = In(stream.Signature(SIGNAL))
+        super().__init__({
+            "program": In(stream.Signature(ProgramWrite(pc_bits))),
+            "start": In(1),
+            "status": Out(SequencerStatus(pc_bits)),
+            "gemm": Out(stream.Signature(GemmArgs())),
+            "vec": Out(stream.Signature(VecArgs())),
+            "dma": Out(stream.Signature(DmaArgs())),
+            "gemm_done": done,
+            "vec_done": done,
+            "dma_done": done,
+            "arrival": In(stream.Signature(unsigned(4))),
+            "semaphores": Out(data.ArrayLayout(unsigned(COUNT_BITS), SEMAPHORES)),
+        })
+
+    @property
+    def valid_tiles(self) -> int:
+        """The tile mask bits that name tiles of the mesh (bit y*8 + x)."""
+        columns, rows = self.mesh
+        return sum(1 << (y * 8 + x) for y in range(rows) for x in range(columns))
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.array_size
+        status = self.status
+
+        m.submodules.imem = imem = memory.Memory(
+            shape=INSTRUCTION_BITS, depth=self.program_depth, init=[]
+        )
+        write = imem.write_port()
+        fetch = imem.read_port()
+        m.d.comb += [
+            self.program.ready.eq(~status.running),
+            write.addr.eq(self.program.payload.address),
+            write.data.eq(self.program.payload.word),
+            write.en.eq(self.program.valid & self.program.ready),
+        ]
+        instruction = data.View(INSTRUCTION, fetch.data[: INSTRUCTION.size])
+        opcode = instruction.opcode
+        gemm, vec, dma = instruction.args.gemm, instruction.args.vec, instruction.args.dma
+        wait = instruction.args.wait
+
+        # --- outstanding operations per engine ------------------------------------
+        outstanding = []
+        for name in ("gemm", "vec", "dma"):
+            command, done = getattr(self, name), getattr(self, f"{name}_done")
+            count = Signal(range(1 << 8), name=f"{name}_outstanding")
+            m.d.comb += done.ready.eq(1)
+            issued = command.valid & command.ready
+            finished = done.valid
+            m.d.sync += count.eq(count + issued - finished)
+            outstanding.append(count)
+        idle = Signal()
+        m.d.comb += idle.eq(~(outstanding[0].any() | outstanding[1].any() | outstanding[2].any()))
+
+        # --- semaphores -----------------------------------------------------------
+        m.d.comb += self.arrival.ready.eq(1)
+        wait_done = Signal()  # this cycle, WAIT subtracts wait.count
+        signal_now = Signal()  # this cycle, SIGNAL adds wait.count
+        overflow = Signal()
+        for index in range(SEMAPHORES):
+            total = Signal(COUNT_BITS + 3, name=f"sem{index}_next")
+            increments = [
+                (done.valid & done.payload.enable & (done.payload.semaphore == index))
+                for done in (self.gemm_done, self.vec_done, self.dma_done)
+            ]
+            increments.append(self.arrival.valid & (self.arrival.payload == index))
+            here = wait.semaphore == index
+            m.d.comb += total.eq(
+                self.semaphores[index]
+                + sum(increments)
+                + Mux(signal_now & here, wait.count, 0)
+                - Mux(wait_done & here, wait.count, 0)
+            )
+            with m.If(total >> COUNT_BITS):
+                m.d.comb += overflow.eq(1)
+            with m.Elif(~self.start):
+                m.d.sync += self.semaphores[index].eq(total)
+            with m.If(self.start):
+                m.d.sync += self.semaphores[index].eq(0)
+
+        # --- checks ---------------------------------------------------------------
+        words = self.scratchpad_words
+
+        def blocks(size):  # ceil(size / N)
+            return (size + (n - 1)) >> ceil_log2(n)
+
+        def fits(base, length):
+            return (base + length) <= words
+
+        row_words = NUMERICS.acc_bits // NUMERICS.operand_bits
+        c_words = Mux(gemm.requantise, 1, row_words) * n * blocks(gemm.m) * blocks(gemm.p)
+        gemm_ok_shape = (gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)
+        gemm_ok_bounds = (
+            fits(gemm.a, blocks(gemm.m) * gemm.k)
+            & fits(gemm.b, blocks(gemm.p) * gemm.k)
+            & fits(gemm.c, c_words)
+        )
+        vec_ok = (
+            fits(vec.src_a, vec.length) & fits(vec.src_b, vec.length) & fits(vec.dst, vec.length)
+        )
+        dma_ok_bounds = fits(dma.src, dma.length) & fits(dma.dst, dma.length)
+        outside = ((1 << TILE_MASK_BITS) - 1) ^ self.valid_tiles
+        dma_ok_tiles = (dma.tiles != 0) & ((dma.tiles & outside) == 0)
+
+        # --- fetch / execute ------------------------------------------------------
+        fetched = Signal()  # fetch.data holds the instruction at status.pc
+        last_pc = self.program_depth - 1
+
+        def fail(code):
+            m.d.sync += [status.error.eq(code), status.running.eq(0)]
+            m.next = "DRAIN"
+
+        def advance():
+            with m.If(status.pc == last_pc):
+                m.d.sync += status.error.eq(ErrorCode.PC_OVERFLOW)
+                m.d.sync += status.running.eq(0)
+                m.next = "DRAIN"
+            with m.Else():
+                m.d.sync += [status.pc.eq(status.pc + 1), fetched.eq(0)]
+
+        m.d.comb += fetch.addr.eq(status.pc)
+        m.d.sync += fetched.eq(1)
+
+        with m.FSM(init="IDLE"):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [status.pc.eq(0), status.running.eq(1), status.halted.eq(0),
+                                 status.error.eq(ErrorCode.NONE), fetched.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(fetched):
+                    with m.Switch(opcode):
+                        with m.Case(Opcode.NOP):
+                            advance()
+                        with m.Case(Opcode.HALT):
+                            m.d.sync += status.running.eq(0)
+                            m.next = "DRAIN"
+                        with m.Case(Opcode.GEMM):
+                            with m.If(~gemm_ok_shape):
+                                fail(ErrorCode.BAD_SHAPE)
+                            with m.Elif(~gemm_ok_bounds):
+                                fail(ErrorCode.BAD_ADDRESS)
+                            with m.Else():
+                                m.d.comb += self.gemm.valid.eq(1)
+                                with m.If(self.gemm.ready):
+                                    advance()
+                        with m.Case(Opcode.VEC):
+                            with m.If(~vec_ok):
+                                fail(ErrorCode.BAD_ADDRESS)
+                            with m.Else():
+                                m.d.comb += self.vec.valid.eq(1)
+                                with m.If(self.vec.ready):
+                                    advance()
+                        with m.Case(Opcode.DMA):
+                            with m.If(~dma_ok_bounds):
+                                fail(ErrorCode.BAD_ADDRESS)
+                            with m.Elif(~dma_ok_tiles):
+                                fail(ErrorCode.BAD_TILE)
+                            with m.Else():
+                                m.d.comb += self.dma.valid.eq(1)
+                                with m.If(self.dma.ready):
+                                    advance()
+                        with m.Case(Opcode.WAIT):
+                            with m.If(self.semaphores[wait.semaphore] >= wait.count):
+                                m.d.comb += wait_done.eq(1)
+                                advance()
+                        with m.Case(Opcode.SIGNAL):
+                            m.d.comb += signal_now.eq(1)
+                            advance()
+                        with m.Default():
+                            fail(ErrorCode.ILLEGAL_OPCODE)
+                with m.If(overflow):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                with m.If(idle):
+                    m.d.sync += status.halted.eq(1)
+                    m.next = "IDLE"
+        # A semaphore that would overflow keeps its value and stops the program.
+        with m.If(overflow):
+            m.d.sync += [status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW), status.running.eq(0)]
+        m.d.comb += [
+            self.gemm.payload.eq(gemm),
+            self.vec.payload.eq(vec),
+            self.dma.payload.eq(dma),
+        ]
+        return m

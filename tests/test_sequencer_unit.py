@@ -1,0 +1,201 @@
+"""The tile sequencer and the ISA, in the Amaranth simulator with modelled engines."""
+
+from __future__ import annotations
+
+import pytest
+from amaranth.sim import Simulator
+
+from rtl.isa import Opcode, decode, encode
+from rtl.sequencer import ErrorCode, Sequencer
+
+WORDS = 4096
+
+
+def gemm(**fields):
+    base = {"a": 0, "b": 512, "c": 1024, "m": 8, "k": 16, "p": 8}
+    return encode(Opcode.GEMM, **(base | fields))
+
+
+def vec(**fields):
+    return encode(Opcode.VEC, **({"op": 1, "src_a": 0, "src_b": 64, "dst": 128, "length": 8}
+                                 | fields))
+
+
+def dma(**fields):
+    return encode(Opcode.DMA, **({"src": 0, "dst": 0, "length": 4, "tiles": 1} | fields))
+
+
+HALT = encode(Opcode.HALT)
+
+
+def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000):
+    """Run ``program``; engines take a command when the cycle count is a multiple of
+    ``ready_every`` and report it done ``engine_delay`` cycles later. ``arrivals``:
+    (cycle, semaphore) network arrivals. Returns the trace and the final status."""
+    dut = Sequencer(array_size=8, scratchpad_words=WORDS, mesh=(2, 2), program_depth=depth)
+    trace = {"dispatched": [], "halted_at": None}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+
+    async def bench(ctx):
+        for address, word in enumerate(program):
+            ctx.set(dut.program.payload.address, address)
+            ctx.set(dut.program.payload.word, word)
+            ctx.set(dut.program.valid, 1)
+            await ctx.tick().until(dut.program.ready)
+        ctx.set(dut.program.valid, 0)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        pending = []  # (cycle due, engine, signal)
+        for cycle in range(max_cycles):
+            ready = cycle % ready_every == 0
+            for name in ("gemm", "vec", "dma"):
+                ctx.set(getattr(dut, name).ready, ready)
+                done = getattr(dut, f"{name}_done")
+                due = [p for p in pending if p[0] == cycle and p[1] == name]
+                ctx.set(done.valid, bool(due))
+                if due:
+                    ctx.set(done.payload.enable, due[0][2]["enable"])
+                    ctx.set(done.payload.semaphore, due[0][2]["semaphore"])
+            arrival = [s for c, s in arrivals if c == cycle]
+            ctx.set(dut.arrival.valid, bool(arrival))
+            if arrival:
+                ctx.set(dut.arrival.payload, arrival[0])
+            for name in ("gemm", "vec", "dma"):
+                stream = getattr(dut, name)
+                if ctx.get(stream.valid) and ready:
+                    args = decode_payload(ctx.get(stream.payload.as_value()), name)
+                    trace["dispatched"].append((cycle, name, args))
+                    # One done per cycle per engine: later commands finish later.
+                    last = max([p[0] for p in pending if p[1] == name], default=cycle)
+                    pending.append((max(cycle + engine_delay, last + 1), name, args["signal"]))
+            await ctx.tick()
+            if ctx.get(dut.status.halted):
+                trace["halted_at"] = cycle
+                break
+        trace["status"] = {
+            "running": ctx.get(dut.status.running),
+            "halted": ctx.get(dut.status.halted),
+            "error": ErrorCode(ctx.get(dut.status.error)),
+            "pc": ctx.get(dut.status.pc),
+        }
+        trace["semaphores"] = [ctx.get(dut.semaphores[i]) for i in range(16)]
+
+    sim.add_testbench(bench)
+    sim.run()
+    return trace
+
+
+def decode_payload(raw: int, name: str) -> dict:
+    """The command payload is the instruction's argument field: re-wrap and decode it."""
+    opcode = {"gemm": Opcode.GEMM, "vec": Opcode.VEC, "dma": Opcode.DMA}[name]
+    return decode(opcode.value | (raw << 4))[1]
+
+
+def test_program_dispatches_in_order_with_exact_fields():
+    program = [
+        encode(Opcode.SIGNAL, semaphore=1, count=2),
+        gemm(signal={"enable": 1, "semaphore": 0}, requantise=1, multiplier=40000, shift=20),
+        vec(signal={"enable": 1, "semaphore": 0}),
+        dma(tiles=0x303, remote_signal=1, remote_semaphore=7),  # all four tiles of 2 x 2
+        encode(Opcode.WAIT, semaphore=0, count=2),
+        encode(Opcode.WAIT, semaphore=1, count=2),
+        encode(Opcode.NOP),
+        HALT,
+    ]
+    trace = run(program)
+    assert [name for _, name, _ in trace["dispatched"]] == ["gemm", "vec", "dma"]
+    for (_, _, args), word in zip(trace["dispatched"], program[1:4], strict=True):
+        assert args == decode(word)[1]
+    assert trace["status"] == {"running": 0, "halted": 1, "error": ErrorCode.NONE, "pc": 7}
+    assert trace["semaphores"][0] == 0 and trace["semaphores"][1] == 0
+
+
+def test_wait_blocks_until_a_network_arrival():
+    program = [encode(Opcode.WAIT, semaphore=5, count=1), gemm(), HALT]
+    trace = run(program, arrivals=[(60, 5)])
+    (cycle, name, _), = trace["dispatched"]
+    assert name == "gemm" and cycle > 60
+    assert trace["status"]["error"] == ErrorCode.NONE
+
+
+def test_halt_waits_for_dispatched_operations_to_finish():
+    trace = run([gemm(), HALT], engine_delay=40)
+    dispatched_at = trace["dispatched"][0][0]
+    assert trace["halted_at"] >= dispatched_at + 40
+
+
+def test_backpressure_delays_but_loses_nothing():
+    program = [gemm(m=i + 1) for i in range(6)] + [vec(length=i + 1) for i in range(6)] + [HALT]
+    trace = run(program, ready_every=3)
+    assert [args.get("m", args.get("length")) for _, _, args in trace["dispatched"]] == [
+        1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (0, ErrorCode.ILLEGAL_OPCODE),  # a word of zeros
+        (0xF, ErrorCode.ILLEGAL_OPCODE),
+        (gemm(m=0), ErrorCode.BAD_SHAPE),
+        (gemm(a=WORDS - 8, k=16), ErrorCode.BAD_ADDRESS),  # A runs past the end
+        (gemm(c=WORDS - 16), ErrorCode.BAD_ADDRESS),  # int32 C tile: 8 rows x 4 words
+        (vec(dst=WORDS - 4, length=8), ErrorCode.BAD_ADDRESS),
+        (dma(tiles=0), ErrorCode.BAD_TILE),
+        (dma(tiles=1 << 2), ErrorCode.BAD_TILE),  # tile (2, 0) is outside a 2 x 2 mesh
+        (dma(src=WORDS - 1, length=2), ErrorCode.BAD_ADDRESS),
+    ],
+)
+def test_bad_instruction_stops_cleanly(bad, error):
+    program = [gemm(), bad, vec(), HALT]
+    trace = run(program)
+    assert [name for _, name, _ in trace["dispatched"]] == ["gemm"]  # nothing after it
+    assert trace["status"] == {"running": 0, "halted": 1, "error": error, "pc": 1}
+
+
+def test_requantised_c_tile_that_fits_is_accepted():
+    trace = run([gemm(c=WORDS - 8, requantise=1), HALT])  # 8 rows x 1 word
+    assert trace["status"]["error"] == ErrorCode.NONE
+
+
+def test_semaphore_overflow_is_an_error():
+    program = [encode(Opcode.SIGNAL, semaphore=3, count=0xFFFF),
+               encode(Opcode.SIGNAL, semaphore=3, count=1), HALT]
+    trace = run(program)
+    assert trace["status"]["error"] == ErrorCode.SEMAPHORE_OVERFLOW
+    assert trace["semaphores"][3] == 0xFFFF  # kept, not wrapped
+
+
+def test_running_off_the_end_of_the_program_is_an_error():
+    trace = run([encode(Opcode.NOP)] * 4, depth=4)
+    assert trace["status"]["error"] == ErrorCode.PC_OVERFLOW and trace["status"]["pc"] == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"array_size": 6}, "power of two"),
+        ({"scratchpad_words": 0}, "scratchpad_words"),
+        ({"mesh": (9, 1)}, "mesh"),
+        ({"program_depth": 100}, "power of two"),
+    ],
+)
+def test_impossible_parameters_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sequencer(**kwargs)
+
+
+def test_isa_round_trip_and_refusals():
+    word = gemm(requantise=1, multiplier=0xFFFF, shift=63)
+    assert decode(word) == (Opcode.GEMM, decode(word)[1])
+    assert decode(word)[1]["multiplier"] == 0xFFFF
+    with pytest.raises(ValueError, match="does not fit"):
+        encode(Opcode.WAIT, semaphore=16, count=1)
+    with pytest.raises(ValueError, match="no field"):
+        encode(Opcode.DMA, destination=3)
+    with pytest.raises(ValueError, match="takes no fields"):
+        encode(Opcode.HALT, count=1)
+    with pytest.raises(ValueError, match="illegal opcode"):
+        decode(0)
