@@ -1,0 +1,431 @@
+"""The vector unit: the integer element-wise and reduction operations of golden, at N lanes."""
+
+from __future__ import annotations
+
+import numpy as np
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.exp import exp2_tables
+from golden.numerics import NUMERICS
+from golden.reciprocal import reciprocal, reciprocal_seed_table
+
+__all__ = ["VectorOp", "VectorResult", "VectorOpcode", "VectorUnit"]
+
+#: Lane counts the vector unit can be built at (the tensor core's range).
+MIN_N, MAX_N = 2, 32
+#: Per-slot reduction registers it can be built with.
+MIN_SLOTS, MAX_SLOTS = 1, 64
+
+#: Width of a lane value and of a reduction total: the P.V accumulator of golden
+#: (``attn_acc_bits``); holds int32 accumulators, log2-domain logits and NEG_INF.
+LANE_BITS = NUMERICS.attn_acc_bits
+#: MUL/SWIGLU take the low ``MUL_BITS`` of each operand (signed), so a*b fits a lane.
+MUL_BITS = LANE_BITS // 2
+#: Signed shift field: right shifts up to ``requant_max_shift``, left shifts (negative)
+#: down to ``-logit_max_left_shift``.
+SHIFT_BITS = max(NUMERICS.requant_max_shift, NUMERICS.logit_max_left_shift).bit_length() + 1
+#: The SiLU table: one entry per int8 input code.
+SILU_ENTRIES = 1 << NUMERICS.operand_bits
+
+
+class VectorOpcode(enum.Enum, shape=4):
+    """What one op beat computes (see :class:`VectorUnit` for each one's formula)."""
+
+    REQUANT = 0
+    LOGIT = 1
+    MAX = 2
+    SUM = 3
+    EXP = 4
+    RESCALE = 5
+    RECIP = 6
+    DIV = 7
+    ADD = 8
+    MUL = 9
+    SILU = 10
+    SWIGLU = 11
+    SILU_LOAD = 12
+
+
+class VectorOp(data.StructLayout):
+    """One op beat: opcode, two N-lane operands, a scalar and the immediates.
+
+    ``a``, ``b``: N signed ``LANE_BITS`` lanes. ``c``: signed scalar (a running max, alpha,
+    a divisor, a table index, depending on the op). ``mult``: unsigned
+    ``requant_mult_bits`` multiplier. ``shift``: signed shift (or output fraction bits
+    for EXP and DIV). ``sat``: saturate (EXP, DIV, MUL). ``mask``: bit i enables lane i
+    (a disabled lane outputs 0 and stays out of reductions). ``slot``: which reduction
+    and reciprocal register. ``first``: start the slot's reduction afresh.
+    """
+
+    def __init__(self, n: int, slots: int = 4):
+        super().__init__({
+            "opcode": VectorOpcode,
+            "a": data.ArrayLayout(signed(LANE_BITS), n),
+            "b": data.ArrayLayout(signed(LANE_BITS), n),
+            "c": signed(LANE_BITS),
+            "mult": unsigned(NUMERICS.requant_mult_bits),
+            "shift": signed(SHIFT_BITS),
+            "sat": 1,
+            "mask": n,
+            "slot": range(slots) if slots > 1 else 1,
+            "first": 1,
+        })
+
+
+class VectorResult(data.StructLayout):
+    """One result beat: N signed lanes and the op's slot total after the op."""
+
+    def __init__(self, n: int):
+        super().__init__({
+            "data": data.ArrayLayout(signed(LANE_BITS), n),
+            "total": signed(LANE_BITS),
+        })
+
+
+def _reg(m: Module, value, name: str, *, shape=None) -> Signal:
+    reg = Signal(shape if shape is not None else value.shape(), name=name)
+    m.d.sync += reg.eq(value)
+    return reg
+
+
+class VectorUnit(wiring.Component):
+    """N-lane integer vector unit: every op of golden that is not a GEMM.
+
+    One op beat in on ``ops`` gives exactly one result beat out on ``results``, in order.
+    With ``first``/``slot`` the reductions run over any number of beats. Lane i of an op
+    (``a_i``, ``b_i``; ``c``, ``mult``, ``shift`` shared) computes, bit-exact with golden:
+
+    ========== ============================================================== ===========
+    opcode     ``data_i``                                                      total
+    ========== ============================================================== ===========
+    REQUANT    ``requantize(a_i, mult, shift)`` (int8; shift 0..63)             kept
+    LOGIT      ``to_log2_domain(a_i, mult, shift)`` (shift -16..63), 48-bit     max, from c
+    MAX        ``a_i``                                                          max, from c
+    SUM        ``a_i``                                                          sum, from 0
+    EXP        ``exp2_neg(c - a_i, shift)``, ``min(., 2**shift-1)`` if sat      sum, from 0
+    RESCALE    ``((a_i * c + 2**(T-1)) >> T) + b_i``  (T = 15, c = alpha)       kept
+    RECIP      0; stores ``reciprocal(c)`` (y, e) in the slot                   kept
+    DIV        ``divide(a_i, l, shift)`` with the slot's stored 1/l; sat: min  kept
+    ADD        ``a_i + b_i`` (wraps at 48 bits)                                 kept
+    MUL        ``(a_i*b_i*mult + rnd) >> shift``; sat: clamp to int8 (= requantize) kept
+    SILU       ``SILU[a_i + 128]`` (int8 table)                                 kept
+    SWIGLU     as MUL with ``SILU[a_i + 128]`` for ``a_i``                      kept
+    SILU_LOAD  0; writes ``SILU[c & 255] = a_0`` (int8)                         kept
+    ========== ============================================================== ===========
+
+    Reductions (LOGIT and MAX: max; SUM and EXP: sum) fold the enabled lanes of ``data`` into the slot's total:
+    ``total = op(first ? start : total[slot], fold(data))``; the result carries the
+    total after the op (for other ops, the slot's current total). All arithmetic wraps at
+    ``LANE_BITS`` = 48 bits except the saturating cases named. EXP clamps a negative
+    ``c - a_i`` to 0 (golden refuses it). DIV and RECIP read ``c`` as an unsigned
+    ``attn_sum_bits`` divisor >= 1. MUL/SWIGLU take the low 24 bits of ``a_i``, ``b_i``.
+
+    Parameters
+    ----------
+    n : int
+        Lanes, 2 to 32 (default 8, the tensor core size).
+    slots : int
+        Reduction/reciprocal registers (rows in flight), 1 to 64 (default 4).
+
+    Latency and throughput
+    ----------------------
+    - One op per cycle, fully pipelined, except RECIP: after a RECIP no op is taken for
+      ``recip_latency`` cycles (it runs a 9-stage Newton pipeline whose result the next
+      DIV reads). Flow control happens only at ``ops``: an op is taken only when the
+      result FIFO has room reserved for it, so a stalled ``results`` backs up into
+      ``ops`` and the pipeline never stalls.
+    - A result is valid on ``results`` ``latency`` cycles after its op was taken (when the
+      FIFO is empty); ``latency`` = 8 + ceil(log2(n) / 2) + 1.
+    """
+
+    def __init__(self, n: int = 8, slots: int = 4):
+        for name, value, low, high in (("lane count", n, MIN_N, MAX_N),
+                                       ("slot count", slots, MIN_SLOTS, MAX_SLOTS)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"vector unit {name} must be an integer, not {value!r}")
+            if not low <= value <= high:
+                raise ValueError(
+                    f"vector unit {name} must be between {low} and {high}, not {value}")
+        self.n, self.slots = n, slots
+        levels = (n - 1).bit_length()
+        #: Pipeline stages of the lane-reduction tree (a register every two adder levels).
+        self.tree_stages = -(-levels // 2)
+        #: Cycles from taking an op to its result entering the result FIFO, plus the
+        #: FIFO's one cycle to its output.
+        self.latency = 8 + self.tree_stages + 1
+        #: Stages of the reciprocal: seed, then two multiplies and an add per Newton step.
+        self.recip_latency = 2 + 3 * NUMERICS.recip_newton_steps
+        self.result_depth = self.latency + 4
+        super().__init__({
+            "ops": In(stream.Signature(VectorOp(n, slots))),
+            "results": Out(stream.Signature(VectorResult(n))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, nums = self.n, NUMERICS
+        op_layout = VectorOp(n, self.slots)
+        lane = signed(LANE_BITS)
+
+        # --- intake: result-room credits and the reciprocal interlock --------------
+        m.submodules.fifo = results = fifo.SyncFIFOBuffered(
+            width=VectorResult(n).size, depth=self.result_depth + 1)
+        credits = Signal(range(self.result_depth + 1), init=self.result_depth)
+        recip_busy = Signal()
+        take = Signal()
+        m.d.comb += [
+            self.ops.ready.eq((credits != 0) & ~recip_busy),
+            take.eq(self.ops.valid & self.ops.ready),
+        ]
+        popped = self.results.valid & self.results.ready
+        m.d.sync += credits.eq(credits - take + popped)
+
+        # --- stage 0: the taken op --------------------------------------------------
+        p0 = Signal(op_layout, name="p0")
+        v0 = Signal(name="v0")
+        m.d.sync += v0.eq(take)
+        with m.If(take):
+            m.d.sync += p0.eq(self.ops.payload)
+
+        # Op fields travel down the pipeline with each beat.
+        def carry(payload, valid, stage):
+            p = Signal(op_layout, name=f"p{stage}")
+            v = Signal(name=f"v{stage}")
+            m.d.sync += [p.eq(payload), v.eq(valid)]
+            return p, v
+
+        # --- SiLU table: one copy per lane (N read ports), written by SILU_LOAD ------
+        silu_rd = []
+        load = v0 & (p0.opcode == VectorOpcode.SILU_LOAD)
+        op_bits = nums.operand_bits
+        for i in range(n):
+            table = memory.Memory(shape=signed(op_bits), depth=SILU_ENTRIES, init=[])
+            m.submodules[f"silu{i}"] = table
+            wr = table.write_port()
+            rd = table.read_port()  # synchronous, not transparent: data at stage 1
+            m.d.comb += [
+                wr.addr.eq(p0.c[:op_bits]),
+                wr.data.eq(p0.a[0][:op_bits]),
+                wr.en.eq(load),
+                rd.addr.eq(p0.a[i][:op_bits] ^ (1 << (op_bits - 1))),  # code + 128
+            ]
+            silu_rd.append(rd.data)
+
+        # --- reciprocal pipeline on c (RECIP only): result into the slot registers ----
+        b_bits, s_bits = nums.recip_bits, nums.recip_seed_bits
+        rv = [v0 & (p0.opcode == VectorOpcode.RECIP)]
+        l_val = p0.c[:nums.attn_sum_bits]
+        e_comb = Signal(range(nums.attn_sum_bits))
+        for bit in range(nums.attn_sum_bits):  # leading-one detector
+            with m.If(l_val[bit]):
+                m.d.comb += e_comb.eq(bit)
+        r_slot = [p0.slot]
+        # r1: normalise l to mn in [2**(B-1), 2**B) (truncating)
+        up = Signal(range(b_bits), name="recip_up")
+        down = Signal(range(nums.attn_sum_bits), name="recip_down")
+        m.d.comb += [up.eq(Mux(e_comb < b_bits - 1, (b_bits - 1) - e_comb, 0)),
+                     down.eq(Mux(e_comb > b_bits - 1, e_comb - (b_bits - 1), 0))]
+        mn = _reg(m, ((l_val << up) >> down)[:b_bits], "recip_mn", shape=unsigned(b_bits))
+        e1 = _reg(m, e_comb, "recip_e1")
+        rv.append(_reg(m, rv[-1], "recip_v1"))
+        r_slot.append(_reg(m, r_slot[-1], "recip_slot1"))
+        # r2: seed
+        seeds = Array(Const(int(x), unsigned(b_bits + 1)) for x in reciprocal_seed_table(nums))
+        y = _reg(m, seeds[mn[b_bits - 1 - s_bits:b_bits - 1]], "recip_y0",
+                 shape=signed(b_bits + 3))
+        e_cur, mn_cur = _reg(m, e1, "recip_e2"), _reg(m, mn, "recip_mn2")
+        rv.append(_reg(m, rv[-1], "recip_v2"))
+        r_slot.append(_reg(m, r_slot[-1], "recip_slot2"))
+        one = 1 << (2 * b_bits - 1)
+        for step in range(nums.recip_newton_steps):
+            t = _reg(m, mn_cur * y, f"recip_t{step}", shape=signed(2 * b_bits + 4))
+            y_a = _reg(m, y, f"recip_ya{step}")
+            err = Signal(signed(2 * b_bits + 5), name=f"recip_err{step}")
+            m.d.comb += err.eq(one - t)
+            ye = _reg(m, y_a * err, f"recip_ye{step}", shape=signed(3 * b_bits + 9))
+            y_b = _reg(m, y_a, f"recip_yb{step}")
+            y = _reg(m, y_b + ((ye + (one >> 1)) >> (2 * b_bits - 1)), f"recip_y{step + 1}",
+                     shape=signed(b_bits + 3))
+            for stage in range(3):
+                rv.append(_reg(m, rv[-1], f"recip_v{step}_{stage}"))
+                r_slot.append(_reg(m, r_slot[-1], f"recip_slot{step}_{stage}"))
+                mn_cur = _reg(m, mn_cur, f"recip_mn{step}_{stage}")
+                e_cur = _reg(m, e_cur, f"recip_e{step}_{stage}")
+        y_min, y_max = 1 << (b_bits - 1), 1 << b_bits
+        y_clamped = Mux(y < y_min, y_min, Mux(y > y_max, y_max, y))
+        # Before any RECIP a slot holds 1/1, so DIV by an unset slot is well defined.
+        y_one, e_one = (int(x[0]) for x in reciprocal(np.ones(1, np.int64), nums))
+        recip_y = Array(Signal(unsigned(b_bits + 1), init=y_one, name=f"recip_y_slot{s}")
+                        for s in range(self.slots))
+        recip_e = Array(Signal(range(nums.attn_sum_bits), init=e_one, name=f"recip_e_slot{s}")
+                        for s in range(self.slots))
+        with m.If(rv[-1]):
+            m.d.sync += [recip_y[r_slot[-1]].eq(y_clamped), recip_e[r_slot[-1]].eq(e_cur)]
+        busy = rv[0]
+        for valid in rv[1:-1]:
+            busy = busy | valid
+        # The op after a RECIP is taken once the RECIP has written its slot (the cycle
+        # its last stage is valid), so its stage-2 read sees the new value.
+        m.d.comb += recip_busy.eq(busy)
+        assert len(rv) - 1 == self.recip_latency, (len(rv), self.recip_latency)
+
+        # --- stage 1: exp argument, SiLU read ----------------------------------------
+        p1, v1 = carry(p0, v0, 1)
+        d1 = []
+        for i in range(n):
+            diff = p0.c - p0.a[i]
+            d1.append(_reg(m, Mux(diff < 0, 0, diff), f"d1_{i}", shape=unsigned(LANE_BITS + 1)))
+
+        # --- stage 2: exp tables and shift, MUL/SWIGLU pre-product, 1/l of the slot ---
+        p2, v2 = carry(p1, v1, 2)
+        hi_table, lo_table = exp2_tables(nums)
+        t_bits = nums.exp_table_frac_bits + 1
+        hi_rom = Array(Const(int(x), unsigned(t_bits)) for x in hi_table)
+        lo_rom = Array(Const(int(x), unsigned(t_bits)) for x in lo_table)
+        f_bits, lo_bits = nums.exp_frac_bits, nums.exp_lo_bits
+        frac1 = p1.shift.as_unsigned()[:SHIFT_BITS - 1]
+        exp_hi, exp_lo, exp_s, pre = [], [], [], []
+        for i in range(n):
+            d = d1[i]
+            n_int = d[f_bits:]
+            cap = frac1 + 2
+            n_cap = Mux(n_int > cap, cap, n_int)
+            exp_hi.append(_reg(m, hi_rom[d[lo_bits:f_bits]], f"exp_hi{i}"))
+            exp_lo.append(_reg(m, lo_rom[d[:lo_bits]], f"exp_lo{i}"))
+            exp_s.append(_reg(m, 2 * nums.exp_table_frac_bits - frac1 + n_cap, f"exp_s{i}",
+                              shape=signed(SHIFT_BITS + 1)))
+            use_silu = p1.opcode == VectorOpcode.SWIGLU
+            x = Mux(use_silu, silu_rd[i], p1.a[i][:MUL_BITS].as_signed())
+            pre.append(_reg(m, x * p1.b[i][:MUL_BITS].as_signed(), f"pre{i}",
+                            shape=signed(2 * MUL_BITS)))
+        silu2 = [_reg(m, silu_rd[i], f"silu2_{i}") for i in range(n)]
+        y2 = _reg(m, recip_y[p1.slot], "div_y")
+        e2 = _reg(m, recip_e[p1.slot], "div_e")
+
+        # --- stage 3: multiplier operands A (signed), K (unsigned), shift s ----------
+        p3, v3 = carry(p2, v2, 3)
+        k_bits = max(nums.requant_mult_bits, t_bits, b_bits + 1, nums.exp_table_frac_bits + 2)
+        op2 = p2.opcode
+        mul_a, mul_k, mul_s = [], [], []
+        frac2 = p2.shift
+        for i in range(n):
+            a_sel = Signal(signed(LANE_BITS + 1), name=f"a_sel{i}")
+            k_sel = Signal(unsigned(k_bits), name=f"k_sel{i}")
+            s_sel = Signal(signed(SHIFT_BITS + 1), name=f"s_sel{i}")
+            m.d.comb += [a_sel.eq(p2.a[i]), k_sel.eq(1), s_sel.eq(0)]
+            with m.Switch(op2):
+                with m.Case(VectorOpcode.REQUANT, VectorOpcode.LOGIT):
+                    m.d.comb += [k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
+                with m.Case(VectorOpcode.EXP):
+                    m.d.comb += [a_sel.eq(exp_hi[i]), k_sel.eq(exp_lo[i]), s_sel.eq(exp_s[i])]
+                with m.Case(VectorOpcode.RESCALE):
+                    m.d.comb += [k_sel.eq(p2.c[:k_bits]), s_sel.eq(nums.exp_table_frac_bits)]
+                with m.Case(VectorOpcode.DIV):
+                    m.d.comb += [k_sel.eq(y2), s_sel.eq(b_bits + e2 - frac2)]
+                with m.Case(VectorOpcode.MUL, VectorOpcode.SWIGLU):
+                    m.d.comb += [a_sel.eq(pre[i]), k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
+                with m.Case(VectorOpcode.SILU):
+                    m.d.comb += a_sel.eq(silu2[i])
+                with m.Case(VectorOpcode.RECIP, VectorOpcode.SILU_LOAD):
+                    m.d.comb += a_sel.eq(0)
+            mul_a.append(_reg(m, a_sel, f"mul_a{i}"))
+            mul_k.append(_reg(m, k_sel, f"mul_k{i}"))
+            mul_s.append(_reg(m, s_sel, f"mul_s{i}"))
+
+        # --- stage 4: the product -----------------------------------------------------
+        p4, v4 = carry(p3, v3, 4)
+        prod_bits = LANE_BITS + 1 + k_bits + 1
+        prod = [_reg(m, mul_a[i] * mul_k[i], f"prod{i}", shape=signed(prod_bits))
+                for i in range(n)]
+        s4 = [_reg(m, mul_s[i], f"s4_{i}") for i in range(n)]
+
+        # --- stage 5: round half up and shift (right for s > 0, left for s < 0) ------
+        p5, v5 = carry(p4, v4, 5)
+        max_left = nums.logit_max_left_shift
+        wide = signed(prod_bits + max_left)
+        shifted = []
+        for i in range(n):
+            s = s4[i]
+            right = s.as_unsigned()[:SHIFT_BITS - 1]
+            rnd = Mux(s > 0, Const(1, unsigned(prod_bits)) << (right - 1)[:SHIFT_BITS - 1], 0)
+            down = (prod[i] + rnd) >> right
+            left = prod[i] << (-s).as_unsigned()[:max_left.bit_length()]
+            shifted.append(_reg(m, Mux(s < 0, left, down), f"shifted{i}", shape=wide))
+
+        # --- stage 6: saturation, the added operand, lane masks -----------------------
+        p6, v6 = carry(p5, v5, 6)
+        q_min, q_max = nums.operand_min, nums.operand_max
+        lanes6 = []
+        frac5 = p5.shift.as_unsigned()[:SHIFT_BITS - 1]
+        sat_max = (Const(1, unsigned(LANE_BITS)) << frac5) - 1
+        for i in range(n):
+            x = shifted[i]
+            out = Signal(lane, name=f"post{i}")
+            m.d.comb += out.eq(x)
+            int8 = Mux(x < q_min, q_min, Mux(x > q_max, q_max, x))
+            capped = Mux(x > sat_max, sat_max, x)
+            with m.Switch(p5.opcode):
+                with m.Case(VectorOpcode.REQUANT):
+                    m.d.comb += out.eq(int8)
+                with m.Case(VectorOpcode.MUL, VectorOpcode.SWIGLU):
+                    with m.If(p5.sat):
+                        m.d.comb += out.eq(int8)
+                with m.Case(VectorOpcode.EXP, VectorOpcode.DIV):
+                    with m.If(p5.sat):
+                        m.d.comb += out.eq(capped)
+                with m.Case(VectorOpcode.RESCALE, VectorOpcode.ADD):
+                    m.d.comb += out.eq(x + p5.b[i])
+            lanes6.append(_reg(m, Mux(p5.mask[i], out, 0), f"lane{i}"))
+
+        # --- reduction tree over the enabled lanes: max or sum, registered every 2 levels
+        is_max = Signal()
+        m.d.comb += is_max.eq((p6.opcode == VectorOpcode.MAX) | (p6.opcode == VectorOpcode.LOGIT))
+        lowest = -(1 << (LANE_BITS - 1))
+        level = [Mux(p6.mask[i], lanes6[i], Mux(is_max, lowest, 0)) for i in range(n)]
+        p_t, v_t, data_t, max_t = p6, v6, lanes6, is_max
+        depth = 0
+        while len(level) > 1:
+            nxt = []
+            for j in range(0, len(level) - 1, 2):
+                x, z = level[j], level[j + 1]
+                nxt.append(Mux(max_t, Mux(x > z, x, z), (x + z)[:LANE_BITS].as_signed()))
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+            depth += 1
+            if depth % 2 == 0 or len(level) == 1:
+                stage = f"t{depth}"
+                level = [_reg(m, x, f"fold{stage}_{j}", shape=lane) for j, x in enumerate(level)]
+                p_t, v_t = carry(p_t, v_t, stage)
+                data_t = [_reg(m, x, f"data{stage}_{j}") for j, x in enumerate(data_t)]
+                max_t = _reg(m, max_t, f"max{stage}")
+        folded = level[0]
+
+        # --- last stage: the slot's running total, and the result ---------------------
+        totals = Array(Signal(lane, name=f"total_slot{s}") for s in range(self.slots))
+        base = Mux(p_t.first, Mux(max_t, p_t.c, 0), totals[p_t.slot])
+        new_total = Signal(lane)
+        total_out = Signal(lane)
+        m.d.comb += [
+            new_total.eq(Mux(max_t, Mux(folded > base, folded, base),
+                             (base + folded)[:LANE_BITS].as_signed())),
+            total_out.eq(totals[p_t.slot]),
+        ]
+        reduces = ((p_t.opcode == VectorOpcode.MAX) | (p_t.opcode == VectorOpcode.SUM)
+                   | (p_t.opcode == VectorOpcode.EXP) | (p_t.opcode == VectorOpcode.LOGIT))
+        with m.If(v_t & reduces):
+            m.d.sync += totals[p_t.slot].eq(new_total)
+            m.d.comb += total_out.eq(new_total)
+        push = _reg(m, v_t, "push")
+        push_row = Signal(VectorResult(n))
+        m.d.sync += [push_row.data.eq(Cat(*data_t)), push_row.total.eq(total_out)]
+        m.d.comb += [
+            results.w_en.eq(push),
+            results.w_data.eq(push_row),
+            self.results.valid.eq(results.r_rdy),
+            self.results.payload.eq(results.r_data),
+            results.r_en.eq(self.results.ready),
+        ]
+        return m
