@@ -1,0 +1,515 @@
+"""The KV scratchpad: banked SECDED-protected SRAM with several ports and a paged KV cache."""
+
+from __future__ import annotations
+
+from amaranth import Array, C, Cat, Module, Mux, Signal
+from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from golden.ecc import Secded
+from golden.numerics import NUMERICS
+from rtl import _ecc
+
+__all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status"]
+
+#: Ports of the default scratchpad: tensor core, vector unit, network interface, KV append.
+DEFAULT_PORTS = ("tc", "vu", "ni", "kv")
+#: Width of the saturating ECC event counters.
+COUNTER_BITS = 16
+#: Responses a port may have outstanding (pipeline + response FIFO): enough for one
+#: request per cycle when its response stream is always ready.
+RESPONSE_CREDITS = 6
+
+
+def _log2(value: int) -> int:
+    return value.bit_length() - 1
+
+
+def _is_pow2(value: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        and value & (value - 1) == 0
+
+
+def _bits_for(bound: int) -> int:
+    """Bits that hold every value in [0, bound] (so ``bound`` itself, out of range, fits)."""
+    return max(1, bound.bit_length())
+
+
+class Status(data.StructLayout):
+    """Status flags of a response; at most one error flag is set.
+
+    - ``corrected``: a single-bit ECC error was corrected; the data is good.
+    - ``uncorrectable``: a double-bit ECC error; the data field is 0 and must not be used.
+    - ``bad_address``: an address past the memory, or a KV read of a token at or past the
+      sequence's length. Nothing was accessed.
+    - ``bad_request``: a KV request naming a sequence, logical page or word out of range.
+    - ``kv_full``: a KV append to a sequence whose block table is exhausted.
+    - ``unmapped``: a KV access to a logical page with no block-table entry.
+    - ``bad_page``: a block-table write naming a physical page outside the cache.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "corrected": 1,
+            "uncorrectable": 1,
+            "bad_address": 1,
+            "bad_request": 1,
+            "kv_full": 1,
+            "unmapped": 1,
+            "bad_page": 1,
+        })
+
+
+class Request(data.StructLayout):
+    """A plain port's request: word ``addr`` (flat, bank = low bits), ``write``, ``data``.
+
+    With fault injection, ``flip`` (one bit per stored codeword bit) is XORed into the
+    codeword on a write: a test hook, tied to 0 (or built without) in a real design.
+    """
+
+    def __init__(self, addr_bits: int, word_bits: int, flip_bits: int = 0):
+        fields = {"addr": addr_bits, "write": 1, "data": word_bits}
+        if flip_bits:
+            fields["flip"] = flip_bits
+        super().__init__(fields)
+
+
+class Response(data.StructLayout):
+    """A response: read ``data`` (0 on a write or an error), the request's ``write`` flag
+    echoed (KV: set for APPEND), ``status``."""
+
+    def __init__(self, word_bits: int):
+        super().__init__({"data": word_bits, "write": 1, "status": Status()})
+
+
+class KvOp(enum.Enum, shape=2):
+    APPEND = 0  #: write word ``word`` of the next token of ``seq``; ``last`` commits it
+    READ = 1    #: read word ``word`` of token ``index`` of ``seq``
+    MAP = 2     #: block table: logical page ``index`` of ``seq`` -> physical page ``phys``
+    RESET = 3   #: free ``seq``: length 0, every block-table entry of it unmapped
+
+
+class KvRequest(data.StructLayout):
+    """A KV port request (see :class:`KvOp`); every index field can hold one value past
+    its range, so that an out-of-range request is representable and gets an error."""
+
+    def __init__(self, word_bits: int, sequences: int, index_bound: int, token_words: int,
+                 num_pages: int):
+        super().__init__({
+            "op": KvOp,
+            "seq": _bits_for(sequences),
+            "index": _bits_for(index_bound),
+            "word": _bits_for(token_words),
+            "last": 1,
+            "phys": _bits_for(num_pages),
+            "data": word_bits,
+        })
+
+
+class Scratchpad(wiring.Component):
+    """Banked SRAM with per-word SECDED ECC, several ports and a paged KV cache.
+
+    Storage is ``banks`` x ``depth`` words of ``word_bits`` data bits, each stored with
+    its SECDED check bits (:class:`golden.ecc.Secded`, (72, 64) by default). Word address
+    ``a`` lives in bank ``a % banks`` at row ``a // banks`` (low-order interleaving), so
+    consecutive words go to different banks.
+
+    Every port has a request stream ``<port>_req`` and a response stream ``<port>_resp``
+    (:class:`Response`). Every request, read or write, good or bad, gets exactly one
+    response, and each port's responses come back in its request order: all requests
+    travel one fixed-latency pipeline. A port stalls (``ready`` low) when its bank is
+    taken by another port this cycle or when it has ``RESPONSE_CREDITS`` responses
+    outstanding; nothing is ever dropped or duplicated. Each bank grants one request per
+    cycle, round-robin among the ports that want it (the last granted port goes last).
+    Requests that touch no bank (errors, block-table operations) never wait for one.
+    Ordering *between* ports is the arbitration order; a port sees its own writes.
+
+    Plain ports take :class:`Request`. The KV port (``kv_port``) takes
+    :class:`KvRequest`: it appends tokens of ``token_words`` words at a sequence's
+    current length and reads tokens back, translating (sequence, logical page) to a
+    physical page through a block table of ``sequences`` x ``max_pages`` entries; pages
+    of ``page_size`` tokens fill the KV region, words ``[kv_base, kv_base + kv_words)``
+    of the same memory (plain ports reach it too, by address). Token t of sequence s is
+    at ``kv_base + (table[s][t // page_size] * page_size + t % page_size) * token_words
+    + word`` — the layout of :mod:`golden.kv_cache` with a token of ``token_words`` words.
+    Refused KV requests (see :class:`Status`) change nothing.
+
+    ECC: writes store the encoded word (XOR ``flip`` with fault injection). Reads are
+    decoded: a single-bit error is corrected (``corrected``), a double-bit error is
+    reported (``uncorrectable``, data 0). The corrected word is not written back.
+
+    Parameters
+    ----------
+    banks : int
+        Number of banks, a power of two (1 … 64).
+    depth : int
+        Words per bank, a power of two (2 … 65536).
+    word_bits : int
+        Data bits per word (default 8 lanes of int8 = 64).
+    ports : sequence of str
+        Port names (identifiers, unique, at most 16).
+    kv_port : str or None
+        The port that is the KV port (must be in ``ports``); None for none.
+    page_size : int
+        Tokens per KV page, a power of two.
+    token_words : int
+        Words per token, a power of two.
+    num_pages, sequences, max_pages : int
+        Physical KV pages; sequences; block-table entries (logical pages) per sequence.
+    kv_base : int or None
+        First word of the KV region, a multiple of ``page_size * token_words``; default:
+        the top of memory.
+    addr_bits : int
+        Width of a plain request's address (at least enough for the memory).
+    fault_injection : bool
+        Add the ``flip`` field to plain requests (test builds only).
+
+    Attributes
+    ----------
+    <port>_req, <port>_resp : streams, one pair per port
+    corrected_count, uncorrectable_count : Signal(16), out
+        Saturating counts of corrected / uncorrectable reads since reset.
+    ecc_error : Signal, out
+        Sticky: an uncorrectable word was read since reset.
+
+    Latency and throughput
+    ----------------------
+    - Each port issues up to one request per cycle; each bank serves one per cycle. With
+      no bank conflict and ready responses every port runs at one request per cycle.
+    - A plain request accepted at cycle t has its response valid on ``<port>_resp`` at
+      cycle t + ``latency`` (4); the KV port adds one cycle of address translation (5).
+    - Bank memories: one synchronous, non-transparent read port and one write port each;
+      a bank never reads and writes in the same cycle, so transparency never matters.
+    """
+
+    def __init__(self, banks: int = 4, depth: int = 256,
+                 word_bits: int = NUMERICS.operand_bits * 8,
+                 ports=DEFAULT_PORTS, kv_port: str | None = "kv", *,
+                 page_size: int = 4, token_words: int = 1, num_pages: int = 16,
+                 sequences: int = 4, max_pages: int = 4, kv_base: int | None = None,
+                 addr_bits: int = 16, fault_injection: bool = False):
+        for name, value, low, high in (("banks", banks, 1, 64), ("depth", depth, 2, 65536),
+                                       ("page_size", page_size, 1, 1 << 16),
+                                       ("token_words", token_words, 1, 1 << 16)):
+            if not _is_pow2(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be a power of two in [{low}, {high}], not {value!r}")
+        if not isinstance(word_bits, int) or isinstance(word_bits, bool) \
+                or not 1 <= word_bits <= 1024:
+            raise ValueError(f"word_bits must be an integer in [1, 1024], not {word_bits!r}")
+        ports = tuple(ports)
+        if not 1 <= len(ports) <= 16:
+            raise ValueError(f"a scratchpad needs 1 to 16 ports, not {len(ports)}")
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"port names must be unique: {ports}")
+        for name in ports:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"port name {name!r} is not an identifier")
+        if kv_port is not None and kv_port not in ports:
+            raise ValueError(f"kv_port {kv_port!r} is not one of the ports {ports}")
+        for name, value in (("num_pages", num_pages), ("sequences", sequences),
+                            ("max_pages", max_pages)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if sequences * max_pages > 1024:
+            raise ValueError(f"the block table ({sequences} x {max_pages}) may hold at most "
+                             "1024 entries (it is kept in registers)")
+        words = banks * depth
+        page_words = page_size * token_words
+        kv_words = num_pages * page_words if kv_port is not None else 0
+        if kv_words > words:
+            raise ValueError(f"{num_pages} KV pages of {page_words} words do not fit the "
+                             f"{words}-word memory")
+        if kv_base is None:
+            kv_base = words - kv_words
+        if not isinstance(kv_base, int) or kv_base < 0 or kv_base % page_words \
+                or kv_base + kv_words > words:
+            raise ValueError(f"kv_base {kv_base!r} must be a multiple of {page_words} with "
+                             f"the {kv_words}-word KV region inside the {words}-word memory")
+        if not isinstance(addr_bits, int) or not (words - 1).bit_length() <= addr_bits <= 32:
+            raise ValueError(f"addr_bits must be in [{(words - 1).bit_length()}, 32] for "
+                             f"{words} words, not {addr_bits!r}")
+
+        self.banks, self.depth, self.word_bits = banks, depth, word_bits
+        self.ports, self.kv_port = ports, kv_port
+        self.page_size, self.token_words, self.num_pages = page_size, token_words, num_pages
+        self.sequences, self.max_pages = sequences, max_pages
+        self.kv_base, self.kv_words, self.words = kv_base, kv_words, words
+        self.addr_bits, self.fault_injection = addr_bits, fault_injection
+        #: Tokens a sequence can hold (its block-table row full).
+        self.capacity = max_pages * page_size
+        self.code = Secded(word_bits)
+        #: Cycles from a plain request's acceptance to its response being valid.
+        self.latency = 4
+        self.kv_latency = 5
+
+        self.request_layout = Request(addr_bits, word_bits,
+                                      self.code.code_bits if fault_injection else 0)
+        self.response_layout = Response(word_bits)
+        self.kv_request_layout = KvRequest(word_bits, sequences,
+                                           max(self.capacity, max_pages), token_words,
+                                           num_pages)
+        members = {}
+        for name in ports:
+            layout = self.kv_request_layout if name == kv_port else self.request_layout
+            members[f"{name}_req"] = In(stream.Signature(layout))
+            members[f"{name}_resp"] = Out(stream.Signature(self.response_layout))
+        members |= {
+            "corrected_count": Out(COUNTER_BITS),
+            "uncorrectable_count": Out(COUNTER_BITS),
+            "ecc_error": Out(1),
+        }
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        code = self.code
+        nports = len(self.ports)
+
+        # --- bank memories ------------------------------------------------------------
+        reads, writes = [], []
+        for b in range(self.banks):
+            bank = memory.Memory(shape=code.code_bits, depth=self.depth, init=[])
+            m.submodules[f"bank{b}"] = bank
+            reads.append(bank.read_port())  # synchronous, not transparent
+            writes.append(bank.write_port())
+
+        # --- per port: the internal request (valid, bank, row, write, data, status) ------
+        fronts = []
+        for name in self.ports:
+            if name == self.kv_port:
+                fronts.append(self._kv_front(m, getattr(self, f"{name}_req")))
+            else:
+                fronts.append(self._plain_front(m, name, getattr(self, f"{name}_req")))
+
+        # --- credits: room for every outstanding response ------------------------------
+        accept = [Signal(name=f"{name}_accept") for name in self.ports]
+        can = []
+        for p, name in enumerate(self.ports):
+            credits = Signal(range(RESPONSE_CREDITS + 1), init=RESPONSE_CREDITS,
+                             name=f"{name}_credits")
+            resp = getattr(self, f"{name}_resp")
+            popped = resp.valid & resp.ready
+            m.d.sync += credits.eq(credits - accept[p] + popped)
+            can.append(credits != 0)
+
+        # --- per-bank round-robin arbitration ------------------------------------------
+        granted = [[Signal(name=f"grant_b{b}_{name}") for name in self.ports]
+                   for b in range(self.banks)]
+        for b in range(self.banks):
+            wants = [f["valid"] & f["needs_bank"] & (f["bank"] == b) & can[p]
+                     for p, f in enumerate(fronts)]
+            last = Signal(range(nports), name=f"rr_b{b}")
+            with m.Switch(last):
+                for start in range(nports):
+                    with m.Case(start):
+                        taken = C(0, 1)
+                        for i in range(nports):
+                            p = (start + 1 + i) % nports
+                            m.d.comb += granted[b][p].eq(wants[p] & ~taken)
+                            taken = taken | wants[p]
+            for p in range(nports):
+                with m.If(granted[b][p]):
+                    m.d.sync += last.eq(p)
+            # The bank's one access this cycle.
+            read, write = reads[b], writes[b]
+            m.d.comb += read.en.eq(0)
+            for p, f in enumerate(fronts):
+                with m.If(granted[b][p]):
+                    m.d.comb += [
+                        read.addr.eq(f["row"]),
+                        read.en.eq(~f["write"]),
+                        write.addr.eq(f["row"]),
+                        write.data.eq(_ecc.encode(code, f["data"]) ^ f["flip"]),
+                        write.en.eq(f["write"]),
+                    ]
+
+        # --- pipeline: accept -> s1 (bank read, syndrome) -> s2 (correct) -> FIFO ------
+        bank_data = Array(read.data for read in reads)
+        corrected_events, uncorrectable_events = [], []
+        for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
+            got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
+            m.d.comb += accept[p].eq(f["valid"] & can[p] & (~f["needs_bank"] | got_bank))
+            m.d.comb += f["ready"].eq(accept[p])
+
+            s1_valid = Signal(name=f"{name}_s1_valid")
+            s1_read = Signal(name=f"{name}_s1_read")
+            s1_write = Signal(name=f"{name}_s1_write")
+            s1_bank = Signal(range(self.banks), name=f"{name}_s1_bank")
+            s1_status = Signal(Status(), name=f"{name}_s1_status")
+            m.d.sync += [
+                s1_valid.eq(accept[p]),
+                s1_read.eq(accept[p] & f["needs_bank"] & ~f["write"]),
+                s1_write.eq(f["write"]),
+                s1_bank.eq(f["bank"]),
+                s1_status.eq(f["status"]),
+            ]
+            word = Signal(code.code_bits, name=f"{name}_s1_word")
+            m.d.comb += word.eq(bank_data[s1_bank])
+            syn, parity = _ecc.syndrome(code, word)
+
+            s2_valid = Signal(name=f"{name}_s2_valid")
+            s2_read = Signal(name=f"{name}_s2_read")
+            s2_write = Signal(name=f"{name}_s2_write")
+            s2_word = Signal(code.code_bits, name=f"{name}_s2_word")
+            s2_syn = Signal(code.hamming_bits, name=f"{name}_s2_syn")
+            s2_parity = Signal(name=f"{name}_s2_parity")
+            s2_status = Signal(Status(), name=f"{name}_s2_status")
+            m.d.sync += [
+                s2_valid.eq(s1_valid), s2_read.eq(s1_read), s2_write.eq(s1_write),
+                s2_word.eq(word), s2_syn.eq(syn), s2_parity.eq(parity),
+                s2_status.eq(s1_status),
+            ]
+            fixed, corrected, uncorrectable = _ecc.correct(m, code, s2_word, s2_syn, s2_parity,
+                                                           name=f"{name}_ecc")
+            response = Signal(self.response_layout, name=f"{name}_response")
+            m.d.comb += [
+                response.data.eq(Mux(s2_read, fixed, 0)),
+                response.write.eq(s2_write),
+                response.status.eq(s2_status),
+                response.status.corrected.eq(s2_read & corrected),
+                response.status.uncorrectable.eq(s2_read & uncorrectable),
+            ]
+            corrected_events.append(s2_valid & s2_read & corrected)
+            uncorrectable_events.append(s2_valid & s2_read & uncorrectable)
+
+            queue = fifo.SyncFIFOBuffered(width=self.response_layout.size,
+                                          depth=RESPONSE_CREDITS + 1)
+            m.submodules[f"{name}_responses"] = queue
+            resp = getattr(self, f"{name}_resp")
+            m.d.comb += [
+                queue.w_en.eq(s2_valid),
+                queue.w_data.eq(response),
+                resp.valid.eq(queue.r_rdy),
+                resp.payload.eq(queue.r_data),
+                queue.r_en.eq(resp.ready),
+            ]
+
+        # --- ECC event counters ----------------------------------------------------------
+        limit = (1 << COUNTER_BITS) - 1
+        for counter, events in ((self.corrected_count, corrected_events),
+                                (self.uncorrectable_count, uncorrectable_events)):
+            total = sum(events)
+            m.d.sync += counter.eq(Mux(counter + total >= limit, limit, counter + total))
+        with m.If(Cat(*uncorrectable_events).any()):
+            m.d.sync += self.ecc_error.eq(1)
+        return m
+
+    # --- port front ends ------------------------------------------------------------------
+
+    def _front(self, name: str) -> dict:
+        return {
+            "valid": Signal(name=f"{name}_valid"),
+            "ready": Signal(name=f"{name}_ready"),
+            "needs_bank": Signal(name=f"{name}_needs_bank"),
+            "bank": Signal(range(self.banks), name=f"{name}_bank"),
+            "row": Signal(range(self.depth), name=f"{name}_row"),
+            "write": Signal(name=f"{name}_write"),
+            "data": Signal(self.word_bits, name=f"{name}_data"),
+            "flip": Signal(self.code.code_bits, name=f"{name}_flip"),
+            "status": Signal(Status(), name=f"{name}_status"),
+        }
+
+    def _plain_front(self, m: Module, name: str, req) -> dict:
+        """Address check only, no register: a plain request is arbitrated as it arrives."""
+        f = self._front(name)
+        log_banks = _log2(self.banks)
+        addr = req.payload.addr
+        bad = addr >= self.words
+        m.d.comb += [
+            f["valid"].eq(req.valid),
+            req.ready.eq(f["ready"]),
+            f["needs_bank"].eq(~bad),
+            f["bank"].eq(addr[:log_banks]),
+            f["row"].eq(addr[log_banks:]),
+            f["write"].eq(req.payload.write),
+            f["data"].eq(req.payload.data),
+            f["status"].bad_address.eq(bad),
+        ]
+        if self.fault_injection:
+            m.d.comb += f["flip"].eq(req.payload.flip)
+        return f
+
+    def _kv_front(self, m: Module, req) -> dict:
+        """One registered stage: check the request, translate it through the block table,
+        update lengths and the table, and hand a plain access (or an error) on."""
+        f = self._front("kv")
+        log_banks, log_ps = _log2(self.banks), _log2(self.page_size)
+        log_tw = _log2(self.token_words)
+        seqs, pages = self.sequences, self.max_pages
+
+        lengths = [Signal(range(self.capacity + 1), name=f"kv_len{s}") for s in range(seqs)]
+        mapped = [[Signal(name=f"kv_map{s}_{p}") for p in range(pages)] for s in range(seqs)]
+        phys = [[Signal(range(self.num_pages), name=f"kv_phys{s}_{p}") for p in range(pages)]
+                for s in range(seqs)]
+
+        req_p = req.payload
+        op = req_p.op
+        seq_ok = req_p.seq < seqs
+        seq = Mux(seq_ok, req_p.seq, 0)  # never index past the tables
+        length = Array(lengths)[seq]
+        token = Signal(range(max(self.capacity, pages) + 1), name="kv_token")
+        m.d.comb += token.eq(Mux(op == KvOp.APPEND, length, req_p.index))
+        logical = token >> log_ps
+        logical_ok = logical < pages
+        logical_idx = Mux(logical_ok, logical, 0)
+        entry_mapped = Array(Array(row) for row in mapped)[seq][logical_idx]
+        entry_phys = Array(Array(row) for row in phys)[seq][logical_idx]
+        word_ok = req_p.word < self.token_words
+
+        status = Signal(Status(), name="kv_check")
+        with m.Switch(op):
+            with m.Case(KvOp.APPEND):
+                m.d.comb += status.bad_request.eq(~seq_ok | ~word_ok)
+                with m.If(seq_ok & word_ok):
+                    m.d.comb += status.kv_full.eq(length >= self.capacity)
+                    m.d.comb += status.unmapped.eq((length < self.capacity) & ~entry_mapped)
+            with m.Case(KvOp.READ):
+                m.d.comb += status.bad_request.eq(~seq_ok | ~word_ok)
+                with m.If(seq_ok & word_ok):
+                    m.d.comb += status.bad_address.eq(req_p.index >= length)
+                    m.d.comb += status.unmapped.eq((req_p.index < length) & ~entry_mapped)
+            with m.Case(KvOp.MAP):
+                m.d.comb += status.bad_request.eq(~seq_ok | (req_p.index >= pages))
+                m.d.comb += status.bad_page.eq(seq_ok & (req_p.index < pages)
+                                               & (req_p.phys >= self.num_pages))
+            with m.Case(KvOp.RESET):
+                m.d.comb += status.bad_request.eq(~seq_ok)
+        ok = ~status.as_value().any()
+
+        slot = token[:log_ps]
+        addr = Signal(range(self.words), name="kv_addr")
+        m.d.comb += addr.eq(self.kv_base + Cat(req_p.word[:log_tw], slot, entry_phys))
+
+        # The stage register: holds one translated request until the pipeline takes it.
+        valid = Signal(name="kv_stage_valid")
+        take = req.valid & req.ready
+        m.d.comb += [
+            req.ready.eq(~valid | f["ready"]),
+            f["valid"].eq(valid),
+        ]
+        with m.If(f["ready"]):
+            m.d.sync += valid.eq(0)
+        with m.If(take):
+            is_access = (op == KvOp.APPEND) | (op == KvOp.READ)
+            m.d.sync += [
+                valid.eq(1),
+                f["needs_bank"].eq(ok & is_access),
+                f["bank"].eq(addr[:log_banks]),
+                f["row"].eq(addr[log_banks:]),
+                f["write"].eq(op == KvOp.APPEND),
+                f["data"].eq(req_p.data),
+                f["status"].eq(status),
+            ]
+            # Lengths and the block table change only for a request that passed.
+            for s in range(seqs):
+                here = ok & (seq == s)
+                with m.If(here & (op == KvOp.APPEND) & req_p.last):
+                    m.d.sync += lengths[s].eq(lengths[s] + 1)
+                with m.If(here & (op == KvOp.RESET)):
+                    m.d.sync += lengths[s].eq(0)
+                for page in range(pages):
+                    with m.If(here & (op == KvOp.MAP) & (req_p.index == page)):
+                        m.d.sync += [mapped[s][page].eq(1), phys[s][page].eq(req_p.phys)]
+                    with m.If(here & (op == KvOp.RESET)):
+                        m.d.sync += mapped[s][page].eq(0)
+        return f
