@@ -261,8 +261,9 @@ class VectorUnit(wiring.Component):
                         for s in range(self.slots))
         recip_e = Array(Signal(range(nums.attn_sum_bits), init=e_one, name=f"recip_e_slot{s}")
                         for s in range(self.slots))
-        with m.If(rv[-1]):
-            m.d.sync += [recip_y[r_slot[-1]].eq(y_clamped), recip_e[r_slot[-1]].eq(e_cur)]
+        for s in range(self.slots):  # per-slot enables: no incomplete case statements
+            with m.If(rv[-1] & (r_slot[-1] == s)):
+                m.d.sync += [recip_y[s].eq(y_clamped), recip_e[s].eq(e_cur)]
         busy = rv[0]
         for valid in rv[1:-1]:
             busy = busy | valid
@@ -315,21 +316,22 @@ class VectorUnit(wiring.Component):
             k_sel = Signal(unsigned(k_bits), name=f"k_sel{i}")
             s_sel = Signal(signed(SHIFT_BITS + 1), name=f"s_sel{i}")
             m.d.comb += [a_sel.eq(p2.a[i]), k_sel.eq(1), s_sel.eq(0)]
-            with m.Switch(op2):
-                with m.Case(VectorOpcode.REQUANT, VectorOpcode.LOGIT):
-                    m.d.comb += [k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
-                with m.Case(VectorOpcode.EXP):
-                    m.d.comb += [a_sel.eq(exp_hi[i]), k_sel.eq(exp_lo[i]), s_sel.eq(exp_s[i])]
-                with m.Case(VectorOpcode.RESCALE):
-                    m.d.comb += [k_sel.eq(p2.c[:k_bits]), s_sel.eq(nums.exp_table_frac_bits)]
-                with m.Case(VectorOpcode.DIV):
-                    m.d.comb += [k_sel.eq(y2), s_sel.eq(b_bits + e2 - frac2)]
-                with m.Case(VectorOpcode.MUL, VectorOpcode.SWIGLU):
-                    m.d.comb += [a_sel.eq(pre[i]), k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
-                with m.Case(VectorOpcode.SILU):
-                    m.d.comb += a_sel.eq(silu2[i])
-                with m.Case(VectorOpcode.RECIP, VectorOpcode.SILU_LOAD):
-                    m.d.comb += a_sel.eq(0)
+            with m.If((op2 == VectorOpcode.REQUANT) | (op2 == VectorOpcode.LOGIT)):
+                m.d.comb += [k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
+            with m.Elif(op2 == VectorOpcode.EXP):
+                m.d.comb += [a_sel.eq(exp_hi[i]), k_sel.eq(exp_lo[i]), s_sel.eq(exp_s[i])]
+            with m.Elif(op2 == VectorOpcode.RESCALE):
+                m.d.comb += [k_sel.eq(p2.c[:k_bits]), s_sel.eq(nums.exp_table_frac_bits)]
+            with m.Elif(op2 == VectorOpcode.DIV):
+                m.d.comb += [k_sel.eq(y2), s_sel.eq(b_bits + e2 - frac2)]
+            with m.Elif((op2 == VectorOpcode.MUL) | (op2 == VectorOpcode.SWIGLU)):
+                m.d.comb += [a_sel.eq(pre[i]), k_sel.eq(p2.mult), s_sel.eq(p2.shift)]
+            with m.Elif(op2 == VectorOpcode.SILU):
+                m.d.comb += a_sel.eq(silu2[i])
+            with m.Elif((op2 == VectorOpcode.RECIP) | (op2 == VectorOpcode.SILU_LOAD)):
+                m.d.comb += a_sel.eq(0)
+            with m.Else():  # MAX, SUM, ADD: a_i * 1
+                pass
             mul_a.append(_reg(m, a_sel, f"mul_a{i}"))
             mul_k.append(_reg(m, k_sel, f"mul_k{i}"))
             mul_s.append(_reg(m, s_sel, f"mul_s{i}"))
@@ -366,17 +368,18 @@ class VectorUnit(wiring.Component):
             m.d.comb += out.eq(x)
             int8 = Mux(x < q_min, q_min, Mux(x > q_max, q_max, x))
             capped = Mux(x > sat_max, sat_max, x)
-            with m.Switch(p5.opcode):
-                with m.Case(VectorOpcode.REQUANT):
+            with m.If(p5.opcode == VectorOpcode.REQUANT):
+                m.d.comb += out.eq(int8)
+            with m.Elif((p5.opcode == VectorOpcode.MUL) | (p5.opcode == VectorOpcode.SWIGLU)):
+                with m.If(p5.sat):
                     m.d.comb += out.eq(int8)
-                with m.Case(VectorOpcode.MUL, VectorOpcode.SWIGLU):
-                    with m.If(p5.sat):
-                        m.d.comb += out.eq(int8)
-                with m.Case(VectorOpcode.EXP, VectorOpcode.DIV):
-                    with m.If(p5.sat):
-                        m.d.comb += out.eq(capped)
-                with m.Case(VectorOpcode.RESCALE, VectorOpcode.ADD):
-                    m.d.comb += out.eq(x + p5.b[i])
+            with m.Elif((p5.opcode == VectorOpcode.EXP) | (p5.opcode == VectorOpcode.DIV)):
+                with m.If(p5.sat):
+                    m.d.comb += out.eq(capped)
+            with m.Elif((p5.opcode == VectorOpcode.RESCALE) | (p5.opcode == VectorOpcode.ADD)):
+                m.d.comb += out.eq(x + p5.b[i])
+            with m.Else():
+                pass
             lanes6.append(_reg(m, Mux(p5.mask[i], out, 0), f"lane{i}"))
 
         # --- reduction tree over the enabled lanes: max or sum, registered every 2 levels
@@ -416,8 +419,10 @@ class VectorUnit(wiring.Component):
         reduces = ((p_t.opcode == VectorOpcode.MAX) | (p_t.opcode == VectorOpcode.SUM)
                    | (p_t.opcode == VectorOpcode.EXP) | (p_t.opcode == VectorOpcode.LOGIT))
         with m.If(v_t & reduces):
-            m.d.sync += totals[p_t.slot].eq(new_total)
             m.d.comb += total_out.eq(new_total)
+        for s in range(self.slots):
+            with m.If(v_t & reduces & (p_t.slot == s)):
+                m.d.sync += totals[s].eq(new_total)
         push = _reg(m, v_t, "push")
         push_row = Signal(VectorResult(n))
         m.d.sync += [push_row.data.eq(Cat(*data_t)), push_row.total.eq(total_out)]

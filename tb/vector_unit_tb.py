@@ -367,3 +367,34 @@ async def reset_mid_program(dut):
     await tb.harness.reset()
     _, data, total = await tb.run(program, seed + 1)
     check(data, total, program, n, slots)
+
+
+# --- the entry for tests and the bench -------------------------------------------------
+
+MODULE = "tb.vector_unit_tb"
+#: Harness memory depth (beats) of both streams: every program of the suite fits.
+DEPTH = 2048
+
+
+def vector_unit_build(n: int, slots: int = 4, depth: int = DEPTH, simulator: str | None = None,
+                      waves: bool | None = None):
+    """The vector unit in a harness (memories of ``depth`` beats): one build per parameter set."""
+    from rtl.vector_unit import VectorUnit
+    from tb.harness import StreamHarness
+    from tb.runner import build
+
+    harness = StreamHarness(VectorUnit(n, slots), {"ops": depth, "results": depth})
+    return build(harness, f"vector_unit-n{n}-s{slots}-d{depth}", simulator=simulator,
+                 waves=waves)
+
+
+def simulate_program(n: int, kind: str, *, slots: int = 4, seed: int = 1, count: int = 400,
+                     idle: float = 0.0, stall: float = 0.0, simulator: str | None = None,
+                     testcase: str = "program_matches_golden") -> dict:
+    """Run one program kind on the vector unit, check it against golden, return metrics."""
+    from tb.runner import run
+
+    params = {"n": n, "slots": slots, "seed": seed, "kind": kind, "count": count,
+              "idle": idle, "stall": stall}
+    return run(vector_unit_build(n, slots, simulator=simulator), MODULE, testcase=testcase,
+               seed=seed, params=params, tag=f"{kind}-c{count}-i{idle}-s{stall}")
