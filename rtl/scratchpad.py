@@ -30,6 +30,13 @@ def _is_pow2(value: int) -> bool:
         and value & (value - 1) == 0
 
 
+def _lookup(items: list, index):
+    """``items[index]`` as a mux; the list is padded with its last item to every value
+    ``index`` can take, so the generated case statement is complete (and lints clean)."""
+    padded = list(items) + [items[-1]] * ((1 << len(index)) - len(items))
+    return Array(padded)[index]
+
+
 def _bits_for(bound: int) -> int:
     """Bits that hold every value in [0, bound] (so ``bound`` itself, out of range, fits)."""
     return max(1, bound.bit_length())
@@ -301,7 +308,8 @@ class Scratchpad(wiring.Component):
             last = Signal(range(nports), name=f"rr_b{b}")
             with m.Switch(last):
                 for start in range(nports):
-                    with m.Case(start):
+                    # The last case as Default: a complete case statement for any nports.
+                    with (m.Case(start) if start < nports - 1 else m.Default()):
                         taken = C(0, 1)
                         for i in range(nports):
                             p = (start + 1 + i) % nports
@@ -324,7 +332,7 @@ class Scratchpad(wiring.Component):
                     ]
 
         # --- pipeline: accept -> s1 (bank read, syndrome) -> s2 (correct) -> FIFO ------
-        bank_data = Array(read.data for read in reads)
+        bank_data = [read.data for read in reads]
         corrected_events, uncorrectable_events = [], []
         for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
             got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
@@ -344,7 +352,7 @@ class Scratchpad(wiring.Component):
                 s1_status.eq(f["status"]),
             ]
             word = Signal(code.code_bits, name=f"{name}_s1_word")
-            m.d.comb += word.eq(bank_data[s1_bank])
+            m.d.comb += word.eq(_lookup(bank_data, s1_bank))
             syn, parity = _ecc.syndrome(code, word)
 
             s2_valid = Signal(name=f"{name}_s2_valid")
@@ -445,36 +453,41 @@ class Scratchpad(wiring.Component):
         req_p = req.payload
         op = req_p.op
         seq_ok = req_p.seq < seqs
-        seq = Mux(seq_ok, req_p.seq, 0)  # never index past the tables
-        length = Array(lengths)[seq]
+        seq = Signal.like(req_p.seq, name="kv_seq")
+        m.d.comb += seq.eq(Mux(seq_ok, req_p.seq, 0))  # never index past the tables
+        length = _lookup(lengths, seq)
         token = Signal(range(max(self.capacity, pages) + 1), name="kv_token")
         m.d.comb += token.eq(Mux(op == KvOp.APPEND, length, req_p.index))
         logical = token >> log_ps
         logical_ok = logical < pages
-        logical_idx = Mux(logical_ok, logical, 0)
-        entry_mapped = Array(Array(row) for row in mapped)[seq][logical_idx]
-        entry_phys = Array(Array(row) for row in phys)[seq][logical_idx]
+        logical_idx = Signal(range(pages), name="kv_logical")
+        m.d.comb += logical_idx.eq(Mux(logical_ok, logical, 0))
+        entry_mapped = _lookup([_lookup(row, logical_idx) for row in mapped], seq)
+        entry_phys = _lookup([_lookup(row, logical_idx) for row in phys], seq)
         word_ok = req_p.word < self.token_words
 
-        status = Signal(Status(), name="kv_check")
-        with m.Switch(op):
-            with m.Case(KvOp.APPEND):
-                m.d.comb += status.bad_request.eq(~seq_ok | ~word_ok)
-                with m.If(seq_ok & word_ok):
-                    m.d.comb += status.kv_full.eq(length >= self.capacity)
-                    m.d.comb += status.unmapped.eq((length < self.capacity) & ~entry_mapped)
-            with m.Case(KvOp.READ):
-                m.d.comb += status.bad_request.eq(~seq_ok | ~word_ok)
-                with m.If(seq_ok & word_ok):
-                    m.d.comb += status.bad_address.eq(req_p.index >= length)
-                    m.d.comb += status.unmapped.eq((req_p.index < length) & ~entry_mapped)
-            with m.Case(KvOp.MAP):
-                m.d.comb += status.bad_request.eq(~seq_ok | (req_p.index >= pages))
-                m.d.comb += status.bad_page.eq(seq_ok & (req_p.index < pages)
-                                               & (req_p.phys >= self.num_pages))
-            with m.Case(KvOp.RESET):
-                m.d.comb += status.bad_request.eq(~seq_ok)
-        ok = ~status.as_value().any()
+        # The request's one error, if any (see Status); separate signals, never constant.
+        bad_request = Signal(name="kv_bad_request")
+        bad_address = Signal(name="kv_bad_address")
+        kv_full = Signal(name="kv_full")
+        unmapped = Signal(name="kv_unmapped")
+        bad_page = Signal(name="kv_bad_page")
+        checked = seq_ok & word_ok
+        # Plain expressions rather than a Switch on op: a signal set in only some cases of
+        # a Switch becomes an incomplete Verilog case, which Verilator rejects.
+        is_append, is_read = op == KvOp.APPEND, op == KvOp.READ
+        is_map, is_reset = op == KvOp.MAP, op == KvOp.RESET
+        page_ok = req_p.index < pages
+        m.d.comb += [
+            bad_request.eq(((is_append | is_read) & ~checked) | (is_map & ~(seq_ok & page_ok))
+                           | (is_reset & ~seq_ok)),
+            kv_full.eq(is_append & checked & (length >= self.capacity)),
+            bad_address.eq(is_read & checked & (req_p.index >= length)),
+            unmapped.eq(checked & ((is_append & (length < self.capacity))
+                                   | (is_read & (req_p.index < length))) & ~entry_mapped),
+            bad_page.eq(is_map & seq_ok & page_ok & (req_p.phys >= self.num_pages)),
+        ]
+        ok = ~(bad_request | bad_address | kv_full | unmapped | bad_page)
 
         slot = token[:log_ps]
         addr = Signal(range(self.words), name="kv_addr")
@@ -490,7 +503,7 @@ class Scratchpad(wiring.Component):
         with m.If(f["ready"]):
             m.d.sync += valid.eq(0)
         with m.If(take):
-            is_access = (op == KvOp.APPEND) | (op == KvOp.READ)
+            is_access = is_append | is_read
             m.d.sync += [
                 valid.eq(1),
                 f["needs_bank"].eq(ok & is_access),
@@ -498,7 +511,11 @@ class Scratchpad(wiring.Component):
                 f["row"].eq(addr[log_banks:]),
                 f["write"].eq(op == KvOp.APPEND),
                 f["data"].eq(req_p.data),
-                f["status"].eq(status),
+                f["status"].bad_request.eq(bad_request),
+                f["status"].bad_address.eq(bad_address),
+                f["status"].kv_full.eq(kv_full),
+                f["status"].unmapped.eq(unmapped),
+                f["status"].bad_page.eq(bad_page),
             ]
             # Lengths and the block table change only for a request that passed.
             for s in range(seqs):
