@@ -50,7 +50,8 @@ class TensorCore(wiring.Component):
 
     Processing element (i, j) holds C[i, j]: A values move right along the rows, B values
     down the columns, both skewed so that PE (i, j) sees beat k at cycle k + i + j. Each
-    PE multiplies in one stage and accumulates in the next; on the ``last`` beat it moves
+    PE copies its operands into registers that feed only its multiplier, multiplies in
+    the next stage and accumulates in the one after; on the ``last`` beat it moves
     its sum to a shadow register and restarts from zero, so the next tile computes while
     the finished one drains (double buffering). Finished rows are pushed in order into a
     result FIFO; accumulation wraps modulo 2**32, exactly like :func:`golden.gemm.gemm`.
@@ -80,7 +81,7 @@ class TensorCore(wiring.Component):
     - One beat per cycle on ``a``/``b``; tiles follow each other without a bubble when
       K >= N (utilisation K / (K + ``latency``) for a single tile, -> 1 back to back).
       With K < N the output rate bounds it: one tile per N cycles.
-    - Row 0 of a tile is valid on ``c`` ``latency`` = N + 4 cycles after its ``last``
+    - Row 0 of a tile is valid on ``c`` ``latency`` = N + 5 cycles after its ``last``
       beat is accepted, and row i follows i cycles later when ``c`` is ready.
     """
 
@@ -91,7 +92,7 @@ class TensorCore(wiring.Component):
             raise ValueError(f"tensor core size must be between {MIN_N} and {MAX_N}, not {n}")
         self.n = n
         #: Cycles from accepting a tile's ``last`` beat to its row 0 being valid on ``c``.
-        self.latency = n + 4
+        self.latency = n + 5
         # Tiles whose rows are in the array or the FIFO when C is never stalled, plus the
         # one being accepted: enough reserved room that K >= N streams without a bubble.
         tiles_in_flight = -(-(self.latency + n) // n) + 1
@@ -172,15 +173,29 @@ class TensorCore(wiring.Component):
                     v_reg[i][j].eq(v_in),
                     l_reg[i][j].eq(l_in),
                 ]
+                # The multiplier gets operand registers of its own: with fanout 1 they
+                # can sit next to its DSP, while a_reg/b_reg also feed the next PE. They
+                # load only on a valid beat, which also keeps Yosys from merging them
+                # with the next PE's a_reg/b_reg (a `keep` attribute on them does not).
+                mul_a = Signal(operand, name=f"ma_{i}_{j}")
+                mul_b = Signal(operand, name=f"mb_{i}_{j}")
+                mul_valid = Signal(name=f"mv_{i}_{j}")
+                mul_last = Signal(name=f"ml_{i}_{j}")
+                with m.If(v_reg[i][j]):
+                    m.d.sync += [mul_a.eq(a_reg[i][j]), mul_b.eq(b_reg[i][j])]
+                m.d.sync += [
+                    mul_valid.eq(v_reg[i][j]),
+                    mul_last.eq(v_reg[i][j] & l_reg[i][j]),
+                ]
                 product = Signal(signed(2 * NUMERICS.operand_bits), name=f"p_{i}_{j}")
                 p_valid = Signal(name=f"pv_{i}_{j}")
                 p_last = Signal(name=f"pl_{i}_{j}")
-                acc = Signal(acc_shape, name=f"acc_{i}_{j}")
                 m.d.sync += [
-                    product.eq(a_reg[i][j] * b_reg[i][j]),
-                    p_valid.eq(v_reg[i][j]),
-                    p_last.eq(v_reg[i][j] & l_reg[i][j]),
+                    product.eq(mul_a * mul_b),
+                    p_valid.eq(mul_valid),
+                    p_last.eq(mul_last),
                 ]
+                acc = Signal(acc_shape, name=f"acc_{i}_{j}")
                 total = (acc + product)[: NUMERICS.acc_bits].as_signed()
                 with m.If(p_last):
                     m.d.sync += [shadow[i][j].eq(total), acc.eq(0)]
