@@ -81,7 +81,7 @@ class TensorCore(wiring.Component):
     - One beat per cycle on ``a``/``b``; tiles follow each other without a bubble when
       K >= N (utilisation K / (K + ``latency``) for a single tile, -> 1 back to back).
       With K < N the output rate bounds it: one tile per N cycles.
-    - Row 0 of a tile is valid on ``c`` ``latency`` = N + 5 cycles after its ``last``
+    - Row 0 of a tile is valid on ``c`` ``latency`` = N + 6 cycles after its ``last``
       beat is accepted, and row i follows i cycles later when ``c`` is ready.
     """
 
@@ -92,7 +92,7 @@ class TensorCore(wiring.Component):
             raise ValueError(f"tensor core size must be between {MIN_N} and {MAX_N}, not {n}")
         self.n = n
         #: Cycles from accepting a tile's ``last`` beat to its row 0 being valid on ``c``.
-        self.latency = n + 5
+        self.latency = n + 6
         # Tiles whose rows are in the array or the FIFO when C is never stalled, plus the
         # one being accepted: enough reserved room that K >= N streams without a bubble.
         tiles_in_flight = -(-(self.latency + n) // n) + 1

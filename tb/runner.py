@@ -93,6 +93,7 @@ class SimBuild:
     directory: Path
     simulator: str
     waves: bool
+    stamp: str  # hash of what was compiled (sources, flags, simulator)
 
 
 def simulator_from_env() -> str:
@@ -172,7 +173,7 @@ def build(component, name: str, *, simulator: str | None = None,
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp_file = directory / "stamp"
         if stamp_file.exists() and stamp_file.read_text() == stamp:
-            return SimBuild(name, directory, simulator, waves)
+            return SimBuild(name, directory, simulator, waves, stamp)
         stamp_file.unlink(missing_ok=True)
         verilog_file = directory / "top.v"
         verilog_file.write_text(source)
@@ -192,7 +193,7 @@ def build(component, name: str, *, simulator: str | None = None,
             log_file=directory / "build.log",
         )
         stamp_file.write_text(stamp)
-    return SimBuild(name, directory, simulator, waves)
+    return SimBuild(name, directory, simulator, waves, stamp)
 
 
 def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
@@ -213,27 +214,34 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     results_xml.unlink(missing_ok=True)
     log_file = run_dir / "sim.log"
 
-    runner = _runner(handle.simulator)
-    python_path = [str(ROOT)] + ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ else [])
-    # Under pytest the cocotb runner exits on a failure; the checks below say why.
-    with contextlib.suppress(SystemExit):
-        runner.test(
-            test_module=module,
-            hdl_toplevel=TOPLEVEL,
-            hdl_toplevel_lang="verilog",
-            testcase=testcase,
-            seed=seed,
-            build_dir=handle.directory,
-            test_dir=run_dir,
-            results_xml=str(results_xml),
-            waves=handle.waves,
-            extra_env={
-                RESULT_ENV: str(result_file),
-                PARAMS_ENV: json.dumps(params or {}),
-                "PYTHONPATH": os.pathsep.join(python_path),
-            },
-            log_file=log_file,
-        )
+    # A shared lock for the run: a rebuild of the same directory (by another process,
+    # from other sources) waits until no run is using the model.
+    with open(handle.directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        if (handle.directory / "stamp").read_text() != handle.stamp:
+            raise SimulationFailed(f"{handle.directory} was rebuilt from other sources "
+                                   "by another process; build again")
+        runner = _runner(handle.simulator)
+        python_path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        # Under pytest the cocotb runner exits on a failure; the checks below say why.
+        with contextlib.suppress(SystemExit):
+            runner.test(
+                test_module=module,
+                hdl_toplevel=TOPLEVEL,
+                hdl_toplevel_lang="verilog",
+                testcase=testcase,
+                seed=seed,
+                build_dir=handle.directory,
+                test_dir=run_dir,
+                results_xml=str(results_xml),
+                waves=handle.waves,
+                extra_env={
+                    RESULT_ENV: str(result_file),
+                    PARAMS_ENV: json.dumps(params or {}),
+                    "PYTHONPATH": os.pathsep.join(python_path),
+                },
+                log_file=log_file,
+            )
     node = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     reproduce = (
         f"reproduce with waves: SIM={handle.simulator} WAVES=1 .venv/bin/python -m pytest '{node}'"

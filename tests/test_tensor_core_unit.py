@@ -83,3 +83,37 @@ def test_size_out_of_range_is_refused(n):
 def test_size_must_be_an_integer(n):
     with pytest.raises(TypeError, match="integer"):
         TensorCore(n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_latency_attribute_matches_the_hardware(n):
+    """Row 0 is valid exactly `latency` cycles after the tile's `last` beat is taken."""
+    dut = TensorCore(n)
+    k = 3
+    a_words, b_words = operand_beats(np.ones((n, k), int), np.ones((k, n), int), n)
+    observed = []
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+
+    async def bench(ctx):
+        ctx.set(dut.c.ready, 1)
+        taken_last_at = None
+        beat = 0
+        for cycle in range(10 * n + 20):
+            if beat < k:
+                ctx.set(dut.a.payload.as_value(), a_words[beat])
+                ctx.set(dut.b.payload.as_value(), b_words[beat])
+            ctx.set(dut.a.valid, beat < k)
+            ctx.set(dut.b.valid, beat < k)
+            if ctx.get(dut.c.valid):
+                observed.append(cycle - taken_last_at)
+                return
+            if beat < k and ctx.get(dut.a.ready):
+                if beat == k - 1:
+                    taken_last_at = cycle
+                beat += 1
+            await ctx.tick()
+
+    sim.add_testbench(bench)
+    sim.run()
+    assert observed == [dut.latency]
