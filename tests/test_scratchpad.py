@@ -34,5 +34,5 @@ def test_reset_clears_kv_state():
 
 
 def test_full_rate_without_bank_conflicts():
-    result = run_scratchpad("quad", "full_rate_no_conflicts", seed=6, count=500)
+    result = run_scratchpad("quad", "full_rate_no_conflicts", seed=6, count=512)
     assert result["requests_per_cycle"] >= 2.85, result
