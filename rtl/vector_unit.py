@@ -115,7 +115,8 @@ class VectorUnit(wiring.Component):
     SILU_LOAD  0; writes ``SILU[c & 255] = a_0`` (int8)                         kept
     ========== ============================================================== ===========
 
-    Reductions (LOGIT and MAX: max; SUM and EXP: sum) fold the enabled lanes of ``data`` into the slot's total:
+    Reductions (LOGIT and MAX: max; SUM and EXP: sum) fold the enabled lanes of ``data``
+    into the slot's total:
     ``total = op(first ? start : total[slot], fold(data))``; the result carries the
     total after the op (for other ops, the slot's current total). All arithmetic wraps at
     ``LANE_BITS`` = 48 bits except the saturating cases named. EXP clamps a negative
