@@ -68,6 +68,8 @@ DESIGNS: dict[str, Factory] = {
     "tensor_core_n4": rtl_design("rtl.tensor_core", "TensorCore", n=4),
     "tensor_core_n8": rtl_design("rtl.tensor_core", "TensorCore", n=8),
     "tensor_core_n16": rtl_design("rtl.tensor_core", "TensorCore", n=16),
+    "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
+    "sequencer": rtl_design("rtl.sequencer", "Sequencer"),
 }
 
 

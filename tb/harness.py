@@ -164,7 +164,8 @@ class StreamHarness(wiring.Component):
         m.d.comb += [
             read.addr.eq(Mux(transfer, sent + 1, sent)),
             port.payload.eq(read.data),
-            port.valid.eq(primed & (sent < count) & (holding | ~lfsr.below(idle))),
+            # Not during `start`: `sent` and `count` may still describe the previous run.
+            port.valid.eq(primed & ~self.start & (sent < count) & (holding | ~lfsr.below(idle))),
         ]
         m.d.sync += holding.eq(port.valid & ~port.ready)
         with m.If(self.start):
