@@ -144,3 +144,20 @@ async def operand_stream_ends_early(dut):
     tb.check(a[:, :], b[:, :n], n)  # the first tile drained, exactly once
     await tb.harness.settle(8 * n)
     assert tb.harness.counter("c_received") == n, "rows left the core after the error"
+
+
+@cocotb.test()
+async def two_runs_in_one_simulation(dut):
+    """A small GEMM, then a larger one on the same harness: both exact (no stale beat)."""
+    p = parameters()
+    n = p["n"]
+    rng = np.random.default_rng(p["seed"])
+    tb = TensorCoreTB(dut, n)
+    await tb.harness.reset()
+    for m, k, q in ((n, 3, n), (2 * n, 5, 3 * n)):
+        a, b = make_operands(rng, m, k, q, "random")
+        beats, rows = tb.load(a, b)
+        stats = await tb.harness.run(seed=p["seed"], timeout_cycles=_timeout(beats, rows, 0, 0, n))
+        assert stats.finished, f"run with {beats} beats timed out"
+        await tb.harness.settle(4 * n)
+        tb.check(a, b, rows)

@@ -60,3 +60,8 @@ def test_waves_are_recorded_on_request():
                     reason="Icarus Verilog, the optional second simulator, is not installed")
 def test_icarus_agrees_with_golden():
     simulate_gemm(2, 5, 7, 3, seed=1, stall=0.3, simulator="icarus")
+
+
+def test_two_runs_in_one_simulation():
+    run(tensor_core_build(4), MODULE, testcase="two_runs_in_one_simulation", seed=9,
+        params={"n": 4, "seed": 9})
