@@ -10,8 +10,8 @@ SIZES = [4, 8]
 
 # (name, kind, count, idle, stall)
 CASES = [
-    ("random", "random", 1500, 0.0, 0.0),
-    ("random-stalls", "random", 1500, 0.3, 0.5),
+    ("random", "random", 600, 0.0, 0.0),
+    ("random-stalls", "random", 600, 0.3, 0.5),
     ("attention", "attention", 400, 0.0, 0.0),
     ("attention-sink-stalls", "attention-sink", 400, 0.2, 0.3),
     ("gating-stalls", "gating", 400, 0.1, 0.4),
