@@ -70,6 +70,7 @@ DESIGNS: dict[str, Factory] = {
     "tensor_core_n16": rtl_design("rtl.tensor_core", "TensorCore", n=16),
     "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
     "sequencer": rtl_design("rtl.sequencer", "Sequencer"),
+    "vector_unit": rtl_design("rtl.vector_unit", "VectorUnit", n=8),
 }
 
 

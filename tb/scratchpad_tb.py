@@ -39,8 +39,6 @@ CONFIGS = {
 }
 #: Harness memory depth (beats) of every request and response stream.
 HARNESS_DEPTH = 1024
-#: Requests every port sends in every harness run (padded with refused no-ops).
-PHASE_BEATS = 512
 
 
 def scratchpad_from_params(config: dict) -> Scratchpad:
@@ -332,7 +330,7 @@ class ScratchpadTB:
         self.set_idle_generator(idle)
         self.set_backpressure_generator(stall)
         expected = {}
-        traffic = {name: self.padded(name, traffic.get(name, [])) for name in sp.ports}
+        traffic = {name: traffic.get(name, []) for name in sp.ports}
         for name in sp.ports:
             requests = traffic[name]
             kv = name == sp.kv_port
@@ -363,20 +361,6 @@ class ScratchpadTB:
                 assert g == w, f"{name} response {i} to {requests[i]}: got {g}, want {w}"
         self.check_counters()
         return {"cycles": stats.cycles, "requests": total, "wall_s": stats.wall_s}
-
-    def padded(self, name: str, requests: list[dict]) -> list[dict]:
-        """``requests`` padded to ``PHASE_BEATS`` with refused no-op requests.
-
-        Works around a StreamHarness issue: a source is valid during the ``start`` cycle
-        when its new count exceeds the beats it sent in the previous run, and the DUT
-        takes a stale beat the harness does not count. Equal counts in every run avoid it.
-        """
-        if len(requests) > PHASE_BEATS:
-            raise ValueError(f"{len(requests)} requests exceed {PHASE_BEATS} per run")
-        sp = self.sp
-        filler = ({"op": RESET, "seq": sp.sequences} if name == sp.kv_port
-                  else {"addr": sp.words, "write": 0})
-        return requests + [filler] * (PHASE_BEATS - len(requests))
 
     def check_counters(self) -> None:
         corrected = self.harness.counter("corrected_count")
