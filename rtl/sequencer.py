@@ -87,8 +87,9 @@ class Sequencer(wiring.Component):
         Pulse: begin at pc 0, clear the status and the semaphores.
     status : out, :class:`SequencerStatus`
 
-    Timing: two cycles per instruction (fetch, then check and dispatch), longer when an
-    engine's command stream is not ready or a WAIT blocks.
+    Timing: five cycles per instruction (fetch, latch, measure the regions, check them,
+    execute), so that no path runs from the instruction memory through the bound checks;
+    longer when an engine's command stream is not ready or a WAIT blocks.
     """
 
     def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
@@ -145,7 +146,8 @@ class Sequencer(wiring.Component):
             write.data.eq(self.program.payload.word),
             write.en.eq(self.program.valid & self.program.ready),
         ]
-        instruction = data.View(INSTRUCTION, fetch.data[: INSTRUCTION.size])
+        # The instruction being executed, registered out of the memory.
+        instruction = Signal(INSTRUCTION)
         opcode = instruction.opcode
         gemm, vec, dma = instruction.args.gemm, instruction.args.vec, instruction.args.dma
         wait = instruction.args.wait
@@ -189,7 +191,7 @@ class Sequencer(wiring.Component):
             with m.If(self.start):
                 m.d.sync += self.semaphores[index].eq(0)
 
-        # --- checks ---------------------------------------------------------------
+        # --- checks, pipelined over two cycles (MEASURE, CHECK) ------------------
         words = self.scratchpad_words
 
         def blocks(size):  # ceil(size / N)
@@ -198,23 +200,18 @@ class Sequencer(wiring.Component):
         def fits(base, length):
             return (base + length) <= words
 
+        # Region lengths (registered in MEASURE): A and B are k words per block; C is
+        # N rows per tile of 1 word (int8) or acc_bits/operand_bits words (int32).
+        a_words, b_words, c_tiles = Signal(24), Signal(24), Signal(24)
         row_words = NUMERICS.acc_bits // NUMERICS.operand_bits
-        c_words = Mux(gemm.requantise, 1, row_words) * n * blocks(gemm.m) * blocks(gemm.p)
-        gemm_ok_shape = (gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)
-        gemm_ok_bounds = (
-            fits(gemm.a, blocks(gemm.m) * gemm.k)
-            & fits(gemm.b, blocks(gemm.p) * gemm.k)
-            & fits(gemm.c, c_words)
-        )
-        vec_ok = (
-            fits(vec.src_a, vec.length) & fits(vec.src_b, vec.length) & fits(vec.dst, vec.length)
-        )
-        dma_ok_bounds = fits(dma.src, dma.length) & fits(dma.dst, dma.length)
+        c_words = Mux(gemm.requantise, c_tiles << ceil_log2(n),
+                      c_tiles << ceil_log2(n * row_words))
+        # Verdicts (registered in CHECK), used by EXECUTE.
+        gemm_ok_shape, gemm_ok_bounds = Signal(), Signal()
+        vec_ok, dma_ok_bounds, dma_ok_tiles = Signal(), Signal(), Signal()
         outside = ((1 << TILE_MASK_BITS) - 1) ^ self.valid_tiles
-        dma_ok_tiles = (dma.tiles != 0) & ((dma.tiles & outside) == 0)
 
         # --- fetch / execute ------------------------------------------------------
-        fetched = Signal()  # fetch.data holds the instruction at status.pc
         last_pc = self.program_depth - 1
 
         def fail(code):
@@ -227,61 +224,90 @@ class Sequencer(wiring.Component):
                 m.d.sync += status.running.eq(0)
                 m.next = "DRAIN"
             with m.Else():
-                m.d.sync += [status.pc.eq(status.pc + 1), fetched.eq(0)]
+                m.d.sync += status.pc.eq(status.pc + 1)
+                m.next = "FETCH"
+
+        def stop_on_overflow():  # last in every running state, so it wins
+            with m.If(overflow):
+                m.next = "DRAIN"
 
         m.d.comb += fetch.addr.eq(status.pc)
-        m.d.sync += fetched.eq(1)
 
         with m.FSM(init="IDLE"):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [status.pc.eq(0), status.running.eq(1), status.halted.eq(0),
-                                 status.error.eq(ErrorCode.NONE), fetched.eq(0)]
-                    m.next = "RUN"
-            with m.State("RUN"):
-                with m.If(fetched):
-                    with m.Switch(opcode):
-                        with m.Case(Opcode.NOP):
-                            advance()
-                        with m.Case(Opcode.HALT):
-                            m.d.sync += status.running.eq(0)
-                            m.next = "DRAIN"
-                        with m.Case(Opcode.GEMM):
-                            with m.If(~gemm_ok_shape):
-                                fail(ErrorCode.BAD_SHAPE)
-                            with m.Elif(~gemm_ok_bounds):
-                                fail(ErrorCode.BAD_ADDRESS)
-                            with m.Else():
-                                m.d.comb += self.gemm.valid.eq(1)
-                                with m.If(self.gemm.ready):
-                                    advance()
-                        with m.Case(Opcode.VEC):
-                            with m.If(~vec_ok):
-                                fail(ErrorCode.BAD_ADDRESS)
-                            with m.Else():
-                                m.d.comb += self.vec.valid.eq(1)
-                                with m.If(self.vec.ready):
-                                    advance()
-                        with m.Case(Opcode.DMA):
-                            with m.If(~dma_ok_bounds):
-                                fail(ErrorCode.BAD_ADDRESS)
-                            with m.Elif(~dma_ok_tiles):
-                                fail(ErrorCode.BAD_TILE)
-                            with m.Else():
-                                m.d.comb += self.dma.valid.eq(1)
-                                with m.If(self.dma.ready):
-                                    advance()
-                        with m.Case(Opcode.WAIT):
-                            with m.If(self.semaphores[wait.semaphore] >= wait.count):
-                                m.d.comb += wait_done.eq(1)
+                                 status.error.eq(ErrorCode.NONE)]
+                    m.next = "FETCH"
+            with m.State("FETCH"):  # the memory reads status.pc
+                m.next = "LATCH"
+                stop_on_overflow()
+            with m.State("LATCH"):
+                m.d.sync += instruction.eq(fetch.data[: INSTRUCTION.size])
+                m.next = "MEASURE"
+                stop_on_overflow()
+            with m.State("MEASURE"):
+                m.d.sync += [
+                    a_words.eq(blocks(gemm.m) * gemm.k),
+                    b_words.eq(blocks(gemm.p) * gemm.k),
+                    c_tiles.eq(blocks(gemm.m) * blocks(gemm.p)),
+                ]
+                m.next = "CHECK"
+                stop_on_overflow()
+            with m.State("CHECK"):
+                m.d.sync += [
+                    gemm_ok_shape.eq((gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)),
+                    gemm_ok_bounds.eq(fits(gemm.a, a_words) & fits(gemm.b, b_words)
+                                      & fits(gemm.c, c_words)),
+                    vec_ok.eq(fits(vec.src_a, vec.length) & fits(vec.src_b, vec.length)
+                              & fits(vec.dst, vec.length)),
+                    dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
+                    dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & outside) == 0)),
+                ]
+                m.next = "EXECUTE"
+                stop_on_overflow()
+            with m.State("EXECUTE"):
+                with m.Switch(opcode):
+                    with m.Case(Opcode.NOP):
+                        advance()
+                    with m.Case(Opcode.HALT):
+                        m.d.sync += status.running.eq(0)
+                        m.next = "DRAIN"
+                    with m.Case(Opcode.GEMM):
+                        with m.If(~gemm_ok_shape):
+                            fail(ErrorCode.BAD_SHAPE)
+                        with m.Elif(~gemm_ok_bounds):
+                            fail(ErrorCode.BAD_ADDRESS)
+                        with m.Else():
+                            m.d.comb += self.gemm.valid.eq(1)
+                            with m.If(self.gemm.ready):
                                 advance()
-                        with m.Case(Opcode.SIGNAL):
-                            m.d.comb += signal_now.eq(1)
+                    with m.Case(Opcode.VEC):
+                        with m.If(~vec_ok):
+                            fail(ErrorCode.BAD_ADDRESS)
+                        with m.Else():
+                            m.d.comb += self.vec.valid.eq(1)
+                            with m.If(self.vec.ready):
+                                advance()
+                    with m.Case(Opcode.DMA):
+                        with m.If(~dma_ok_bounds):
+                            fail(ErrorCode.BAD_ADDRESS)
+                        with m.Elif(~dma_ok_tiles):
+                            fail(ErrorCode.BAD_TILE)
+                        with m.Else():
+                            m.d.comb += self.dma.valid.eq(1)
+                            with m.If(self.dma.ready):
+                                advance()
+                    with m.Case(Opcode.WAIT):
+                        with m.If(self.semaphores[wait.semaphore] >= wait.count):
+                            m.d.comb += wait_done.eq(1)
                             advance()
-                        with m.Default():
-                            fail(ErrorCode.ILLEGAL_OPCODE)
-                with m.If(overflow):
-                    m.next = "DRAIN"
+                    with m.Case(Opcode.SIGNAL):
+                        m.d.comb += signal_now.eq(1)
+                        advance()
+                    with m.Default():
+                        fail(ErrorCode.ILLEGAL_OPCODE)
+                stop_on_overflow()
             with m.State("DRAIN"):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
@@ -289,6 +315,7 @@ class Sequencer(wiring.Component):
         # A semaphore that would overflow keeps its value and stops the program.
         with m.If(overflow):
             m.d.sync += [status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW), status.running.eq(0)]
+
         m.d.comb += [
             self.gemm.payload.eq(gemm),
             self.vec.payload.eq(vec),
