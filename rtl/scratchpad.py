@@ -17,7 +17,9 @@ DEFAULT_PORTS = ("tc", "vu", "ni", "kv")
 #: Width of the saturating ECC event counters.
 COUNTER_BITS = 16
 #: Responses a port may have outstanding (pipeline + response FIFO): enough for one
-#: request per cycle when its response stream is always ready.
+#: request per cycle when its response stream is always ready. A credit spent at cycle t
+#: comes back at t + latency + 1 (the response is popped at t + latency, the count is a
+#: register), so full rate needs latency + 1 = 6 credits.
 RESPONSE_CREDITS = 6
 
 
@@ -184,7 +186,10 @@ class Scratchpad(wiring.Component):
     - Each port issues up to one request per cycle; each bank serves one per cycle. With
       no bank conflict and ready responses every port runs at one request per cycle.
     - A plain request accepted at cycle t has its response valid on ``<port>_resp`` at
-      cycle t + ``latency`` (4); the KV port adds one cycle of address translation (5).
+      cycle t + ``latency`` (5: bank read, bank word register, syndrome register, two
+      in the response FIFO); the KV port adds one cycle of address translation (6).
+    - ``RESPONSE_CREDITS`` (6) = ``latency`` + 1: one request per cycle per port needs
+      exactly that many responses in flight.
     - Bank memories: one synchronous, non-transparent read port and one write port each;
       a bank never reads and writes in the same cycle, so transparency never matters.
     """
@@ -246,8 +251,8 @@ class Scratchpad(wiring.Component):
         self.capacity = max_pages * page_size
         self.code = Secded(word_bits)
         #: Cycles from a plain request's acceptance to its response being valid.
-        self.latency = 4
-        self.kv_latency = 5
+        self.latency = 5
+        self.kv_latency = 6
 
         self.request_layout = Request(addr_bits, word_bits,
                                       self.code.code_bits if fault_injection else 0)
@@ -331,8 +336,15 @@ class Scratchpad(wiring.Component):
                         write.en.eq(f["write"]),
                     ]
 
-        # --- pipeline: accept -> s1 (bank read, syndrome) -> s2 (correct) -> FIFO ------
-        bank_data = [read.data for read in reads]
+        # --- pipeline: accept -> s1 (bank read) -> s2 (bank word registered: select,
+        # syndrome) -> s3 (correct) -> FIFO. The bank read data goes straight into a
+        # register (the EBR output register, or a flip-flop placed next to the block RAM)
+        # and nowhere else: block-RAM clock-to-output is too slow to feed logic at 100 MHz.
+        bank_data = []
+        for b, read in enumerate(reads):
+            bank_word = Signal(code.code_bits, name=f"bank{b}_word")
+            m.d.sync += bank_word.eq(read.data)
+            bank_data.append(bank_word)
         corrected_events, uncorrectable_events = [], []
         for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
             got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
@@ -351,41 +363,51 @@ class Scratchpad(wiring.Component):
                 s1_bank.eq(f["bank"]),
                 s1_status.eq(f["status"]),
             ]
-            word = Signal(code.code_bits, name=f"{name}_s1_word")
-            m.d.comb += word.eq(_lookup(bank_data, s1_bank))
-            syn, parity = _ecc.syndrome(code, word)
 
             s2_valid = Signal(name=f"{name}_s2_valid")
             s2_read = Signal(name=f"{name}_s2_read")
             s2_write = Signal(name=f"{name}_s2_write")
-            s2_word = Signal(code.code_bits, name=f"{name}_s2_word")
-            s2_syn = Signal(code.hamming_bits, name=f"{name}_s2_syn")
-            s2_parity = Signal(name=f"{name}_s2_parity")
+            s2_bank = Signal(range(self.banks), name=f"{name}_s2_bank")
             s2_status = Signal(Status(), name=f"{name}_s2_status")
             m.d.sync += [
                 s2_valid.eq(s1_valid), s2_read.eq(s1_read), s2_write.eq(s1_write),
-                s2_word.eq(word), s2_syn.eq(syn), s2_parity.eq(parity),
-                s2_status.eq(s1_status),
+                s2_bank.eq(s1_bank), s2_status.eq(s1_status),
             ]
-            fixed, corrected, uncorrectable = _ecc.correct(m, code, s2_word, s2_syn, s2_parity,
+            word = Signal(code.code_bits, name=f"{name}_s2_word")
+            m.d.comb += word.eq(_lookup(bank_data, s2_bank))
+            syn, parity = _ecc.syndrome(code, word)
+
+            s3_valid = Signal(name=f"{name}_s3_valid")
+            s3_read = Signal(name=f"{name}_s3_read")
+            s3_write = Signal(name=f"{name}_s3_write")
+            s3_word = Signal(code.code_bits, name=f"{name}_s3_word")
+            s3_syn = Signal(code.hamming_bits, name=f"{name}_s3_syn")
+            s3_parity = Signal(name=f"{name}_s3_parity")
+            s3_status = Signal(Status(), name=f"{name}_s3_status")
+            m.d.sync += [
+                s3_valid.eq(s2_valid), s3_read.eq(s2_read), s3_write.eq(s2_write),
+                s3_word.eq(word), s3_syn.eq(syn), s3_parity.eq(parity),
+                s3_status.eq(s2_status),
+            ]
+            fixed, corrected, uncorrectable = _ecc.correct(m, code, s3_word, s3_syn, s3_parity,
                                                            name=f"{name}_ecc")
             response = Signal(self.response_layout, name=f"{name}_response")
             m.d.comb += [
-                response.data.eq(Mux(s2_read, fixed, 0)),
-                response.write.eq(s2_write),
-                response.status.eq(s2_status),
-                response.status.corrected.eq(s2_read & corrected),
-                response.status.uncorrectable.eq(s2_read & uncorrectable),
+                response.data.eq(Mux(s3_read, fixed, 0)),
+                response.write.eq(s3_write),
+                response.status.eq(s3_status),
+                response.status.corrected.eq(s3_read & corrected),
+                response.status.uncorrectable.eq(s3_read & uncorrectable),
             ]
-            corrected_events.append(s2_valid & s2_read & corrected)
-            uncorrectable_events.append(s2_valid & s2_read & uncorrectable)
+            corrected_events.append(s3_valid & s3_read & corrected)
+            uncorrectable_events.append(s3_valid & s3_read & uncorrectable)
 
             queue = fifo.SyncFIFOBuffered(width=self.response_layout.size,
                                           depth=RESPONSE_CREDITS + 1)
             m.submodules[f"{name}_responses"] = queue
             resp = getattr(self, f"{name}_resp")
             m.d.comb += [
-                queue.w_en.eq(s2_valid),
+                queue.w_en.eq(s3_valid),
                 queue.w_data.eq(response),
                 resp.valid.eq(queue.r_rdy),
                 resp.payload.eq(queue.r_data),

@@ -157,6 +157,7 @@ def test_kv_latency_and_plain_latency():
     sim.add_testbench(bench)
     sim.run()
     assert seen == {"a": sp.latency, "kv": sp.kv_latency}
+    assert (sp.latency, sp.kv_latency) == (5, 6)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
