@@ -28,6 +28,16 @@ MUL_BITS = LANE_BITS // 2
 SHIFT_BITS = max(NUMERICS.requant_max_shift, NUMERICS.logit_max_left_shift).bit_length() + 1
 #: The SiLU table: one entry per int8 input code.
 SILU_ENTRIES = 1 << NUMERICS.operand_bits
+#: Width of a top-k index (expert number): lane i of a TOPK beat is index ``c + i``.
+TOPK_INDEX_BITS = 16
+#: Largest top-k list a unit keeps by default (the workloads' largest ``top_k``); the
+#: default list length is ``min(n, TOPK_DEFAULT)``.
+TOPK_DEFAULT = 8
+
+
+def default_max_top_k(n: int) -> int:
+    """The top-k list length of ``VectorUnit(n)`` when ``max_top_k`` is not given."""
+    return min(n, TOPK_DEFAULT)
 
 
 class VectorOpcode(enum.Enum, shape=4):
@@ -46,6 +56,8 @@ class VectorOpcode(enum.Enum, shape=4):
     SILU = 10
     SWIGLU = 11
     SILU_LOAD = 12
+    TOPK = 13
+    TOPK_INDEX = 14
 
 
 class VectorOp(data.StructLayout):
@@ -113,6 +125,8 @@ class VectorUnit(wiring.Component):
     SILU       ``SILU[a_i + 128]`` (int8 table)                                 kept
     SWIGLU     as MUL with ``SILU[a_i + 128]`` for ``a_i``                      kept
     SILU_LOAD  0; writes ``SILU[c & 255] = a_0`` (int8)                         kept
+    TOPK       folds (a_i, index c + i) into the slot's top-k list; value of entry i kept
+    TOPK_INDEX folds as TOPK; index of entry i (-1 if empty)                      kept
     ========== ============================================================== ===========
 
     Reductions (LOGIT and MAX: max; SUM and EXP: sum) fold the enabled lanes of ``data``
@@ -123,12 +137,26 @@ class VectorUnit(wiring.Component):
     ``c - a_i`` to 0 (golden refuses it). DIV and RECIP read ``c`` as an unsigned
     ``attn_sum_bits`` divisor >= 1. MUL/SWIGLU take the low 24 bits of ``a_i``, ``b_i``.
 
+    Top-k (MoE routing): each slot also keeps a list of ``max_top_k`` = K entries
+    (value, index), sorted largest value first, ties to the lower index (golden
+    ``topk``). TOPK and TOPK_INDEX fold the enabled lanes of a beat, lane i as
+    (``a_i``, index ``(c + i) mod 2**16``), into it: ``list = top_K(first ? [] :
+    list[slot], lanes)``; a row of E logits is ``ceil(E / n)`` beats with ``c`` = the
+    beat's first index, ``first`` on the first. ``data_i`` (i < K) is entry i of the new
+    list: its value for TOPK (0 if the entry is empty), its index for TOPK_INDEX (-1 if
+    empty); lanes i >= K are 0. A TOPK_INDEX with ``mask = 0`` reads the list without
+    changing it. Entry j of the list is entry j of golden ``topk`` for any k <= K, so one
+    unit serves every ``top_k`` up to K. Indices must be distinct within a row.
+
     Parameters
     ----------
     n : int
         Lanes, 2 to 32 (default 8, the tensor core size).
     slots : int
         Reduction/reciprocal registers (rows in flight), 1 to 64 (default 4).
+    max_top_k : int
+        Top-k list length K per slot, 1 to ``n`` (default ``min(n, 8)``): the largest
+        ``top_k`` the unit can route. The merge is K x min(n, K) comparators.
 
     Latency and throughput
     ----------------------
@@ -139,17 +167,26 @@ class VectorUnit(wiring.Component):
       ``ops`` and the pipeline never stalls.
     - A result is valid on ``results`` ``latency`` cycles after its op was taken (when the
       FIFO is empty); ``latency`` = 8 + ceil(log2(n) / 2) + 1.
+    - TOPK/TOPK_INDEX run at one op per cycle with the same latency, any slot order:
+      the beat is sorted in two pipeline stages (pairwise compares, then rank select)
+      beside the lane datapath; only the merge with the slot's list (K x min(n, K)
+      compares and a one-hot select) is in the single-cycle list update.
     """
 
-    def __init__(self, n: int = 8, slots: int = 4):
+    def __init__(self, n: int = 8, slots: int = 4, max_top_k: int | None = None):
+        if max_top_k is None and isinstance(n, int) and not isinstance(n, bool):
+            max_top_k = default_max_top_k(n) if MIN_N <= n <= MAX_N else 1
         for name, value, low, high in (("lane count", n, MIN_N, MAX_N),
-                                       ("slot count", slots, MIN_SLOTS, MAX_SLOTS)):
+                                       ("slot count", slots, MIN_SLOTS, MAX_SLOTS),
+                                       ("top-k list length (max_top_k)", max_top_k, 1, n)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"vector unit {name} must be an integer, not {value!r}")
             if not low <= value <= high:
                 raise ValueError(
                     f"vector unit {name} must be between {low} and {high}, not {value}")
         self.n, self.slots = n, slots
+        #: Top-k list length per slot: the largest ``top_k`` this unit can route.
+        self.max_top_k = max_top_k
         levels = (n - 1).bit_length()
         #: Pipeline stages of the lane-reduction tree (a register every two adder levels).
         self.tree_stages = -(-levels // 2)
@@ -163,6 +200,15 @@ class VectorUnit(wiring.Component):
             "ops": In(stream.Signature(VectorOp(n, slots))),
             "results": Out(stream.Signature(VectorResult(n))),
         })
+
+    def check_top_k(self, top_k: int) -> None:
+        """Raise ValueError unless this unit can route ``top_k`` (1 <= top_k <= max_top_k)."""
+        is_int = isinstance(top_k, int) and not isinstance(top_k, bool)
+        if not (is_int and 1 <= top_k <= self.max_top_k):
+            raise ValueError(
+                f"top_k {top_k!r} is impossible on this vector unit: it keeps a top-k list "
+                f"of max_top_k = {self.max_top_k} entries (n = {self.n}); top_k must be "
+                f"between 1 and {self.max_top_k}")
 
     def elaborate(self, platform):
         m = Module()
@@ -344,6 +390,40 @@ class VectorUnit(wiring.Component):
                 for i in range(n)]
         s4 = [_reg(m, mul_s[i], f"s4_{i}") for i in range(n)]
 
+        # --- top-k, beside stages 5 and 6: sort the beat's lanes (largest first) ------
+        # An entry is (valid, value, index); the order is valid first, then larger value,
+        # then lower index. Lane i carries index c + i, so between lanes "lower index" is
+        # "lower lane". Stage 5: pairwise compares; stage 6: each lane's rank, and the
+        # lanes of rank r < M placed in position r (ranks are distinct: a total order).
+        k_list, idx_bits = self.max_top_k, TOPK_INDEX_BITS
+        m_beat = min(n, k_list)
+        lane_val = [_reg(m, p4.a[i], f"topk_val5_{i}") for i in range(n)]
+        lane_idx = [_reg(m, (p4.c[:idx_bits] + i)[:idx_bits], f"topk_idx5_{i}",
+                         shape=unsigned(idx_bits)) for i in range(n)]
+        lane_ok = [_reg(m, p4.mask[i], f"topk_ok5_{i}") for i in range(n)]
+        above = {}  # above[i, j]: lane j sorts before lane i
+        for i in range(n):
+            for j in range(i + 1, n):
+                later = p4.mask[j] & (~p4.mask[i] | (p4.a[j] > p4.a[i]))
+                above[i, j] = _reg(m, later, f"topk_cmp{i}_{j}")
+                above[j, i] = ~above[i, j]
+        ranks = []
+        for i in range(n):
+            rank = Signal(range(n), name=f"topk_rank{i}")
+            m.d.comb += rank.eq(sum((above[i, j] for j in range(n) if j != i), Const(0, 1)))
+            ranks.append(rank)
+        sorted_val, sorted_idx, sorted_ok = [], [], []
+        for r in range(m_beat):
+            val, idx, ok = Const(0, unsigned(LANE_BITS)), Const(0, unsigned(idx_bits)), Const(0)
+            for i in range(n):
+                hit = ranks[i] == r
+                val = val | Mux(hit, lane_val[i].as_unsigned(), 0)
+                idx = idx | Mux(hit, lane_idx[i], 0)
+                ok = ok | (hit & lane_ok[i])
+            sorted_val.append(_reg(m, val.as_signed(), f"topk_sval{r}", shape=lane))
+            sorted_idx.append(_reg(m, idx, f"topk_sidx{r}", shape=unsigned(idx_bits)))
+            sorted_ok.append(_reg(m, ok, f"topk_sok{r}", shape=1))
+
         # --- stage 5: round half up and shift (right for s > 0, left for s < 0) ------
         p5, v5 = carry(p4, v4, 5)
         max_left = nums.logit_max_left_shift
@@ -404,6 +484,9 @@ class VectorUnit(wiring.Component):
                 level = [_reg(m, x, f"fold{stage}_{j}", shape=lane) for j, x in enumerate(level)]
                 p_t, v_t = carry(p_t, v_t, stage)
                 data_t = [_reg(m, x, f"data{stage}_{j}") for j, x in enumerate(data_t)]
+                sorted_val = [_reg(m, x, f"topk_sval{stage}_{j}") for j, x in enumerate(sorted_val)]
+                sorted_idx = [_reg(m, x, f"topk_sidx{stage}_{j}") for j, x in enumerate(sorted_idx)]
+                sorted_ok = [_reg(m, x, f"topk_sok{stage}_{j}") for j, x in enumerate(sorted_ok)]
                 max_t = _reg(m, max_t, f"max{stage}")
         folded = level[0]
 
@@ -424,9 +507,70 @@ class VectorUnit(wiring.Component):
         for s in range(self.slots):
             with m.If(v_t & reduces & (p_t.slot == s)):
                 m.d.sync += totals[s].eq(new_total)
+
+        # --- top-k: merge the sorted beat B (M entries) into the slot's list L (K) ---
+        # c[i][j] = B_j sorts before L_i. Both lists are sorted, so c is monotone in i and
+        # j, and an entry's rank in the union is its position plus the number of entries
+        # of the other list before it: L_i lands at r = i + #{j: c[i][j]}, B_j at
+        # r = j + #{i: not c[i][j]}. Position r < K takes the one entry of rank r.
+        list_val = [[Signal(lane, name=f"topk_val_slot{s}_{e}") for e in range(k_list)]
+                    for s in range(self.slots)]
+        list_idx = [[Signal(unsigned(idx_bits), name=f"topk_idx_slot{s}_{e}")
+                     for e in range(k_list)] for s in range(self.slots)]
+        list_ok = [[Signal(name=f"topk_ok_slot{s}_{e}") for e in range(k_list)]
+                   for s in range(self.slots)]
+        old_val, old_idx, old_ok = [], [], []
+        for e in range(k_list):
+            old_val.append(Array(list_val[s][e] for s in range(self.slots))[p_t.slot])
+            old_idx.append(Array(list_idx[s][e] for s in range(self.slots))[p_t.slot])
+            old_ok.append(Array(list_ok[s][e] for s in range(self.slots))[p_t.slot]
+                          & ~p_t.first)
+        before = [[Signal(name=f"topk_before{i}_{j}") for j in range(m_beat)]
+                  for i in range(k_list)]
+        for i in range(k_list):
+            for j in range(m_beat):
+                bv, lv = sorted_val[j], old_val[i]
+                m.d.comb += before[i][j].eq(sorted_ok[j] & (
+                    ~old_ok[i] | (bv > lv) | ((bv == lv) & (sorted_idx[j] < old_idx[i]))))
+        new_val, new_idx, new_ok = [], [], []
+        for r in range(k_list):
+            val, idx, ok = Const(0, unsigned(LANE_BITS)), Const(0, unsigned(idx_bits)), Const(0)
+            for i in range(max(0, r - m_beat), r + 1):  # L_i with r - i entries of B before
+                d = r - i
+                hit = (Const(1) if d == 0 else before[i][d - 1]) & (
+                    Const(1) if d == m_beat else ~before[i][d])
+                val = val | Mux(hit, old_val[i].as_unsigned(), 0)
+                idx = idx | Mux(hit, old_idx[i], 0)
+                ok = ok | (hit & old_ok[i])
+            for j in range(min(r + 1, m_beat)):  # B_j with r - j entries of L before
+                d = r - j
+                hit = (Const(1) if d == 0 else ~before[d - 1][j]) & before[d][j]
+                val = val | Mux(hit, sorted_val[j].as_unsigned(), 0)
+                idx = idx | Mux(hit, sorted_idx[j], 0)
+                ok = ok | (hit & sorted_ok[j])
+            new_val.append(Signal(lane, name=f"topk_new_val{r}"))
+            new_idx.append(Signal(unsigned(idx_bits), name=f"topk_new_idx{r}"))
+            new_ok.append(Signal(name=f"topk_new_ok{r}"))
+            m.d.comb += [new_val[r].eq(val.as_signed()), new_idx[r].eq(idx), new_ok[r].eq(ok)]
+        is_topk = (p_t.opcode == VectorOpcode.TOPK) | (p_t.opcode == VectorOpcode.TOPK_INDEX)
+        for s in range(self.slots):
+            with m.If(v_t & is_topk & (p_t.slot == s)):
+                for e in range(k_list):
+                    m.d.sync += [list_val[s][e].eq(new_val[e]), list_idx[s][e].eq(new_idx[e]),
+                                 list_ok[s][e].eq(new_ok[e])]
+        data_out = []
+        for i in range(n):
+            out = Signal(lane, name=f"data_out{i}")
+            m.d.comb += out.eq(data_t[i])
+            with m.If(p_t.opcode == VectorOpcode.TOPK):
+                m.d.comb += out.eq(Mux(new_ok[i], new_val[i], 0) if i < k_list else 0)
+            with m.Elif(p_t.opcode == VectorOpcode.TOPK_INDEX):
+                m.d.comb += out.eq(Mux(new_ok[i], new_idx[i], -1) if i < k_list else 0)
+            data_out.append(out)
+
         push = _reg(m, v_t, "push")
         push_row = Signal(VectorResult(n))
-        m.d.sync += [push_row.data.eq(Cat(*data_t)), push_row.total.eq(total_out)]
+        m.d.sync += [push_row.data.eq(Cat(*data_out)), push_row.total.eq(total_out)]
         m.d.comb += [
             results.w_en.eq(push),
             results.w_data.eq(push_row),

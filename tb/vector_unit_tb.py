@@ -3,10 +3,12 @@
 A *program* is a list of op beats (dicts of :class:`rtl.vector_unit.VectorOp` fields).
 :func:`expected_results` runs it through the golden functions (requantize,
 to_log2_domain, exp2_neg, reciprocal/divide, silu_table, wrap) beat by beat, keeping the
-slot totals, reciprocals and SiLU table as the hardware does; the scoreboard compares
+slot totals, reciprocals, SiLU table and top-k rows (golden ``topk`` over every
+(value, index) folded into a slot since its ``first``) as the hardware does; the
+scoreboard compares
 every result beat, and the count must be exact. The program builders also check their
 chained results against the whole-row golden models (online_softmax_pv +
-normalise_output, softmax) so a model slip cannot hide.
+normalise_output, softmax, topk) so a model slip cannot hide.
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ import numpy as np
 
 from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier, requantize, wrap
-from golden.moe import silu_output_scale, silu_table
+from golden.moe import silu_output_scale, silu_table, topk
 from golden.numerics import NUMERICS
 from golden.reciprocal import divide
 from golden.softmax import exact_matmul, normalise_output, online_softmax_pv, softmax
-from rtl.vector_unit import LANE_BITS, MUL_BITS, VectorOp, VectorOpcode, VectorResult
+from rtl.vector_unit import (
+    LANE_BITS,
+    MUL_BITS,
+    TOPK_INDEX_BITS,
+    VectorOp,
+    VectorOpcode,
+    VectorResult,
+    default_max_top_k,
+)
 from tb.harness_driver import HarnessDriver
 from tb.runner import parameters, report
 
@@ -74,8 +84,21 @@ def _signed(x, bits):
     return wrap(np.asarray(x, np.int64), bits)
 
 
-def expected_results(program: list[dict], n: int, slots: int):
+def top_list(values: list[int], indices: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, indices) of golden ``topk`` over a row given as (value, index) pairs, up
+    to k of them (fewer if the row is shorter)."""
+    order = np.argsort(np.asarray(indices, np.int64), kind="stable")
+    row = np.asarray(values, np.int64)[order]
+    if row.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    chosen = topk(row[None, :], min(k, row.size))[0]
+    return row[chosen], np.asarray(indices, np.int64)[order][chosen]
+
+
+def expected_results(program: list[dict], n: int, slots: int, max_top_k: int | None = None):
     """(data, totals) the vector unit must produce for ``program``, from golden."""
+    k_list = default_max_top_k(n) if max_top_k is None else max_top_k
+    rows = [([], []) for _ in range(slots)]  # top-k: every (value, index) since first
     totals = np.zeros(slots, np.int64)
     recip_l = np.ones(slots, np.int64)
     table = np.zeros(256, np.int64)
@@ -116,6 +139,16 @@ def expected_results(program: list[dict], n: int, slots: int):
         elif code == OP.SILU_LOAD:
             table[c & 255] = _signed(a[0], 8)
         data = np.where(enabled, _signed(data, LANE_BITS), 0)
+        if code in (OP.TOPK, OP.TOPK_INDEX):
+            if op["first"]:
+                rows[slot] = ([], [])
+            for i in np.flatnonzero(enabled):
+                rows[slot][0].append(int(a[i]))
+                rows[slot][1].append((c + int(i)) % (1 << TOPK_INDEX_BITS))
+            values, indices = top_list(*rows[slot], k_list)
+            data = np.zeros(n, np.int64)
+            data[:k_list] = 0 if code == OP.TOPK else -1
+            data[: values.size] = values if code == OP.TOPK else indices
         if code in (OP.MAX, OP.LOGIT):
             start = c if op["first"] else totals[slot]
             totals[slot] = max(start, data[enabled].max()) if enabled.any() else start
@@ -139,8 +172,9 @@ def random_program(rng: np.random.Generator, n: int, slots: int, count: int) -> 
     for code in range(256):
         program.append(beat(OP.SILU_LOAD, n, a=[int(table[code])] + [0] * (n - 1), c=code))
     kinds = [OP.REQUANT, OP.LOGIT, OP.MAX, OP.SUM, OP.EXP, OP.RESCALE, OP.RECIP, OP.DIV,
-             OP.ADD, OP.MUL, OP.SILU, OP.SWIGLU]
+             OP.ADD, OP.MUL, OP.SILU, OP.SWIGLU, OP.TOPK, OP.TOPK_INDEX]
     i32 = (-(1 << 31), 1 << 31)
+    next_index = [0] * slots  # top-k: indices grow within a row, so they stay distinct
     for _ in range(count):
         code = kinds[rng.integers(len(kinds))]
         mask = int(rng.integers(1, 1 << n)) if rng.random() < 0.3 else (1 << n) - 1
@@ -185,6 +219,13 @@ def random_program(rng: np.random.Generator, n: int, slots: int, count: int) -> 
                       mult=rng.integers(1 << 15, 1 << 16),
                       shift=rng.integers(0, 64) if sat else rng.integers(0, 32), sat=sat,
                       **common)
+        elif code in (OP.TOPK, OP.TOPK_INDEX):
+            if first:
+                next_index[slot] = int(rng.integers(0, 64))
+            base = next_index[slot]
+            next_index[slot] += n + int(rng.integers(0, 4))
+            spread = int(rng.choice([3, 1 << 31, 1 << 47]))  # 3: many ties
+            op = beat(code, n, a=rng.integers(-spread, spread, n), c=base, **common)
         else:  # SILU, SWIGLU: int8 codes
             op = beat(code, n, a=rng.integers(-128, 128, n), b=rng.integers(-128, 128, n),
                       mult=rng.integers(1 << 15, 1 << 16), shift=rng.integers(8, 40), sat=1,
@@ -273,6 +314,53 @@ def gating_program(rng: np.random.Generator, n: int, rows: int):
     return program, finals, softmax(x)
 
 
+def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int):
+    """MoE routing then gating, per row of router logits (as ``golden.moe.moe_layer``).
+
+    Per row (slot r % slots): E experts (6, 32 or 48) in ceil(E / n) TOPK beats (``c`` =
+    first expert of the beat, the last beat masked), a TOPK_INDEX read (``mask`` 0) for
+    the chosen experts, then the gating softmax over the k selected logits: LOGIT (to the
+    log2 domain, max), EXP (sum), RECIP, DIV (Q0.15). k is the bound ``max_top_k`` on
+    alternate rows, else a smaller one; some rows are all ties. Final beats: the
+    TOPK_INDEX (golden ``topk``) and the DIV (golden gates) of every row.
+    """
+    k_list = default_max_top_k(n)
+    program, finals, golden = [], [], []
+    for r in range(rows):
+        slot = r % slots
+        experts = int(rng.choice([6, 32, 48]))
+        k = min(k_list, experts) if r % 2 == 0 else int(rng.integers(1, min(k_list, experts) + 1))
+        spread = [1, 4, 1 << 31][r % 3]  # 1: all equal, 4: many ties, 2**31: int32
+        logits = rng.integers(-spread, spread, experts) if spread > 1 else np.full(experts, 7)
+        for start in range(0, experts, n):
+            lanes = logits[start:start + n]
+            a = np.zeros(n, np.int64)
+            a[: lanes.size] = lanes
+            program.append(beat(OP.TOPK, n, a=a, c=start, mask=(1 << lanes.size) - 1,
+                                slot=slot, first=start == 0))
+        program.append(beat(OP.TOPK_INDEX, n, mask=0, slot=slot))
+        chosen = topk(logits[None, :], k)[0]
+        finals.append(len(program) - 1)
+        golden.append(chosen)
+        selected = logits[chosen]
+        lm, ls = logit_multiplier(float(np.exp(rng.uniform(-12, -4))))
+        x = to_log2_domain(selected, lm, ls)
+        pad = np.zeros(n - k, np.int64)
+        mask = (1 << k) - 1
+        program.append(beat(OP.LOGIT, n, a=np.concatenate([selected, pad]), mult=lm, shift=ls,
+                            c=NEG_INF, mask=mask, slot=slot, first=1))
+        m = int(x.max())
+        program.append(beat(OP.EXP, n, a=np.concatenate([x, pad]), c=m, shift=T, mask=mask,
+                            slot=slot, first=1))
+        p = exp2_neg(m - x, T)
+        program.append(beat(OP.RECIP, n, c=int(p.sum()), slot=slot))
+        program.append(beat(OP.DIV, n, a=np.concatenate([p, pad]), shift=NUMERICS.gate_frac_bits,
+                            sat=1, mask=mask, slot=slot))
+        finals.append(len(program) - 1)
+        golden.append(softmax(x[None, :])[0])
+    return program, finals, golden
+
+
 def _bits(flags) -> int:
     return sum(1 << i for i, f in enumerate(flags) if f)
 
@@ -287,11 +375,14 @@ def build_program(kind: str, n: int, slots: int, seed: int, count: int):
                                  sink=kind == "attention-sink")
     if kind == "gating":
         return gating_program(rng, n, rows=max(1, count // 4))
+    if kind == "routing":
+        return routing_program(rng, n, slots, rows=max(1, count // 12))
     raise ValueError(f"unknown program kind {kind!r}")
 
 
 def check(got_data, got_total, program, n, slots, finals=(), golden=None) -> None:
-    """Scoreboard: every beat equal to the model; final beats equal to the row golden."""
+    """Scoreboard: every beat equal to the model; final beats equal to the row golden
+    (``golden[i]``, one row per final beat, compared with that beat's first lanes)."""
     want_data, want_total = expected_results(program, n, slots)
     for index in range(len(program)):
         if not ((got_data[index] == want_data[index]).all()
@@ -301,8 +392,12 @@ def check(got_data, got_total, program, n, slots, finals=(), golden=None) -> Non
                 f"{got_data[index].tolist()} total {got_total[index]}, want "
                 f"{want_data[index].tolist()} total {want_total[index]}; op {program[index]}")
     if golden is not None:
-        got = np.array([got_data[i] for i in finals])
-        assert (got[:, : golden.shape[1]] == golden).all(), "row outputs differ from golden"
+        assert len(golden) == len(finals), (len(golden), len(finals))
+        for index, want in zip(finals, golden, strict=True):
+            want = np.asarray(want)
+            assert (got_data[index][: want.size] == want).all(), (
+                f"beat {index} ({program[index]['opcode'].name}) differs from the row golden: "
+                f"got {got_data[index].tolist()}, want {want.tolist()}")
 
 
 # --- cocotb ------------------------------------------------------------------------

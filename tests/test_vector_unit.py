@@ -1,4 +1,8 @@
-"""Vector unit on Verilator (SIM=icarus to switch): op programs bit-exact against golden."""
+"""Vector unit on Verilator (SIM=icarus to switch): op programs bit-exact against golden.
+
+The random programs include TOPK/TOPK_INDEX beats (ties, masks, several beats per row);
+the routing programs run MoE top-k (k up to the bound) then gating against golden.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ CASES = [
     ("attention", "attention", 400, 0.0, 0.0),
     ("attention-sink-stalls", "attention-sink", 400, 0.2, 0.3),
     ("gating-stalls", "gating", 400, 0.1, 0.4),
+    ("routing-stalls", "routing", 120, 0.1, 0.4),
 ]
 
 

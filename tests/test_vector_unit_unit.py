@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
+from golden.moe import topk
+from rtl.vector_unit import VectorOpcode as OP
 from rtl.vector_unit import VectorResult, VectorUnit
-from tb.vector_unit_tb import build_program, check, expected_results, pack, unpack
+from tb.vector_unit_tb import beat, build_program, check, expected_results, pack, unpack
 
 
-def simulate(n, slots, program, *, stall_every=0, idle_every=0):
+def simulate(n, slots, program, *, stall_every=0, idle_every=0, max_top_k=None):
     """Drive ``program`` through VectorUnit(n, slots); return (data, totals, cycles, unit)."""
-    dut = VectorUnit(n, slots)
+    dut = VectorUnit(n, slots, max_top_k)
     words = pack(program, n, slots)
     received = []
     cycles = [0]
@@ -65,7 +68,7 @@ def test_random_ops_with_idle_and_backpressure():
     check(data, total, program, 2, 3)
 
 
-@pytest.mark.parametrize("kind", ["attention", "attention-sink", "gating"])
+@pytest.mark.parametrize("kind", ["attention", "attention-sink", "gating", "routing"])
 def test_softmax_rows(kind):
     program, finals, golden = build_program(kind, 4, 2, seed=3, count=80)
     data, total, _, _ = simulate(4, 2, program, stall_every=5)
@@ -79,6 +82,79 @@ def test_full_rate_and_latency():
     data, total, cycles, dut = simulate(4, 1, program)
     check(data, total, program, 4, 1)
     assert cycles <= len(program) + dut.latency + 2, (cycles, len(program), dut.latency)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_topk_rows_against_golden(n):
+    """MoE routing rows (6/32/48 experts, k up to the bound, ties) at small N, then gating."""
+    program, finals, golden = build_program("routing", n, 3, seed=10 + n, count=9 * 12)
+    assert any(op["opcode"].name == "TOPK_INDEX" for op in program)
+    data, total, _, _ = simulate(n, 3, program, stall_every=4, idle_every=5)
+    check(data, total, program, n, 3, finals, golden)
+
+
+def test_topk_back_to_back_same_slot():
+    """TOPK beats of one slot on consecutive cycles, all ties: one op per cycle, exact."""
+    n = 4
+    program = [beat(OP.TOPK, n, a=[5] * n, c=n * i, first=i == 0) for i in range(12)]
+    program += [beat(OP.TOPK_INDEX, n, mask=0), beat(OP.TOPK, n, a=[9, 1, 9, 2], c=100,
+                                                      mask=0b0111)]
+    data, total, cycles, dut = simulate(n, 1, program)
+    check(data, total, program, n, 1)
+    assert data[12].tolist() == [0, 1, 2, 3]  # ties: the lowest indices
+    assert data[13].tolist() == [9, 9, 5, 5]  # lane 3 masked out
+    assert cycles <= len(program) + dut.latency + 2, (cycles, dut.latency)
+
+
+def test_topk_empty_entries():
+    """Fewer than K entries: TOPK reads 0, TOPK_INDEX reads -1 for the empty ones."""
+    n = 4
+    program = [beat(OP.TOPK, n, a=[3, -7, 0, 0], c=40, mask=0b0011, first=1),
+               beat(OP.TOPK_INDEX, n, mask=0)]
+    data, total, _, _ = simulate(n, 1, program)
+    check(data, total, program, n, 1)
+    assert data[0].tolist() == [3, -7, 0, 0] and data[1].tolist() == [40, 41, -1, -1]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_topk_list_shorter_than_lanes(k):
+    """max_top_k < n: only K entries kept; lanes K.. read 0; equal to golden topk."""
+    n = 4
+    program = [beat(OP.TOPK, n, a=[1, 8, 8, -2], c=0, first=1),
+               beat(OP.TOPK, n, a=[8, 9, 1, 8], c=4),
+               beat(OP.TOPK_INDEX, n, mask=0)]
+    dut = VectorUnit(n, 1, max_top_k=k)
+    assert dut.max_top_k == k
+    data, total, _, _ = simulate(n, 1, program, max_top_k=k)
+    want, _ = expected_results(program, n, 1, max_top_k=k)
+    assert (data == want).all(), (data.tolist(), want.tolist())
+    row = np.array([1, 8, 8, -2, 8, 9, 1, 8])
+    assert data[2, :k].tolist() == topk(row[None, :], k)[0].tolist()
+    assert (data[:, k:] == 0).all()
+
+
+@pytest.mark.parametrize("k", [0, 5, -1])
+def test_topk_list_length_out_of_range_is_refused(k):
+    message = r"top-k list length \(max_top_k\) must be between 1 and 4"
+    with pytest.raises(ValueError, match=message):
+        VectorUnit(4, max_top_k=k)
+
+
+def test_topk_list_length_must_be_an_integer():
+    with pytest.raises(TypeError, match="integer"):
+        VectorUnit(4, max_top_k=2.0)
+
+
+@pytest.mark.parametrize(("n", "k"), [(4, 5), (8, 9), (8, 0), (16, 9)])
+def test_impossible_top_k_is_refused(n, k):
+    """A top_k above the unit's list (default min(n, 8)) or below 1 is a clear error."""
+    with pytest.raises(ValueError, match=f"top_k {k} is impossible.*between 1 and {min(n, 8)}"):
+        VectorUnit(n).check_top_k(k)
+
+
+@pytest.mark.parametrize(("n", "k"), [(4, 4), (8, 8), (8, 4), (32, 8)])
+def test_top_k_at_the_bound_is_accepted(n, k):
+    VectorUnit(n).check_top_k(k)
 
 
 def test_result_layout():
