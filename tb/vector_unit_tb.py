@@ -13,6 +13,8 @@ normalise_output, softmax, topk) so a model slip cannot hide.
 
 from __future__ import annotations
 
+import functools
+
 import cocotb
 import numpy as np
 
@@ -471,6 +473,7 @@ MODULE = "tb.vector_unit_tb"
 DEPTH = 2048
 
 
+@functools.cache  # elaborating the unit takes seconds: once per process and parameter set
 def vector_unit_build(n: int, slots: int = 4, depth: int = DEPTH, simulator: str | None = None,
                       waves: bool | None = None):
     """The vector unit in a harness (memories of ``depth`` beats): one build per parameter set."""
