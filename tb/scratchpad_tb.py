@@ -404,15 +404,19 @@ def _scratchpad() -> Scratchpad:
     return scratchpad_from_params(parameters()["config"])
 
 
+async def _start(dut):
+    """The test's parameters, the scratchpad, its seed and rng, and a reset TB."""
+    p = parameters()
+    sp = _scratchpad()
+    tb = ScratchpadTB(dut, sp)
+    await tb.harness.reset()
+    return p, sp, p["seed"], np.random.default_rng(p["seed"]), tb
+
+
 @cocotb.test()
 async def random_traffic(dut):
     """All ports at once, random traffic with ECC faults; with and without idle/stall."""
-    p = parameters()
-    sp = _scratchpad()
-    seed = p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = ScratchpadTB(dut, sp)
-    await tb.harness.reset()
+    p, sp, seed, rng, tb = await _start(dut)
     metrics = {}
     for phase, (idle, stall) in enumerate(p["phases"]):
         traffic = {name: plain_traffic(sp, rng, name, p["count"], faults=True)
@@ -455,12 +459,7 @@ async def full_rate_no_conflicts(dut):
 @cocotb.test()
 async def kv_errors_lose_nothing(dut):
     """Fill sequences, then send every refused request; the stored KV cache is unchanged."""
-    p = parameters()
-    sp = _scratchpad()
-    seed = p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = ScratchpadTB(dut, sp)
-    await tb.harness.reset()
+    p, sp, seed, rng, tb = await _start(dut)
     kv = sp.kv_port
     # Sequence 0: fill its whole block table; sequence 1: one page only.
     setup, page_order = [], [int(x) for x in rng.permutation(sp.num_pages)]
@@ -506,12 +505,7 @@ async def kv_errors_lose_nothing(dut):
 @cocotb.test()
 async def kv_ecc_faults(dut):
     """Flip one or two bits of stored tokens (via a plain port) and read them via the table."""
-    p = parameters()
-    sp = _scratchpad()
-    seed = p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = ScratchpadTB(dut, sp)
-    await tb.harness.reset()
+    p, sp, seed, rng, tb = await _start(dut)
     kv, plain = sp.kv_port, plain_ports(sp)[0]
     await tb.transact({kv: kv_traffic(sp, rng, p["count"], tb.model)}, seed=seed)
     code_bits = Secded(sp.word_bits).code_bits
@@ -533,12 +527,7 @@ async def kv_ecc_faults(dut):
 @cocotb.test()
 async def reset_clears_kv_state(dut):
     """rst empties every sequence and the block table; the SRAM contents stay."""
-    p = parameters()
-    sp = _scratchpad()
-    seed = p["seed"]
-    rng = np.random.default_rng(seed)
-    tb = ScratchpadTB(dut, sp)
-    await tb.harness.reset()
+    p, sp, seed, rng, tb = await _start(dut)
     kv, plain = sp.kv_port, plain_ports(sp)[0]
     await tb.transact({kv: kv_traffic(sp, rng, p["count"], tb.model)}, seed=seed)
     assert any(tb.model.lengths), "no token was appended"
