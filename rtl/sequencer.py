@@ -65,8 +65,9 @@ class Sequencer(wiring.Component):
     A bad instruction stops the sequencer cleanly: nothing after it is dispatched,
     operations already dispatched finish, and ``status`` shows ``halted`` with the
     :class:`ErrorCode` and the instruction's ``pc`` (for ``SEMAPHORE_OVERFLOW``, the
-    instruction executing when a counter would have overflowed; the counter keeps its
-    value). ``start`` is ignored until the sequencer is halted.
+    instruction executing the cycle after a counter would have overflowed — the counter
+    keeps its value, and an operation dispatched in that cycle still runs). ``start`` is
+    ignored until the sequencer is halted.
 
     Parameters
     ----------
@@ -167,9 +168,24 @@ class Sequencer(wiring.Component):
 
         # --- semaphores -----------------------------------------------------------
         m.d.comb += self.arrival.ready.eq(1)
-        wait_done = Signal()  # this cycle, WAIT subtracts wait.count
-        signal_now = Signal()  # this cycle, SIGNAL adds wait.count
-        overflow = Signal()
+        wait_done = Signal()  # this cycle, WAIT completes: wait.count is subtracted
+        signal_now = Signal()  # this cycle, SIGNAL executes: wait.count is added
+        # Per semaphore, registered: it would have passed 2**16 - 1 (and held instead).
+        # The program stops on the next cycle.
+        overflow = Signal(SEMAPHORES)
+        overflowed = Signal()
+        m.d.comb += overflowed.eq(overflow.any())
+        # WAIT's verdict, registered. Only the WAIT itself lowers a semaphore, so a verdict
+        # from the previous cycle still holds when it is used.
+        wait_ready = Signal()
+        # SIGNAL's addition and WAIT's subtraction, registered and applied a cycle later.
+        adjust_semaphore = Signal(SEMAPHORES)  # one-hot
+        adjust_add, adjust_sub = Signal(COUNT_BITS), Signal(COUNT_BITS)
+        m.d.sync += [
+            adjust_semaphore.eq(1 << wait.semaphore),
+            adjust_add.eq(Mux(signal_now, wait.count, 0)),
+            adjust_sub.eq(Mux(wait_done, wait.count, 0)),
+        ]
         for index in range(SEMAPHORES):
             total = Signal(COUNT_BITS + 3, name=f"sem{index}_next")
             increments = [
@@ -177,16 +193,15 @@ class Sequencer(wiring.Component):
                 for done in (self.gemm_done, self.vec_done, self.dma_done)
             ]
             increments.append(self.arrival.valid & (self.arrival.payload == index))
-            here = wait.semaphore == index
+            here = adjust_semaphore[index]
             m.d.comb += total.eq(
                 self.semaphores[index]
                 + sum(increments)
-                + Mux(signal_now & here, wait.count, 0)
-                - Mux(wait_done & here, wait.count, 0)
+                + Mux(here, adjust_add, 0)
+                - Mux(here, adjust_sub, 0)
             )
-            with m.If(total >> COUNT_BITS):
-                m.d.comb += overflow.eq(1)
-            with m.Elif(~self.start):
+            m.d.sync += overflow[index].eq((total >> COUNT_BITS).any())
+            with m.If(~(total >> COUNT_BITS).any() & ~self.start):
                 m.d.sync += self.semaphores[index].eq(total)
             with m.If(self.start):
                 m.d.sync += self.semaphores[index].eq(0)
@@ -228,7 +243,7 @@ class Sequencer(wiring.Component):
                 m.next = "FETCH"
 
         def stop_on_overflow():  # last in every running state, so it wins
-            with m.If(overflow):
+            with m.If(overflowed):
                 m.next = "DRAIN"
 
         m.d.comb += fetch.addr.eq(status.pc)
@@ -299,7 +314,7 @@ class Sequencer(wiring.Component):
                             with m.If(self.dma.ready):
                                 advance()
                     with m.Case(Opcode.WAIT):
-                        with m.If(self.semaphores[wait.semaphore] >= wait.count):
+                        with m.If(wait_ready):
                             m.d.comb += wait_done.eq(1)
                             advance()
                     with m.Case(Opcode.SIGNAL):
@@ -312,8 +327,11 @@ class Sequencer(wiring.Component):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
+        m.d.sync += [
+            wait_ready.eq(self.semaphores[wait.semaphore] >= wait.count),
+        ]
         # A semaphore that would overflow keeps its value and stops the program.
-        with m.If(overflow):
+        with m.If(overflowed):
             m.d.sync += [status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW), status.running.eq(0)]
 
         m.d.comb += [
