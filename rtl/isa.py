@@ -1,26 +1,38 @@
 """The tile instruction set, defined once: the sequencer decodes these layouts and the
 program builder encodes with them (see docs/isa.md).
 
-An instruction is one 128-bit word: a 4-bit :class:`Opcode` in the low bits, then the
+An instruction is one 256-bit word: a 4-bit :class:`Opcode` in the low bits, then the
 operation's fields (:data:`INSTRUCTION`, a struct of the opcode and a union of one
 layout per operation). Engine operations (GEMM, VEC, DMA) carry a :data:`SIGNAL` field:
 when the engine finishes the operation, the tile increments that local semaphore.
+
+Two memories are named: the scratchpad (``ADDR_BITS`` word addresses, a word holds N
+int8 values) and the accumulator memory (``ACC_ADDR_BITS`` entry addresses, an entry
+holds N signed 48-bit lanes), where GEMM results land and vector operations work.
 """
 
 from __future__ import annotations
 
-from amaranth import Shape, unsigned
+from enum import Enum as PyEnum
+
+from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ADDR_BITS", "DmaArgs", "GemmArgs", "INSTRUCTION", "INSTRUCTION_BITS", "Opcode",
+    "ACC_ADDR_BITS", "ADDR_BITS", "DmaArgs", "VecDst", "VecPack", "GemmArgs", "INSTRUCTION", "INSTRUCTION_BITS", "Opcode",
     "SEMAPHORES", "SIGNAL", "VecArgs", "WaitArgs", "decode", "encode",
 ]
 
 #: Width of an instruction word.
-INSTRUCTION_BITS = 128
+INSTRUCTION_BITS = 256
 #: Scratchpad word address width (a tile addresses at most 2**16 words).
 ADDR_BITS = 16
+#: Accumulator-memory entry address width (at most 1024 entries of N x 48 bits).
+ACC_ADDR_BITS = 10
+#: Width of a vector instruction's row and beat counts (1..64 each).
+COUNT_FIELD_BITS = 7
+#: Width of a vector instruction's signed key bounds (see :class:`VecArgs`).
+BOUND_BITS = 13
 #: Semaphore counters per tile; a semaphore is named by a 4-bit index.
 SEMAPHORES = 16
 #: Width of a semaphore count (the counters themselves are this wide).
@@ -47,13 +59,19 @@ SIGNAL = data.StructLayout({"enable": 1, "semaphore": unsigned(4)})
 
 
 class GemmArgs(data.StructLayout):
-    """C[m x p] = A[m x k] · B[k x p], operands in the tensor-core beat layout.
+    """C[m x p] (+)= A[m x k] · B[k x p]: scratchpad operands, C in the accumulator memory.
 
-    ``a``: ceil(m/N) blocks of k words (word = column of an N-row block of A); ``b``:
-    ceil(p/N) blocks of k words (word = row of an N-column block of B); ``c``: output tiles
-    in row-tile-major order, each N rows; a row is one word when ``requantise`` is set
-    (int8, by ``multiplier`` and ``shift``, see docs/numerics.md) and 32/8 words (int32)
-    otherwise.
+    Operand layouts (N = the tensor core size, ⌈x⌉ = ceil(x / N)):
+
+    - ``a_rows = 0``: ⌈m⌉ blocks of k words, word = a column of an N-row block of A
+      (``A[rows, kk]``, the tensor core's beat); ``a_rows = 1``: A row-major in chunks,
+      word ``a + c·m + i`` = ``A[i, c·N : c·N + N]`` (⌈k⌉ chunks of m words).
+    - ``b_rows = 0``: ⌈p⌉ blocks of k words, word = a row of an N-column block of B;
+      ``b_rows = 1``: Bᵀ row-major in chunks, word ``b + c·p + j`` = ``B[c·N : c·N + N, j]``
+      (a KV page: one word per key per chunk of N channels).
+    - C: tile (ti, tj), row r at entry ``c + (ti·⌈p⌉ + tj)·N + r``, N int32 results
+      sign-extended to 48 bits; ``accumulate`` adds to the entry shifted left by
+      ``acc_shift`` instead: ``C = (C << acc_shift) + A·B`` (the two int8 limbs of P).
     """
 
     def __init__(self):
@@ -61,29 +79,72 @@ class GemmArgs(data.StructLayout):
             "signal": SIGNAL,
             "a": unsigned(ADDR_BITS),
             "b": unsigned(ADDR_BITS),
-            "c": unsigned(ADDR_BITS),
+            "c": unsigned(ACC_ADDR_BITS),
             "m": unsigned(12),
             "k": unsigned(12),
             "p": unsigned(12),
-            "requantise": 1,
-            "multiplier": unsigned(16),
-            "shift": unsigned(6),
+            "a_rows": 1,
+            "b_rows": 1,
+            "accumulate": 1,
+            "acc_shift": unsigned(4),
         })
 
 
+class VecDst(enum.Enum, shape=2):
+    """Where a vector instruction's lanes go."""
+
+    TILE = 0  # accumulator entries, the C-tile layout
+    SCALAR = 1  # lane 0 of each row into lane (row mod N) of entry dst + row // N
+    SPAD = 2  # scratchpad words, chunk-major: word dst + beat·rows + row (see VecPack)
+    NONE = 3  # nothing (only the total, or only the unit's slot state, is wanted)
+
+
+class VecPack(enum.Enum, shape=2):
+    """How a lane becomes a byte of a scratchpad word (``VecDst.SPAD``)."""
+
+    BYTE = 0  # bits 0-7 (an int8 result, e.g. REQUANT)
+    LIMB_LO = 1  # bits 0-6, zero-extended (low 7-bit limb of a probability)
+    LIMB_HI = 2  # bits 7-13, zero-extended (high limb)
+
+
 class VecArgs(data.StructLayout):
-    """A vector-unit operation ``op`` over ``length`` words: dst = op(src_a, src_b, imm)."""
+    """One vector-unit op over ``rows`` x ``beats`` beats (row r uses slot ``slot + r``).
+
+    Beat (r, j) reads lanes ``a`` (entry ``a + (r // N)·beats·N + j·N + r mod N``, the C
+    tile layout; with ``a_scalar``, lane ``r mod N`` of entry ``a + r // N`` into lane 0
+    and the other lanes disabled), the same for ``b``, and ``c`` (lane ``r mod N`` of
+    entry ``c + r // N``, or ``imm`` when ``c_imm``). Lane i is enabled iff
+    ``lo + r·causal <= j·N + i < hi + r·causal`` (signed bounds: a key window relative to
+    the block, stepping one key per row for a causal prefill). ``first`` is set on beat 0
+    of every row. Results: lanes to ``dst`` as ``dst_kind`` says; the row's final
+    ``total`` into lane ``r mod N`` of entry ``total + r // N`` when ``total_write``.
+    """
 
     def __init__(self):
         super().__init__({
             "signal": SIGNAL,
-            "op": unsigned(6),
-            "src_a": unsigned(ADDR_BITS),
-            "src_b": unsigned(ADDR_BITS),
+            "op": unsigned(4),  # rtl.vector_unit.VectorOpcode
+            "a": unsigned(ACC_ADDR_BITS),
+            "a_scalar": 1,
+            "b": unsigned(ACC_ADDR_BITS),
+            "b_scalar": 1,
+            "c": unsigned(ACC_ADDR_BITS),
+            "c_imm": 1,
+            "imm": signed(48),
             "dst": unsigned(ADDR_BITS),
-            "length": unsigned(12),
+            "dst_kind": VecDst,
+            "pack": VecPack,
+            "total": unsigned(ACC_ADDR_BITS),
+            "total_write": 1,
+            "rows": unsigned(COUNT_FIELD_BITS),
+            "beats": unsigned(COUNT_FIELD_BITS),
             "slot": unsigned(6),
-            "imm": unsigned(32),
+            "mult": unsigned(16),
+            "shift": signed(7),
+            "sat": 1,
+            "lo": signed(BOUND_BITS),
+            "hi": signed(BOUND_BITS),
+            "causal": 1,
         })
 
 
@@ -157,8 +218,14 @@ def _check_fields(layout: data.StructLayout, fields: dict, path: str) -> None:
         shape = known[name].shape
         if isinstance(shape, data.StructLayout):
             _check_fields(shape, value, f"{path}.{name}")
-        elif not 0 <= value < (1 << Shape.cast(shape).width):
-            raise ValueError(f"{path}.{name} = {value} does not fit {Shape.cast(shape).width} bits")
+        else:
+            if isinstance(value, PyEnum):
+                value = value.value
+            shape = Shape.cast(shape)
+            low = -(1 << (shape.width - 1)) if shape.signed else 0
+            if not low <= value < low + (1 << shape.width):
+                raise ValueError(f"{path}.{name} = {value} does not fit "
+                                 f"{'signed ' if shape.signed else ''}{shape.width} bits")
 
 
 def decode(word: int) -> tuple[Opcode, dict]:
@@ -180,5 +247,8 @@ def _as_dict(const) -> dict:
     out = {}
     for name, _ in const.shape():
         value = const[name]
-        out[name] = _as_dict(value) if isinstance(value, data.Const) else int(value)
+        if isinstance(value, data.Const):
+            out[name] = _as_dict(value)
+        else:
+            out[name] = value.value if isinstance(value, PyEnum) else int(value)
     return out
