@@ -139,8 +139,9 @@ class Scratchpad(wiring.Component):
     physical page through a block table of ``sequences`` x ``max_pages`` entries; pages
     of ``page_size`` tokens fill the KV region, words ``[kv_base, kv_base + kv_words)``
     of the same memory (plain ports reach it too, by address). Token t of sequence s is
-    at ``kv_base + (table[s][t // page_size] * page_size + t % page_size) * token_words
-    + word`` — the layout of :mod:`golden.kv_cache` with a token of ``token_words`` words.
+    at ``kv_base + (table[s][t // page_size] * token_words + word) * page_size + t %
+    page_size``: pages are chunk-major (word w of every token of a page, then word w + 1),
+    so a page is directly a GEMM operand (see :class:`rtl.isa.GemmArgs`).
     Refused KV requests (see :class:`Status`) change nothing.
 
     ECC: writes store the encoded word (XOR ``flip`` with fault injection). Reads are
@@ -513,7 +514,7 @@ class Scratchpad(wiring.Component):
 
         slot = token[:log_ps]
         addr = Signal(range(self.words), name="kv_addr")
-        m.d.comb += addr.eq(self.kv_base + Cat(req_p.word[:log_tw], slot, entry_phys))
+        m.d.comb += addr.eq(self.kv_base + Cat(slot, req_p.word[:log_tw], entry_phys))
 
         # The stage register: holds one translated request until the pipeline takes it.
         valid = Signal(name="kv_stage_valid")

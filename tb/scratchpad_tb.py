@@ -139,7 +139,7 @@ class ScratchpadModel:
 
     def token_address(self, page: int, slot: int, word: int) -> int:
         sp = self.sp
-        return sp.kv_base + (page * sp.page_size + slot) * sp.token_words + word
+        return sp.kv_base + (page * sp.token_words + word) * sp.page_size + slot
 
     def kv(self, req: dict) -> dict:
         sp = self.sp
