@@ -7,8 +7,8 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from golden.numerics import NUMERICS
 from rtl.isa import (
+    ACC_ADDR_BITS,
     COUNT_BITS,
     INSTRUCTION,
     INSTRUCTION_BITS,
@@ -19,6 +19,7 @@ from rtl.isa import (
     GemmArgs,
     Opcode,
     VecArgs,
+    VecDst,
 )
 
 __all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
@@ -30,7 +31,7 @@ class ErrorCode(enum.Enum, shape=3):
     NONE = 0
     ILLEGAL_OPCODE = 1  # opcode 0 or 8-15
     BAD_ADDRESS = 2  # a region runs past the end of the scratchpad
-    BAD_SHAPE = 3  # a GEMM with m, k or p = 0
+    BAD_SHAPE = 3  # a GEMM with m, k or p = 0; a VEC with no rows or beats, or past the slots
     BAD_TILE = 4  # a DMA to no tile, or to a tile outside the mesh
     SEMAPHORE_OVERFLOW = 5  # a semaphore counter would pass 2**16 - 1
     PC_OVERFLOW = 6  # the program ran off the end of the instruction memory
@@ -75,6 +76,11 @@ class Sequencer(wiring.Component):
         N of the tensor core, a power of two (a scratchpad word holds N int8 values).
     scratchpad_words : int
         Words of the tile's scratchpad; every region must lie below this.
+    acc_depth : int
+        Entries of the accumulator memory; every GEMM C and VEC operand region must lie
+        below this.
+    slots : int
+        Vector-unit slots; a VEC's rows use slots ``slot`` .. ``slot + rows - 1``.
     mesh : (int, int)
         Mesh columns and rows, for checking DMA destinations.
     program_depth : int
@@ -94,11 +100,16 @@ class Sequencer(wiring.Component):
     """
 
     def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
+                 acc_depth: int = 256, slots: int = 8,
                  mesh: tuple[int, int] = (2, 2), program_depth: int = 256):
         if array_size not in (2, 4, 8, 16, 32):
             raise ValueError(f"array size must be a power of two from 2 to 32, not {array_size}")
         if not 1 <= scratchpad_words <= 1 << 16:
             raise ValueError(f"scratchpad_words must be 1..65536, not {scratchpad_words}")
+        if not 1 <= acc_depth <= 1 << ACC_ADDR_BITS:
+            raise ValueError(f"acc_depth must be 1..{1 << ACC_ADDR_BITS}, not {acc_depth}")
+        if not 1 <= slots <= 64:
+            raise ValueError(f"slots must be 1..64, not {slots}")
         columns, rows = mesh
         if not (1 <= columns <= 8 and 1 <= rows <= 8):
             raise ValueError(f"mesh must be between 1 x 1 and 8 x 8, not {columns} x {rows}")
@@ -107,6 +118,7 @@ class Sequencer(wiring.Component):
                              f"not {program_depth}")
         self.array_size = array_size
         self.scratchpad_words = scratchpad_words
+        self.acc_depth, self.slots = acc_depth, slots
         self.mesh = (columns, rows)
         self.program_depth = program_depth
         pc_bits = ceil_log2(program_depth)
@@ -207,24 +219,39 @@ class Sequencer(wiring.Component):
                 m.d.sync += self.semaphores[index].eq(0)
 
         # --- checks, pipelined over two cycles (MEASURE, CHECK) ------------------
-        words = self.scratchpad_words
+        words, entries = self.scratchpad_words, self.acc_depth
 
         def blocks(size):  # ceil(size / N)
             return (size + (n - 1)) >> ceil_log2(n)
 
-        def fits(base, length):
-            return (base + length) <= words
+        def fits(base, length, limit=words):
+            return (base + length) <= limit
 
-        # Region lengths (registered in MEASURE): A and B are k words per block; C is
-        # N rows per tile of 1 word (int8) or acc_bits/operand_bits words (int32).
-        a_words, b_words, c_tiles = Signal(24), Signal(24), Signal(24)
-        row_words = NUMERICS.acc_bits // NUMERICS.operand_bits
-        c_words = Mux(gemm.requantise, c_tiles << ceil_log2(n),
-                      c_tiles << ceil_log2(n * row_words))
+        # Region sizes (registered in MEASURE). GEMM: A and B in words (block or row
+        # layout), C in accumulator entries (N rows per output tile). VEC: operand
+        # regions in entries (a tile of rows x beats, or one entry per N rows of
+        # scalars), the scratchpad destination in words.
+        a_words, b_words, c_entries = Signal(24), Signal(24), Signal(24)
+        tile_entries, scalar_entries, spad_words = Signal(20), Signal(8), Signal(14)
         # Verdicts (registered in CHECK), used by EXECUTE.
         gemm_ok_shape, gemm_ok_bounds = Signal(), Signal()
-        vec_ok, dma_ok_bounds, dma_ok_tiles = Signal(), Signal(), Signal()
+        vec_ok_shape, vec_ok_bounds = Signal(), Signal()
+        dma_ok_bounds, dma_ok_tiles = Signal(), Signal()
         outside = ((1 << TILE_MASK_BITS) - 1) ^ self.valid_tiles
+
+        def vec_region(base, scalar):
+            return fits(base, Mux(scalar, scalar_entries, tile_entries), entries)
+
+        dst_ok = Signal()
+        with m.Switch(vec.dst_kind):
+            with m.Case(VecDst.TILE):
+                m.d.comb += dst_ok.eq(fits(vec.dst, tile_entries, entries))
+            with m.Case(VecDst.SCALAR):
+                m.d.comb += dst_ok.eq(fits(vec.dst, scalar_entries, entries))
+            with m.Case(VecDst.SPAD):
+                m.d.comb += dst_ok.eq(fits(vec.dst, spad_words))
+            with m.Default():
+                m.d.comb += dst_ok.eq(1)
 
         # --- fetch / execute ------------------------------------------------------
         last_pc = self.program_depth - 1
@@ -263,9 +290,12 @@ class Sequencer(wiring.Component):
                 stop_on_overflow()
             with m.State("MEASURE"):
                 m.d.sync += [
-                    a_words.eq(blocks(gemm.m) * gemm.k),
-                    b_words.eq(blocks(gemm.p) * gemm.k),
-                    c_tiles.eq(blocks(gemm.m) * blocks(gemm.p)),
+                    a_words.eq(Mux(gemm.a_rows, blocks(gemm.k) * gemm.m, blocks(gemm.m) * gemm.k)),
+                    b_words.eq(Mux(gemm.b_rows, blocks(gemm.k) * gemm.p, blocks(gemm.p) * gemm.k)),
+                    c_entries.eq((blocks(gemm.m) * blocks(gemm.p)) << ceil_log2(n)),
+                    tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(n)),
+                    scalar_entries.eq(blocks(vec.rows)),
+                    spad_words.eq(vec.rows * vec.beats),
                 ]
                 m.next = "CHECK"
                 stop_on_overflow()
@@ -273,9 +303,14 @@ class Sequencer(wiring.Component):
                 m.d.sync += [
                     gemm_ok_shape.eq((gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)),
                     gemm_ok_bounds.eq(fits(gemm.a, a_words) & fits(gemm.b, b_words)
-                                      & fits(gemm.c, c_words)),
-                    vec_ok.eq(fits(vec.src_a, vec.length) & fits(vec.src_b, vec.length)
-                              & fits(vec.dst, vec.length)),
+                                      & fits(gemm.c, c_entries, entries)),
+                    vec_ok_shape.eq((vec.rows != 0) & (vec.beats != 0)
+                                    & ((vec.slot + vec.rows) <= self.slots)),
+                    vec_ok_bounds.eq(vec_region(vec.a, vec.a_scalar)
+                                     & vec_region(vec.b, vec.b_scalar)
+                                     & (vec.c_imm | fits(vec.c, scalar_entries, entries))
+                                     & (~vec.total_write | fits(vec.total, scalar_entries, entries))
+                                     & dst_ok),
                     dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
                     dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & outside) == 0)),
                 ]
@@ -298,7 +333,9 @@ class Sequencer(wiring.Component):
                             with m.If(self.gemm.ready):
                                 advance()
                     with m.Case(Opcode.VEC):
-                        with m.If(~vec_ok):
+                        with m.If(~vec_ok_shape):
+                            fail(ErrorCode.BAD_SHAPE)
+                        with m.Elif(~vec_ok_bounds):
                             fail(ErrorCode.BAD_ADDRESS)
                         with m.Else():
                             m.d.comb += self.vec.valid.eq(1)

@@ -5,20 +5,22 @@ from __future__ import annotations
 import pytest
 from amaranth.sim import Simulator
 
-from rtl.isa import Opcode, decode, encode
+from rtl.isa import Opcode, VecDst, decode, encode
 from rtl.sequencer import ErrorCode, Sequencer
 
 WORDS = 4096
+ENTRIES = 256
+SLOTS = 16
 
 
 def gemm(**fields):
-    base = {"a": 0, "b": 512, "c": 1024, "m": 8, "k": 16, "p": 8}
+    base = {"a": 0, "b": 512, "c": 64, "m": 8, "k": 16, "p": 8}
     return encode(Opcode.GEMM, **(base | fields))
 
 
 def vec(**fields):
-    return encode(Opcode.VEC, **({"op": 1, "src_a": 0, "src_b": 64, "dst": 128, "length": 8}
-                                 | fields))
+    base = {"op": 1, "a": 0, "b": 64, "c": 128, "dst": 192, "rows": 8, "beats": 2}
+    return encode(Opcode.VEC, **(base | fields))
 
 
 def dma(**fields):
@@ -32,7 +34,8 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
     """Run ``program``; engines take a command when the cycle count is a multiple of
     ``ready_every`` and report it done ``engine_delay`` cycles later. ``arrivals``:
     (cycle, semaphore) network arrivals. Returns the trace and the final status."""
-    dut = Sequencer(array_size=8, scratchpad_words=WORDS, mesh=(2, 2), program_depth=depth)
+    dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
+                    mesh=(2, 2), program_depth=depth)
     trace = {"dispatched": [], "halted_at": None}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -96,7 +99,7 @@ def decode_payload(raw: int, name: str) -> dict:
 def test_program_dispatches_in_order_with_exact_fields():
     program = [
         encode(Opcode.SIGNAL, semaphore=1, count=2),
-        gemm(signal={"enable": 1, "semaphore": 0}, requantise=1, multiplier=40000, shift=20),
+        gemm(signal={"enable": 1, "semaphore": 0}, a_rows=1, accumulate=1, acc_shift=7),
         vec(signal={"enable": 1, "semaphore": 0}),
         dma(tiles=0x303, remote_signal=1, remote_semaphore=7),  # all four tiles of 2 x 2
         encode(Opcode.WAIT, semaphore=0, count=2),
@@ -127,9 +130,9 @@ def test_halt_waits_for_dispatched_operations_to_finish():
 
 
 def test_backpressure_delays_but_loses_nothing():
-    program = [gemm(m=i + 1) for i in range(6)] + [vec(length=i + 1) for i in range(6)] + [HALT]
+    program = [gemm(m=i + 1) for i in range(6)] + [vec(rows=i + 1) for i in range(6)] + [HALT]
     trace = run(program, ready_every=3)
-    assert [args.get("m", args.get("length")) for _, _, args in trace["dispatched"]] == [
+    assert [args.get("m", args.get("rows")) for _, _, args in trace["dispatched"]] == [
         1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6
     ]
 
@@ -141,8 +144,18 @@ def test_backpressure_delays_but_loses_nothing():
         (0xF, ErrorCode.ILLEGAL_OPCODE),
         (gemm(m=0), ErrorCode.BAD_SHAPE),
         (gemm(a=WORDS - 8, k=16), ErrorCode.BAD_ADDRESS),  # A runs past the end
-        (gemm(c=WORDS - 16), ErrorCode.BAD_ADDRESS),  # int32 C tile: 8 rows x 4 words
-        (vec(dst=WORDS - 4, length=8), ErrorCode.BAD_ADDRESS),
+        (gemm(a=WORDS - 8, k=16, m=5, a_rows=1), ErrorCode.BAD_ADDRESS),  # 2 chunks x 5 rows
+        (gemm(b=WORDS - 31, k=16, p=16, b_rows=1), ErrorCode.BAD_ADDRESS),  # 2 x 16 words
+        (gemm(c=ENTRIES - 8, m=9), ErrorCode.BAD_ADDRESS),  # two row tiles: 16 entries
+        (vec(rows=0), ErrorCode.BAD_SHAPE),
+        (vec(beats=0), ErrorCode.BAD_SHAPE),
+        (vec(slot=12, rows=5), ErrorCode.BAD_SHAPE),  # slots 12..16 of 16
+        (vec(a=ENTRIES - 15), ErrorCode.BAD_ADDRESS),  # a tile of 8 rows x 2 beats
+        (vec(b=ENTRIES - 1, rows=9, b_scalar=1), ErrorCode.BAD_ADDRESS),  # 2 scalar entries
+        (vec(c=ENTRIES), ErrorCode.BAD_ADDRESS),
+        (vec(total=ENTRIES - 1, rows=9, total_write=1), ErrorCode.BAD_ADDRESS),
+        (vec(dst=ENTRIES - 15), ErrorCode.BAD_ADDRESS),
+        (vec(dst=WORDS - 15, dst_kind=VecDst.SPAD), ErrorCode.BAD_ADDRESS),  # 16 words
         (dma(tiles=0), ErrorCode.BAD_TILE),
         (dma(tiles=1 << 2), ErrorCode.BAD_TILE),  # tile (2, 0) is outside a 2 x 2 mesh
         (dma(src=WORDS - 1, length=2), ErrorCode.BAD_ADDRESS),
@@ -155,8 +168,16 @@ def test_bad_instruction_stops_cleanly(bad, error):
     assert trace["status"] == {"running": 0, "halted": 1, "error": error, "pc": 1}
 
 
-def test_requantised_c_tile_that_fits_is_accepted():
-    trace = run([gemm(c=WORDS - 8, requantise=1), HALT])  # 8 rows x 1 word
+def test_regions_that_just_fit_are_accepted():
+    program = [
+        gemm(c=ENTRIES - 8, a=WORDS - 16, a_rows=1, m=8, k=16),
+        gemm(b=WORDS - 16, b_rows=1, p=8, k=16),
+        vec(a=ENTRIES - 16, b=ENTRIES - 1, b_scalar=1, c=0, c_imm=1, total=ENTRIES - 1,
+            total_write=1, dst=WORDS - 16, dst_kind=VecDst.SPAD),
+        vec(dst=5000, dst_kind=VecDst.NONE),
+        HALT,
+    ]
+    trace = run(program)
     assert trace["status"]["error"] == ErrorCode.NONE
 
 
@@ -180,6 +201,8 @@ def test_running_off_the_end_of_the_program_is_an_error():
         ({"scratchpad_words": 0}, "scratchpad_words"),
         ({"mesh": (9, 1)}, "mesh"),
         ({"program_depth": 100}, "power of two"),
+        ({"acc_depth": 2048}, "acc_depth"),
+        ({"slots": 0}, "slots"),
     ],
 )
 def test_impossible_parameters_are_refused(kwargs, message):
@@ -188,9 +211,15 @@ def test_impossible_parameters_are_refused(kwargs, message):
 
 
 def test_isa_round_trip_and_refusals():
-    word = gemm(requantise=1, multiplier=0xFFFF, shift=63)
+    word = gemm(acc_shift=15, accumulate=1)
     assert decode(word) == (Opcode.GEMM, decode(word)[1])
-    assert decode(word)[1]["multiplier"] == 0xFFFF
+    assert decode(word)[1]["acc_shift"] == 15
+    word = vec(imm=-(1 << 47), lo=-4096, hi=4095, dst_kind=VecDst.NONE)
+    fields = decode(word)[1]
+    assert (fields["imm"], fields["lo"], fields["hi"]) == (-(1 << 47), -4096, 4095)
+    assert fields["dst_kind"] == VecDst.NONE.value
+    with pytest.raises(ValueError, match="signed 48 bits"):
+        vec(imm=1 << 47)
     with pytest.raises(ValueError, match="does not fit"):
         encode(Opcode.WAIT, semaphore=16, count=1)
     with pytest.raises(ValueError, match="no field"):
