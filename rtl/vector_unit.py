@@ -7,6 +7,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from golden import vector_model as _model  # the opcode numbers and widths (asserted below)
 from golden.exp import exp2_tables
 from golden.numerics import NUMERICS
 from golden.reciprocal import reciprocal, reciprocal_seed_table
@@ -58,6 +59,9 @@ class VectorOpcode(enum.Enum, shape=4):
     SILU_LOAD = 12
     TOPK = 13
     TOPK_INDEX = 14
+
+
+assert [(o.name, o.value, MUL_BITS, TOPK_INDEX_BITS) for o in VectorOpcode] == [(o.name, o.value, _model.MUL_BITS, _model.TOPK_INDEX_BITS) for o in _model.VectorOpcode]  # noqa: E501
 
 
 class VectorOp(data.StructLayout):

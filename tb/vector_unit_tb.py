@@ -1,14 +1,11 @@
 """cocotb tests of the vector unit in a StreamHarness, and the golden-backed model they use.
 
 A *program* is a list of op beats (dicts of :class:`rtl.vector_unit.VectorOp` fields).
-:func:`expected_results` runs it through the golden functions (requantize,
-to_log2_domain, exp2_neg, reciprocal/divide, silu_table, wrap) beat by beat, keeping the
-slot totals, reciprocals, SiLU table and top-k rows (golden ``topk`` over every
-(value, index) folded into a slot since its ``first``) as the hardware does; the
-scoreboard compares
-every result beat, and the count must be exact. The program builders also check their
-chained results against the whole-row golden models (online_softmax_pv +
-normalise_output, softmax, topk) so a model slip cannot hide.
+:func:`expected_results` runs it through :class:`golden.vector_model.VectorUnitModel`
+(the golden functions beat by beat, with the slot state kept as the hardware does); the
+scoreboard compares every result beat, and the count must be exact. The program builders
+also check their chained results against the whole-row golden models (online_softmax_pv
++ normalise_output, softmax, topk) so a model slip cannot hide.
 """
 
 from __future__ import annotations
@@ -19,15 +16,14 @@ import cocotb
 import numpy as np
 
 from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
-from golden.gemm import quantize_multiplier, requantize, wrap
+from golden.gemm import quantize_multiplier, wrap
 from golden.moe import silu_output_scale, silu_table, topk
 from golden.numerics import NUMERICS
 from golden.reciprocal import divide
 from golden.softmax import exact_matmul, normalise_output, online_softmax_pv, softmax
+from golden.vector_model import VectorUnitModel, rescale
 from rtl.vector_unit import (
     LANE_BITS,
-    MUL_BITS,
-    TOPK_INDEX_BITS,
     VectorOp,
     VectorOpcode,
     VectorResult,
@@ -76,90 +72,13 @@ def unpack(words: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
 # --- the golden-backed model -------------------------------------------------------
 
 
-def rescale(acc: np.ndarray, alpha: int, add: np.ndarray) -> np.ndarray:
-    """The FlashAttention-2 rescale step of ``golden.softmax.online_softmax_pv`` (one line
-    there, not a function of its own): ``((acc * alpha + 2**(T-1)) >> T) + add``."""
-    return ((np.asarray(acc, np.int64) * alpha + (1 << (T - 1))) >> T) + add
-
-
-def _signed(x, bits):
-    return wrap(np.asarray(x, np.int64), bits)
-
-
-def top_list(values: list[int], indices: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(values, indices) of golden ``topk`` over a row given as (value, index) pairs, up
-    to k of them (fewer if the row is shorter)."""
-    order = np.argsort(np.asarray(indices, np.int64), kind="stable")
-    row = np.asarray(values, np.int64)[order]
-    if row.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    chosen = topk(row[None, :], min(k, row.size))[0]
-    return row[chosen], np.asarray(indices, np.int64)[order][chosen]
-
-
 def expected_results(program: list[dict], n: int, slots: int, max_top_k: int | None = None):
-    """(data, totals) the vector unit must produce for ``program``, from golden."""
-    k_list = default_max_top_k(n) if max_top_k is None else max_top_k
-    rows = [([], []) for _ in range(slots)]  # top-k: every (value, index) since first
-    totals = np.zeros(slots, np.int64)
-    recip_l = np.ones(slots, np.int64)
-    table = np.zeros(256, np.int64)
-    out_data, out_total = [], []
-    for op in program:
-        code = op["opcode"]
-        a, b = np.array(op["a"], np.int64), np.array(op["b"], np.int64)
-        c, mult, shift, sat, slot = op["c"], op["mult"], op["shift"], op["sat"], op["slot"]
-        enabled = np.array([(op["mask"] >> i) & 1 for i in range(n)], bool)
-        data = np.zeros(n, np.int64)
-        if code == OP.REQUANT:
-            data = requantize(a, mult, shift).astype(np.int64)
-        elif code == OP.LOGIT:
-            data = to_log2_domain(a, mult, shift)
-        elif code in (OP.MAX, OP.SUM, OP.ADD):
-            data = a + (b if code == OP.ADD else 0)
-        elif code == OP.EXP:
-            d = np.where(enabled, c - a, 0)
-            data = exp2_neg(d, shift)
-            if sat:
-                data = np.minimum(data, (1 << shift) - 1)
-        elif code == OP.RESCALE:
-            data = rescale(a, c, b)
-        elif code == OP.RECIP:
-            recip_l[slot] = c & ((1 << NUMERICS.attn_sum_bits) - 1)
-        elif code == OP.DIV:
-            data = divide(a, recip_l[slot], shift)
-            if sat:
-                data = np.minimum(data, (1 << shift) - 1)
-        elif code in (OP.MUL, OP.SWIGLU, OP.SILU):
-            x = _signed(a, MUL_BITS) if code == OP.MUL else table[(a & 255) ^ 128]
-            if code == OP.SILU:
-                data = x
-            else:
-                product = x * _signed(b, MUL_BITS)
-                data = (requantize(product, mult, shift).astype(np.int64) if sat
-                        else to_log2_domain(product, mult, shift))
-        elif code == OP.SILU_LOAD:
-            table[c & 255] = _signed(a[0], 8)
-        data = np.where(enabled, _signed(data, LANE_BITS), 0)
-        if code in (OP.TOPK, OP.TOPK_INDEX):
-            if op["first"]:
-                rows[slot] = ([], [])
-            for i in np.flatnonzero(enabled):
-                rows[slot][0].append(int(a[i]))
-                rows[slot][1].append((c + int(i)) % (1 << TOPK_INDEX_BITS))
-            values, indices = top_list(*rows[slot], k_list)
-            data = np.zeros(n, np.int64)
-            data[:k_list] = 0 if code == OP.TOPK else -1
-            data[: values.size] = values if code == OP.TOPK else indices
-        if code in (OP.MAX, OP.LOGIT):
-            start = c if op["first"] else totals[slot]
-            totals[slot] = max(start, data[enabled].max()) if enabled.any() else start
-        elif code in (OP.SUM, OP.EXP):
-            start = 0 if op["first"] else totals[slot]
-            totals[slot] = _signed(start + data.sum(), LANE_BITS)
-        out_data.append(data)
-        out_total.append(totals[slot])
-    return np.array(out_data, np.int64).reshape(len(program), n), np.array(out_total, np.int64)
+    """(data, totals) the vector unit must produce for ``program``, from golden
+    (:class:`golden.vector_model.VectorUnitModel` run from reset)."""
+    model = VectorUnitModel(n, slots, max_top_k)
+    beats = [model.step(op) for op in program]
+    data = np.array([d for d, _ in beats], np.int64).reshape(len(program), n)
+    return data, np.array([t for _, t in beats], np.int64)
 
 
 # --- programs ------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Beat-level model of the vector unit (``rtl/vector_unit.py``), built from golden functions.
+
+:class:`VectorUnitModel` takes one op beat at a time (a dict of the fields of
+``rtl.vector_unit.VectorOp``: ``opcode``, ``a``, ``b``, ``c``, ``mult``, ``shift``,
+``sat``, ``mask``, ``slot``, ``first``) and returns the result beat the hardware must
+produce, keeping the per-slot state as the hardware does: the running total (max or
+sum), the reciprocal's divisor, the top-k list (golden ``topk`` over every
+(value, index) folded into the slot since its ``first``) and the SiLU table.
+
+The opcode numbers are defined here (:class:`VectorOpcode`); the RTL enum of the same
+name asserts that it matches. ``opcode`` may be this IntEnum, a plain int, or any enum
+whose ``value`` is the number (the RTL's). No Amaranth here.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from golden.exp import exp2_neg, to_log2_domain
+from golden.gemm import requantize, wrap
+from golden.moe import topk
+from golden.numerics import NUMERICS
+from golden.reciprocal import divide
+
+__all__ = [
+    "LANE_BITS", "MUL_BITS", "TOPK_DEFAULT", "TOPK_INDEX_BITS", "VectorOpcode",
+    "VectorUnitModel", "default_max_top_k", "rescale", "top_list",
+]
+
+#: Width of a lane value and of a slot total (golden's P.V accumulator).
+LANE_BITS = NUMERICS.attn_acc_bits
+#: MUL/SWIGLU take the low ``MUL_BITS`` of each operand (signed), so a*b fits a lane.
+MUL_BITS = LANE_BITS // 2
+#: Width of a top-k index: lane i of a TOPK beat is index ``(c + i) mod 2**16``.
+TOPK_INDEX_BITS = 16
+#: Default top-k list length bound: ``min(n, TOPK_DEFAULT)``.
+TOPK_DEFAULT = 8
+#: Fraction bits of alpha in RESCALE (Q1.15).
+T = NUMERICS.exp_table_frac_bits
+
+
+class VectorOpcode(IntEnum):
+    """What one op beat computes (docs/vector_unit.md has each formula)."""
+
+    REQUANT = 0
+    LOGIT = 1
+    MAX = 2
+    SUM = 3
+    EXP = 4
+    RESCALE = 5
+    RECIP = 6
+    DIV = 7
+    ADD = 8
+    MUL = 9
+    SILU = 10
+    SWIGLU = 11
+    SILU_LOAD = 12
+    TOPK = 13
+    TOPK_INDEX = 14
+
+
+OP = VectorOpcode
+
+
+def default_max_top_k(n: int) -> int:
+    """The top-k list length of a unit of ``n`` lanes when ``max_top_k`` is not given."""
+    return min(n, TOPK_DEFAULT)
+
+
+def rescale(acc: np.ndarray, alpha: int, add: np.ndarray) -> np.ndarray:
+    """The FlashAttention-2 rescale step of ``golden.softmax.online_softmax_pv`` (one line
+    there, not a function of its own): ``((acc * alpha + 2**(T-1)) >> T) + add``."""
+    return ((np.asarray(acc, np.int64) * alpha + (1 << (T - 1))) >> T) + add
+
+
+def _signed(x, bits):
+    return wrap(np.asarray(x, np.int64), bits)
+
+
+def top_list(values: list[int], indices: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, indices) of golden ``topk`` over a row given as (value, index) pairs, up
+    to k of them (fewer if the row is shorter)."""
+    order = np.argsort(np.asarray(indices, np.int64), kind="stable")
+    row = np.asarray(values, np.int64)[order]
+    if row.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    chosen = topk(row[None, :], min(k, row.size))[0]
+    return row[chosen], np.asarray(indices, np.int64)[order][chosen]
+
+
+def opcode_of(value) -> VectorOpcode:
+    """An opcode given as this enum, an int, or another enum with the same numbers."""
+    return VectorOpcode(getattr(value, "value", value))
+
+
+class VectorUnitModel:
+    """The vector unit's results, one op beat at a time, with its slot state.
+
+    ``n`` lanes, ``slots`` slots, top-k lists of ``max_top_k`` entries (default
+    ``min(n, 8)``). State at construction = the hardware's after reset: totals 0,
+    divisors 1, empty top-k lists, a SiLU table of zeros.
+    """
+
+    def __init__(self, n: int, slots: int, max_top_k: int | None = None):
+        self.n, self.slots = n, slots
+        self.max_top_k = default_max_top_k(n) if max_top_k is None else max_top_k
+        self.rows = [([], []) for _ in range(slots)]  # top-k: every (value, index) since first
+        self.totals = np.zeros(slots, np.int64)
+        self.recip_l = np.ones(slots, np.int64)
+        self.table = np.zeros(256, np.int64)
+
+    def step(self, op: dict) -> tuple[np.ndarray, int]:
+        """(data: N int64 lanes, total) of one op beat; updates the slot state."""
+        n = self.n
+        code = opcode_of(op["opcode"])
+        a, b = np.array(op["a"], np.int64), np.array(op["b"], np.int64)
+        c, mult, shift, sat, slot = op["c"], op["mult"], op["shift"], op["sat"], op["slot"]
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range: the unit has {self.slots} slots")
+        enabled = np.array([(op["mask"] >> i) & 1 for i in range(n)], bool)
+        data = np.zeros(n, np.int64)
+        if code == OP.REQUANT:
+            data = requantize(a, mult, shift).astype(np.int64)
+        elif code == OP.LOGIT:
+            data = to_log2_domain(a, mult, shift)
+        elif code in (OP.MAX, OP.SUM, OP.ADD):
+            data = a + (b if code == OP.ADD else 0)
+        elif code == OP.EXP:
+            d = np.where(enabled, c - a, 0)
+            data = exp2_neg(d, shift)
+            if sat:
+                data = np.minimum(data, (1 << shift) - 1)
+        elif code == OP.RESCALE:
+            data = rescale(a, c, b)
+        elif code == OP.RECIP:
+            self.recip_l[slot] = c & ((1 << NUMERICS.attn_sum_bits) - 1)
+        elif code == OP.DIV:
+            data = divide(a, self.recip_l[slot], shift)
+            if sat:
+                data = np.minimum(data, (1 << shift) - 1)
+        elif code in (OP.MUL, OP.SWIGLU, OP.SILU):
+            x = _signed(a, MUL_BITS) if code == OP.MUL else self.table[(a & 255) ^ 128]
+            if code == OP.SILU:
+                data = x
+            else:
+                product = x * _signed(b, MUL_BITS)
+                data = (requantize(product, mult, shift).astype(np.int64) if sat
+                        else to_log2_domain(product, mult, shift))
+        elif code == OP.SILU_LOAD:
+            self.table[c & 255] = _signed(a[0], 8)
+        data = np.where(enabled, _signed(data, LANE_BITS), 0)
+        if code in (OP.TOPK, OP.TOPK_INDEX):
+            if op["first"]:
+                self.rows[slot] = ([], [])
+            for i in np.flatnonzero(enabled):
+                self.rows[slot][0].append(int(a[i]))
+                self.rows[slot][1].append((c + int(i)) % (1 << TOPK_INDEX_BITS))
+            values, indices = top_list(*self.rows[slot], self.max_top_k)
+            data = np.zeros(n, np.int64)
+            data[:self.max_top_k] = 0 if code == OP.TOPK else -1
+            data[: values.size] = values if code == OP.TOPK else indices
+        if code in (OP.MAX, OP.LOGIT):
+            start = c if op["first"] else self.totals[slot]
+            self.totals[slot] = max(start, data[enabled].max()) if enabled.any() else start
+        elif code in (OP.SUM, OP.EXP):
+            start = 0 if op["first"] else self.totals[slot]
+            self.totals[slot] = _signed(start + data.sum(), LANE_BITS)
+        return data, int(self.totals[slot])
