@@ -1,0 +1,335 @@
+"""Instruction-level functional model of one tile: the reference the RTL tile is checked with.
+
+:class:`TileModel` executes decoded instructions one after another — GEMM, VEC, DMA,
+WAIT/SIGNAL, NOP, HALT, with the semantics of the docstrings in ``rtl/isa.py``
+(``GemmArgs``, ``VecArgs``, ``DmaArgs``, ``WaitArgs``) — on a scratchpad, an accumulator
+memory, the vector unit's slot state (:class:`golden.vector_model.VectorUnitModel`) and
+the semaphores. An instruction is ``(opcode_name, fields)``, what ``rtl.isa.decode``
+returns with ``opcode.name`` for the enum (an enum with a ``name`` is accepted too);
+missing fields are 0, as ``rtl.isa.encode`` makes them. No Amaranth here.
+
+Every engine operation finishes before the next instruction starts, so the model is the
+order-of-program meaning; the hardware must give the same memories and semaphores
+whenever the program synchronises as the ISA requires (WAIT before using a result).
+
+Widths: scratchpad words hold ``n`` int8 lanes (lane i = bits 8i..8i+7); accumulator
+lanes are signed ``LANE_BITS`` = 48 bits and wrap; GEMM sums wrap at int32
+(``NUMERICS.acc_bits``, :func:`golden.gemm.wrap`) before they are sign-extended to 48.
+Anything the hardware would refuse or that would deadlock raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from golden.gemm import wrap
+from golden.numerics import NUMERICS
+from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
+
+__all__ = [
+    "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "TileModel", "VecDst", "VecPack",
+    "lanes_word", "word_lanes",
+]
+
+#: Width of an accumulator address field (``rtl.isa.ACC_ADDR_BITS``; a test checks it).
+ACC_ADDR_BITS = 10
+#: Semaphores per tile and their width (``rtl.isa.SEMAPHORES``, ``COUNT_BITS``).
+SEMAPHORES, COUNT_BITS = 16, 16
+
+#: The fields of each opcode (``rtl.isa`` layouts; a test checks they are the same).
+FIELDS = {
+    "HALT": (), "NOP": (),
+    "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
+             "acc_shift"),
+    "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
+            "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
+            "shift", "sat", "lo", "hi", "causal"),
+    "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore"),
+    "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
+}
+
+
+class VecDst:
+    """``rtl.isa.VecDst`` values."""
+
+    TILE, SCALAR, SPAD, NONE = 0, 1, 2, 3
+
+
+class VecPack:
+    """``rtl.isa.VecPack`` values: which bits of a lane become a scratchpad byte."""
+
+    BYTE, LIMB_LO, LIMB_HI = 0, 1, 2
+
+
+#: Operands each vector opcode reads (an operand it ignores may hold anything).
+_USES_B = {VectorOpcode.RESCALE, VectorOpcode.ADD, VectorOpcode.MUL, VectorOpcode.SWIGLU}
+_USES_C = {VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.RESCALE,
+           VectorOpcode.RECIP, VectorOpcode.SILU_LOAD, VectorOpcode.TOPK,
+           VectorOpcode.TOPK_INDEX}
+
+
+def word_lanes(word: int, n: int) -> np.ndarray:
+    """The n int8 lanes of a scratchpad word (lane i = bits 8i..8i+7), as int64."""
+    raw = np.array([(word >> (8 * i)) & 0xFF for i in range(n)], np.int64)
+    return wrap(raw, 8)
+
+
+def lanes_word(values, n: int) -> int:
+    """A scratchpad word from n lane values (each taken modulo 256)."""
+    values = [int(v) for v in values]
+    if len(values) != n:
+        raise ValueError(f"a word has {n} lanes, got {len(values)} values")
+    return sum((v & 0xFF) << (8 * i) for i, v in enumerate(values))
+
+
+def _ceil(x: int, n: int) -> int:
+    return -(-x // n)
+
+
+class TileModel:
+    """One tile, instruction by instruction (see the module docstring).
+
+    Parameters: ``n`` lanes (the tensor core size), ``spad_words`` scratchpad words,
+    ``acc_depth`` accumulator entries, ``slots`` and ``max_top_k`` of the vector unit,
+    ``position`` = (x, y) of the tile in the mesh (a DMA naming only this tile is a local
+    copy).
+
+    State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
+    48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` (list of
+    ints), ``halted``, and ``done`` = the ``signal`` field of every finished engine
+    operation, per engine (``{"GEMM": [...], "VEC": [...], "DMA": [...]}``, in order).
+    """
+
+    def __init__(self, n: int = 8, spad_words: int = 4096, acc_depth: int = 256,
+                 slots: int = 4, max_top_k: int | None = None,
+                 position: tuple[int, int] = (0, 0)):
+        if not 2 <= n <= 32:
+            raise ValueError(f"lane count n must be 2..32, not {n}")
+        if not 1 <= spad_words <= 1 << 16:
+            raise ValueError(f"spad_words must be 1..65536, not {spad_words}")
+        if not 1 <= acc_depth <= 1 << ACC_ADDR_BITS:
+            raise ValueError(f"acc_depth must be 1..{1 << ACC_ADDR_BITS}, not {acc_depth}")
+        x, y = position
+        if not (0 <= x < 8 and 0 <= y < 8):
+            raise ValueError(f"tile position {position} is outside an 8 x 8 mesh")
+        self.n, self.spad_words, self.acc_depth, self.position = n, spad_words, acc_depth, position
+        self.spad = [0] * spad_words
+        self.acc = np.zeros((acc_depth, n), np.int64)
+        self.vector = VectorUnitModel(n, slots, max_top_k)
+        self.semaphores = [0] * SEMAPHORES
+        self.halted = False
+        self.done = {"GEMM": [], "VEC": [], "DMA": []}
+
+    # --- running ----------------------------------------------------------------------
+
+    def run(self, instructions) -> int:
+        """Execute ``(opcode_name, fields)`` instructions in order until HALT or the end;
+        returns how many were executed (HALT included)."""
+        for count, (opcode, fields) in enumerate(instructions, 1):
+            if not self.step(opcode, fields):
+                return count
+        return len(instructions)
+
+    def step(self, opcode, fields: dict | None = None) -> bool:
+        """Execute one instruction; False after HALT."""
+        name = getattr(opcode, "name", opcode)
+        if name not in FIELDS:
+            raise ValueError(f"unknown opcode {opcode!r}")
+        fields = dict(fields or {})
+        unknown = set(fields) - set(FIELDS[name])
+        if unknown:
+            raise ValueError(f"{name} has no field(s) {sorted(unknown)}")
+        f = {key: fields.get(key, 0) for key in FIELDS[name]}
+        if "signal" in f:
+            f["signal"] = {"enable": 0, "semaphore": 0, **(f["signal"] or {})}
+        if name == "HALT":
+            self.halted = True
+            return False
+        if name == "GEMM":
+            self._gemm(f)
+        elif name == "VEC":
+            self._vec(f)
+        elif name == "DMA":
+            self._dma(f)
+        elif name == "SIGNAL":
+            self._add(f["semaphore"], f["count"], "SIGNAL")
+        elif name == "WAIT":
+            sem, count = f["semaphore"], f["count"]
+            self._check_semaphore(sem)
+            if self.semaphores[sem] < count:
+                raise ValueError(f"WAIT semaphore {sem} count {count} would block forever: "
+                                 f"it holds {self.semaphores[sem]} and nothing else runs")
+            self.semaphores[sem] -= count
+        if name in self.done:
+            self.done[name].append(f["signal"])
+            if f["signal"]["enable"]:
+                self._add(f["signal"]["semaphore"], 1, f"{name} signal")
+        return True
+
+    def _check_semaphore(self, sem: int) -> None:
+        if not 0 <= sem < SEMAPHORES:
+            raise ValueError(f"semaphore {sem} out of range (0..{SEMAPHORES - 1})")
+
+    def _add(self, sem: int, count: int, what: str) -> None:
+        self._check_semaphore(sem)
+        if self.semaphores[sem] + count >= 1 << COUNT_BITS:
+            raise ValueError(f"{what}: semaphore {sem} would pass {(1 << COUNT_BITS) - 1}")
+        self.semaphores[sem] += count
+
+    # --- memories ---------------------------------------------------------------------
+
+    def _spad_region(self, what: str, base: int, words: int) -> None:
+        if base + words > self.spad_words:
+            raise ValueError(f"{what}: scratchpad words {base}..{base + words - 1} run past "
+                             f"the scratchpad ({self.spad_words} words)")
+
+    def _acc_entry(self, what: str, addr: int) -> int:
+        if not 0 <= addr < self.acc_depth:
+            raise ValueError(f"{what}: accumulator entry {addr} out of range "
+                             f"(depth {self.acc_depth})")
+        return addr
+
+    def _lanes(self, addr: int) -> np.ndarray:
+        return word_lanes(self.spad[addr], self.n)
+
+    # --- GEMM -------------------------------------------------------------------------
+
+    def _gemm(self, f: dict) -> None:
+        n, m, k, p = self.n, f["m"], f["k"], f["p"]
+        if min(m, k, p) < 1:
+            raise ValueError(f"GEMM shape m={m} k={k} p={p}: each must be >= 1")
+        tm, tp, tk = _ceil(m, n), _ceil(p, n), _ceil(k, n)
+        a = np.zeros((tm * n, k), np.int64)  # rows >= m: zero unless the words hold them
+        b = np.zeros((k, tp * n), np.int64)
+        if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
+            self._spad_region("GEMM A", f["a"], tk * m)
+            for c in range(tk):
+                for i in range(m):
+                    a[i, c * n:(c + 1) * n] = self._lanes(f["a"] + c * m + i)[:k - c * n]
+        else:  # word a + t*k + kk = A[t*N : t*N + N, kk]
+            self._spad_region("GEMM A", f["a"], tm * k)
+            for t in range(tm):
+                for kk in range(k):
+                    a[t * n:(t + 1) * n, kk] = self._lanes(f["a"] + t * k + kk)
+        if f["b_rows"]:  # word b + c*p + j = B[c*N : c*N + N, j]
+            self._spad_region("GEMM B", f["b"], tk * p)
+            for c in range(tk):
+                for j in range(p):
+                    b[c * n:(c + 1) * n, j] = self._lanes(f["b"] + c * p + j)[:k - c * n]
+        else:  # word b + t*k + kk = B[kk, t*N : t*N + N]
+            self._spad_region("GEMM B", f["b"], tp * k)
+            for t in range(tp):
+                for kk in range(k):
+                    b[kk, t * n:(t + 1) * n] = self._lanes(f["b"] + t * k + kk)
+        result = wrap(a @ b, NUMERICS.acc_bits)
+        self._acc_entry("GEMM C", f["c"] + tm * tp * n - 1)
+        shift = f["acc_shift"]
+        for ti in range(tm):
+            for tj in range(tp):
+                base = f["c"] + (ti * tp + tj) * n
+                tile = result[ti * n:(ti + 1) * n, tj * n:(tj + 1) * n]
+                if f["accumulate"]:
+                    tile = (self.acc[base:base + n] << shift) + tile
+                self.acc[base:base + n] = wrap(tile, LANE_BITS)
+
+    # --- VEC --------------------------------------------------------------------------
+
+    def _vec(self, f: dict) -> None:
+        n, rows, beats = self.n, f["rows"], f["beats"]
+        if rows < 1 or beats < 1:
+            raise ValueError(f"VEC rows={rows} beats={beats}: each must be >= 1")
+        if f["slot"] + rows > self.vector.slots:
+            raise ValueError(f"VEC slots {f['slot']}..{f['slot'] + rows - 1} run past the "
+                             f"vector unit's {self.vector.slots} slots")
+        try:
+            code = opcode_of(f["op"])
+        except ValueError:
+            raise ValueError(f"VEC op {f['op']} is not a vector opcode") from None
+        kind, dst = f["dst_kind"], f["dst"]
+        # Every region the instruction names is checked before anything changes, used by
+        # its op or not (the engine reads a, b and c on every beat), as the sequencer
+        # does: a tile region is ceil(rows / N) x beats x N entries, a scalar region
+        # ceil(rows / N) entries.
+        tile_last = _ceil(rows, n) * beats * n - 1
+        scalar_last = _ceil(rows, n) - 1
+        for what in ("a", "b"):
+            last = scalar_last if f[f"{what}_scalar"] else tile_last
+            self._acc_entry(f"VEC {what}", f[what] + last)
+        if not f["c_imm"]:
+            self._acc_entry("VEC c", f["c"] + scalar_last)
+        if kind == VecDst.TILE:
+            self._acc_entry("VEC dst", dst + tile_last)
+        elif kind == VecDst.SCALAR:
+            self._acc_entry("VEC dst", dst + scalar_last)
+        elif kind == VecDst.SPAD:
+            if f["pack"] not in (VecPack.BYTE, VecPack.LIMB_LO, VecPack.LIMB_HI):
+                raise ValueError(f"VEC pack {f['pack']} is not a VecPack")
+            self._spad_region("VEC dst", f["dst"], rows * beats)
+        if f["total_write"]:
+            self._acc_entry("VEC total", f["total"] + scalar_last)
+        uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
+                "c": code in _USES_C and not f["c_imm"]}
+        written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats
+
+        def read(what: str, addr: int, lanes) -> np.ndarray:
+            if uses[what] and any((addr, i) in written for i in lanes):
+                raise ValueError(f"VEC {what} reads accumulator entry {addr} after an "
+                                 f"earlier beat of the same instruction wrote it")
+            return self.acc[addr]
+
+        def write(addr: int, lanes, values) -> None:
+            for i in lanes:
+                self.acc[addr, i] = values[i]
+                written.add((addr, i))
+
+        for r in range(rows):
+            row_entry, row_lane = r // n, r % n
+            for j in range(beats):
+                tile = (r // n) * beats * n + j * n + r % n
+                operands = {}
+                for what in ("a", "b"):
+                    if f[f"{what}_scalar"]:
+                        value = np.zeros(n, np.int64)
+                        value[0] = read(what, f[what] + row_entry, [row_lane])[row_lane]
+                    else:
+                        value = read(what, f[what] + tile, range(n)).copy()
+                    operands[what] = value
+                c = (f["imm"] if f["c_imm"]
+                     else int(read("c", f["c"] + row_entry, [row_lane])[row_lane]))
+                step = r * f["causal"]
+                mask = sum(1 << i for i in range(n)
+                           if f["lo"] + step <= j * n + i < f["hi"] + step
+                           and (i == 0 or not f["a_scalar"]))
+                data, total = self.vector.step({
+                    "opcode": code, "a": operands["a"], "b": operands["b"], "c": c,
+                    "mult": f["mult"], "shift": f["shift"], "sat": f["sat"], "mask": mask,
+                    "slot": f["slot"] + r, "first": int(j == 0)})
+                if kind == VecDst.TILE:
+                    write(dst + tile, range(n), data)
+                elif kind == VecDst.SCALAR:
+                    write(dst + row_entry, [row_lane], {row_lane: data[0]})
+                elif kind == VecDst.SPAD:
+                    low = (0, 0, 7)[f["pack"]]
+                    bits = (8, 7, 7)[f["pack"]]
+                    word = [(int(x) >> low) & ((1 << bits) - 1) for x in data]
+                    self.spad[f["dst"] + j * rows + r] = lanes_word(word, n)
+                if f["total_write"] and j == beats - 1:
+                    write(f["total"] + row_entry, [row_lane], {row_lane: total})
+
+    # --- DMA --------------------------------------------------------------------------
+
+    def _dma(self, f: dict) -> None:
+        x, y = self.position
+        here = 1 << (y * 8 + x)
+        if f["tiles"] == 0:
+            raise ValueError("DMA to no tile (tiles = 0)")
+        if f["tiles"] != here:
+            raise NotImplementedError(
+                f"DMA to tiles {f['tiles']:#x}: only a copy to this tile ({here:#x}) is "
+                f"modelled; transfers to other tiles need the network (NoC), not built yet")
+        length = f["length"]
+        self._spad_region("DMA src", f["src"], length)
+        self._spad_region("DMA dst", f["dst"], length)
+        self.spad[f["dst"]:f["dst"] + length] = self.spad[f["src"]:f["src"] + length]
+        if f["remote_signal"]:
+            self._add(f["remote_semaphore"], 1, "DMA remote signal")

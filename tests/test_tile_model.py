@@ -1,0 +1,196 @@
+"""The tile's functional model (golden/tile_model.py) against golden and the ISA layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from golden.gemm import gemm, wrap
+from golden.tile_model import (
+    ACC_ADDR_BITS,
+    COUNT_BITS,
+    FIELDS,
+    SEMAPHORES,
+    TileModel,
+    VecDst,
+    VecPack,
+    lanes_word,
+    word_lanes,
+)
+from golden.vector_model import VectorOpcode as VOP
+from rtl import isa
+
+
+def decode_program(words: list[int]) -> list[tuple[str, dict]]:
+    """Instruction words -> the model's (opcode name, fields) tuples."""
+    return [(opcode.name, fields) for opcode, fields in map(isa.decode, words)]
+
+
+def test_fields_and_constants_match_the_isa():
+    assert ACC_ADDR_BITS == isa.ACC_ADDR_BITS
+    assert (SEMAPHORES, COUNT_BITS) == (isa.SEMAPHORES, isa.COUNT_BITS)
+    for opcode in isa.Opcode:
+        member = isa.ARGS_OF.get(opcode)
+        names = () if member is None else tuple(
+            name for name, _ in isa.INSTRUCTION["args"].shape[member].shape)
+        assert FIELDS[opcode.name] == names, opcode
+    assert {k: getattr(VecDst, k) for k in ("TILE", "SCALAR", "SPAD", "NONE")} == {
+        d.name: d.value for d in isa.VecDst}
+    assert {k: getattr(VecPack, k) for k in ("BYTE", "LIMB_LO", "LIMB_HI")} == {
+        d.name: d.value for d in isa.VecPack}
+
+
+def test_word_lanes_round_trip():
+    values = [-128, -1, 0, 1, 127, 5, -7, 9]
+    assert word_lanes(lanes_word(values, 8), 8).tolist() == values
+
+
+def _store_a(model, base, a, rows_layout):
+    n = model.n
+    m, k = a.shape
+    if rows_layout:
+        for c in range(-(-k // n)):
+            for i in range(m):
+                chunk = np.zeros(n, np.int64)
+                part = a[i, c * n:(c + 1) * n]
+                chunk[:part.size] = part
+                model.spad[base + c * m + i] = lanes_word(chunk, n)
+    else:
+        padded = np.zeros((-(-m // n) * n, k), np.int64)
+        padded[:m] = a
+        for t in range(padded.shape[0] // n):
+            for kk in range(k):
+                model.spad[base + t * k + kk] = lanes_word(padded[t * n:(t + 1) * n, kk], n)
+
+
+@pytest.mark.parametrize(("a_rows", "b_rows"), [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize(("m", "k", "p"), [(4, 4, 4), (5, 7, 3), (9, 13, 6), (1, 1, 1)])
+def test_gemm_layouts_against_golden(a_rows, b_rows, m, k, p):
+    n = 4
+    rng = np.random.default_rng(m * 100 + k * 10 + p)
+    a = rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, p))
+    model = TileModel(n, spad_words=512, acc_depth=256)
+    _store_a(model, 0, a, a_rows)
+    _store_a(model, 200, b.T, b_rows)  # B's column blocks are Bᵀ's row blocks
+    c0 = 16
+    program = [isa.encode(isa.Opcode.GEMM, a=0, b=200, c=c0, m=m, k=k, p=p, a_rows=a_rows,
+                          b_rows=b_rows, signal={"enable": 1, "semaphore": 3}),
+               isa.encode(isa.Opcode.WAIT, semaphore=3, count=1),
+               isa.encode(isa.Opcode.HALT), isa.encode(isa.Opcode.NOP)]
+    assert model.run(decode_program(program)) == 3 and model.halted
+    want = gemm(a, b)
+    tp = -(-p // n)
+    got = np.array([[model.acc[c0 + ((i // n) * tp + j // n) * n + i % n, j % n]
+                     for j in range(p)] for i in range(m)])
+    assert (got == want).all()
+    assert model.semaphores[3] == 0 and model.done["GEMM"] == [{"enable": 1, "semaphore": 3}]
+
+
+def test_gemm_accumulate_with_shift_wraps_at_48_bits():
+    n = 2
+    model = TileModel(n, spad_words=16, acc_depth=8)
+    model.spad[0] = lanes_word([1, 2], n)  # A column: A = [[1], [2]]
+    model.spad[1] = lanes_word([3, -4], n)  # B row: B = [[3, -4]]
+    model.acc[0] = [(1 << 47) - 1, -5]
+    model.acc[1] = [7, 0]
+    model.step("GEMM", {"a": 0, "b": 1, "c": 0, "m": 2, "k": 1, "p": 2, "accumulate": 1,
+                        "acc_shift": 1})
+    assert model.acc[:2].tolist() == [[int(wrap(((1 << 47) - 1) * 2 + 3, 48)), -14],
+                                      [20, -8]]
+
+
+def test_vec_add_tile_scalar_and_spad_pack():
+    n = 4
+    model = TileModel(n, spad_words=64, acc_depth=64, slots=8)
+    rng = np.random.default_rng(1)
+    model.acc[:16] = rng.integers(-(1 << 20), 1 << 20, (16, n))
+    rows, beats = 6, 2  # two row blocks: entries 0..15 (block 0: 0..7, block 1: 8..15)
+    model.step("VEC", {"op": VOP.ADD, "a": 0, "b": 0, "dst": 16, "dst_kind": VecDst.TILE,
+                       "rows": rows, "beats": beats, "lo": 0, "hi": 6})
+    for r in range(rows):
+        for j in range(beats):
+            e = (r // n) * beats * n + j * n + r % n
+            want = [2 * model.acc[e, i] if j * n + i < 6 else 0 for i in range(n)]
+            assert model.acc[16 + e].tolist() == want
+    # SCALAR: lane 0 of each row's result into lane r % N of entry dst + r // N.
+    model.step("VEC", {"op": VOP.MAX, "a": 0, "a_scalar": 1, "dst": 40,
+                       "dst_kind": VecDst.SCALAR, "rows": 6, "beats": 1, "hi": 1,
+                       "c_imm": 1, "imm": -(1 << 40)})
+    assert [model.acc[40 + r // n, r % n] for r in range(6)] == [
+        model.acc[r // n, r % n] for r in range(6)]
+    # SPAD: word dst + j*rows + r, limbs of lanes.
+    model.acc[48] = [0x3FFF, 0x1234, 5, 0]
+    for pack, want in ((VecPack.LIMB_LO, [0x7F, 0x34, 5, 0]),
+                       (VecPack.LIMB_HI, [0x7F, 0x24, 0, 0]),
+                       (VecPack.BYTE, [-1, 0x34, 5, 0])):
+        model.step("VEC", {"op": VOP.SUM, "a": 48, "dst": 10, "dst_kind": VecDst.SPAD,
+                           "pack": pack, "rows": 1, "beats": 1, "hi": n})
+        assert word_lanes(model.spad[10], n).tolist() == want
+
+
+def test_vec_row_max_with_total_write_and_causal_mask():
+    n, rows, beats = 4, 5, 3
+    model = TileModel(n, spad_words=16, acc_depth=128, slots=8)
+    rng = np.random.default_rng(2)
+    scores = rng.integers(-1000, 1000, (rows, beats * n))
+    for r in range(rows):
+        for j in range(beats):
+            model.acc[(r // n) * beats * n + j * n + r % n] = scores[r, j * n:(j + 1) * n]
+    model.step("VEC", {"op": VOP.MAX, "a": 0, "c_imm": 1, "imm": -(1 << 30),
+                       "dst_kind": VecDst.NONE, "total": 100, "total_write": 1,
+                       "rows": rows, "beats": beats, "lo": -100, "hi": 3, "causal": 1})
+    for r in range(rows):
+        assert model.acc[100 + r // n, r % n] == scores[r, :3 + r].max()
+
+
+def test_dma_local_copy_and_remote_refused():
+    model = TileModel(2, spad_words=32, acc_depth=4, position=(1, 1))
+    model.spad[:4] = [1, 2, 3, 4]
+    here = 1 << 9
+    model.step("DMA", {"src": 0, "dst": 10, "length": 4, "tiles": here, "remote_signal": 1,
+                       "remote_semaphore": 2, "signal": {"enable": 1, "semaphore": 5}})
+    assert model.spad[10:14] == [1, 2, 3, 4] and model.semaphores[2] == 1
+    assert model.semaphores[5] == 1
+    with pytest.raises(NotImplementedError, match="NoC"):
+        model.step("DMA", {"src": 0, "dst": 10, "length": 4, "tiles": here | 1})
+
+
+@pytest.mark.parametrize(("instruction", "message"), [
+    (("WAIT", {"semaphore": 1, "count": 1}), "block forever"),
+    (("GEMM", {"m": 0, "k": 1, "p": 1}), "must be >= 1"),
+    (("GEMM", {"a": 60, "m": 4, "k": 8, "p": 4}), "GEMM A"),
+    (("GEMM", {"c": 61, "m": 4, "k": 1, "p": 4}), "GEMM C"),
+    (("VEC", {"rows": 0, "beats": 1}), "rows=0"),
+    (("VEC", {"rows": 3, "beats": 1, "slot": 2}), "slots"),
+    (("VEC", {"op": 15, "rows": 1, "beats": 1}), "not a vector opcode"),
+    (("VEC", {"a": 60, "rows": 1, "beats": 2}), "VEC a"),
+    (("VEC", {"dst": 63, "dst_kind": VecDst.SPAD, "rows": 1, "beats": 2}), "VEC dst"),
+    (("VEC", {"total": 64, "total_write": 1, "rows": 1, "beats": 1}), "VEC total"),
+    (("DMA", {"tiles": 0}), "no tile"),
+    (("DMA", {"src": 60, "length": 8, "tiles": 1}), "DMA src"),
+    (("SIGNAL", {"semaphore": 16, "count": 1}), "semaphore 16"),
+    (("VEC", {"bogus": 1}), "no field"),
+    (("JUMP", {}), "unknown opcode"),
+])
+def test_bad_instructions_are_refused(instruction, message):
+    model = TileModel(4, spad_words=64, acc_depth=64, slots=4)
+    before = model.acc.copy()
+    with pytest.raises(ValueError, match=message):
+        model.step(*instruction)
+    assert (model.acc == before).all()
+
+
+def test_semaphore_overflow_and_read_after_write_hazard():
+    model = TileModel(4, spad_words=8, acc_depth=64)
+    model.step("SIGNAL", {"semaphore": 0, "count": (1 << 16) - 1})
+    with pytest.raises(ValueError, match="would pass"):
+        model.step("SIGNAL", {"semaphore": 0, "count": 1})
+    # A tile dst over a's later beats is a hazard: beat 1 reads entry 4, which beat 0
+    # wrote (the engine reads long before it writes, so it would see the old value).
+    with pytest.raises(ValueError, match="after an earlier beat"):
+        model.step("VEC", {"op": VOP.SUM, "a": 0, "dst": 4, "dst_kind": VecDst.TILE,
+                           "rows": 1, "beats": 2})
+    # In place (each beat writes only what it read) is fine.
+    model.step("VEC", {"op": VOP.SUM, "a": 0, "dst": 0, "dst_kind": VecDst.TILE,
+                       "rows": 1, "beats": 2})
