@@ -1,0 +1,379 @@
+"""The GEMM engine: runs GEMM instructions on the tensor core, operands from the
+scratchpad, results into the accumulator memory (see :class:`rtl.isa.GemmArgs`)."""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from rtl.accumulator import AccWrite, Entry
+from rtl.isa import ACC_ADDR_BITS, SIGNAL, GemmArgs
+from rtl.scratchpad import Request, Response
+from rtl.tensor_core import OperandBeat, TensorCore
+
+__all__ = ["GemmEngine", "OperandFetch", "OperandStreamer"]
+
+#: Width of a GEMM dimension field (m, k, p).
+DIM_BITS = 12
+
+
+class OperandFetch(data.StructLayout):
+    """Fetch one operand block of k beats: block ``block`` of the operand at ``base``.
+
+    ``rows = 0``: k consecutive words from ``base + block * k``. ``rows = 1``: the block's
+    N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks, word
+    ``base + chunk * extent + row``, transposed into k beats.
+    """
+
+    def __init__(self, addr_bits: int):
+        super().__init__({
+            "base": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
+            "extent": unsigned(DIM_BITS), "rows": 1,
+        })
+
+
+class OperandStreamer(wiring.Component):
+    """Turns :class:`OperandFetch` requests into tensor-core beats read from one
+    scratchpad port, transposing row-major operands through a double-buffered N x N
+    byte buffer (one chunk fills while the previous one drains, so a row-major operand
+    streams at one beat per cycle like a block-layout one).
+
+    ``error`` (sticky) is set when a response carries an error status (the data is
+    still used, so the beat count never changes).
+    """
+
+    #: Words issued but not yet consumed (tag FIFO depth); covers the scratchpad latency.
+    IN_FLIGHT = 16
+
+    def __init__(self, n: int, addr_bits: int = 16):
+        self.n, self.addr_bits = n, addr_bits
+        super().__init__({
+            "fetch": In(stream.Signature(OperandFetch(addr_bits))),
+            "beats": Out(stream.Signature(OperandBeat(n))),
+            "req": Out(stream.Signature(Request(addr_bits, 8 * n))),
+            "resp": In(stream.Signature(Response(8 * n))),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, log_n = self.n, ceil_log2(self.n)
+        word_bits = 8 * n
+
+        # --- issue side: addresses (or zero words) in order ------------------------
+        # Per word a tag says whether a response will come (1) or the word is zero (0).
+        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=1, depth=self.IN_FLIGHT)
+        # Per fetch, for the consume side: k and the layout.
+        desc_layout = data.StructLayout({"k": unsigned(DIM_BITS), "rows": 1})
+        m.submodules.descs = descs = fifo.SyncFIFOBuffered(width=desc_layout.size, depth=4)
+
+        f = Signal(OperandFetch(self.addr_bits))
+        addr = Signal(self.addr_bits + DIM_BITS + 1)  # next word (wide: bounds were checked)
+        chunk_base = Signal.like(addr)
+        row = Signal(DIM_BITS + log_n + 1)  # rows layout: the row the next word belongs to
+        lane = Signal(range(n))  # rows layout: i within the chunk
+        remaining = Signal(DIM_BITS + 1)  # words (normal) or chunks (rows) left to issue
+        issuing = Signal()
+
+        m.d.comb += [
+            self.fetch.ready.eq(~issuing & descs.w_rdy),
+            descs.w_en.eq(self.fetch.valid & self.fetch.ready),
+            descs.w_data.eq(Cat(self.fetch.payload.k, self.fetch.payload.rows)),
+        ]
+        with m.If(self.fetch.valid & self.fetch.ready):
+            p = self.fetch.payload
+            m.d.sync += [
+                f.eq(p),
+                issuing.eq(1),
+                # Normal: start at base + block * k (registered product, one cycle early).
+                addr.eq(Mux(p.rows, p.base + (p.block << log_n), p.base + p.block * p.k)),
+                chunk_base.eq(p.base + (p.block << log_n)),
+                row.eq(p.block << log_n),
+                lane.eq(0),
+                remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
+            ]
+
+        zero_word = f.rows & (row >= f.extent)
+        m.d.comb += [
+            self.req.payload.addr.eq(addr),
+            self.req.payload.write.eq(0),
+            self.req.valid.eq(issuing & ~zero_word & tags.w_rdy),
+            tags.w_data.eq(~zero_word),
+        ]
+        step = Signal()
+        m.d.comb += step.eq(issuing & tags.w_rdy & (zero_word | self.req.ready))
+        m.d.comb += tags.w_en.eq(step)
+        with m.If(step):
+            with m.If(~f.rows):
+                m.d.sync += addr.eq(addr + 1)
+                m.d.sync += remaining.eq(remaining - 1)
+                with m.If(remaining == 1):
+                    m.d.sync += issuing.eq(0)
+            with m.Elif(lane == n - 1):  # next chunk: rows block*N.. of chunk + 1
+                m.d.sync += [lane.eq(0), row.eq(f.block << log_n),
+                             chunk_base.eq(chunk_base + f.extent),
+                             addr.eq(chunk_base + f.extent),
+                             remaining.eq(remaining - 1)]
+                with m.If(remaining == 1):
+                    m.d.sync += issuing.eq(0)
+            with m.Else():
+                m.d.sync += [lane.eq(lane + 1), row.eq(row + 1), addr.eq(addr + 1)]
+
+        # --- consume side ----------------------------------------------------------
+        desc = Signal(desc_layout)
+        m.d.comb += desc.eq(descs.r_data)
+        have_word = tags.r_rdy & (~tags.r_data | self.resp.valid)
+        word = Mux(tags.r_data, self.resp.payload.data, 0)
+        pop_word = Signal()
+        m.d.comb += [tags.r_en.eq(pop_word), self.resp.ready.eq(pop_word & tags.r_data)]
+        with m.If(self.resp.valid & self.resp.ready & self.resp.payload.status.as_value().any()):
+            m.d.sync += self.error.eq(1)
+
+        # Transpose buffers: two chunks of N words; a chunk drains one byte per word per
+        # beat (shifting right), `count` beats, the last one `final` when it ends a fetch.
+        bufs = [[Signal(word_bits, name=f"t{b}_row{i}") for i in range(n)] for b in range(2)]
+        full = Signal(2)
+        count = [Signal(range(n + 1), name=f"t{b}_count") for b in range(2)]
+        final = Signal(2)
+        fill_sel, drain_sel = Signal(), Signal()
+        fill_row = Signal(range(n))
+        words_left = Signal(DIM_BITS + 1)  # this fetch: words (normal) or values (rows)
+        consuming = Signal()  # a descriptor is being consumed
+        latched = Signal(desc_layout)  # the descriptor being consumed
+
+        with m.If(~consuming & descs.r_rdy):
+            m.d.comb += descs.r_en.eq(1)
+            m.d.sync += [consuming.eq(1), latched.eq(desc), words_left.eq(desc.k),
+                         fill_row.eq(0)]
+
+
+        drain_beat = Signal(OperandBeat(n))
+        drain_valid = Signal()
+        sel_rows = [Mux(drain_sel, bufs[1][i], bufs[0][i]) for i in range(n)]
+        sel_count = Mux(drain_sel, count[1], count[0])
+        sel_final = Mux(drain_sel, final[1], final[0])
+        m.d.comb += [
+            drain_valid.eq(full.bit_select(drain_sel, 1)),
+            drain_beat.last.eq(sel_final & (sel_count == 1)),
+        ]
+        for i in range(n):
+            m.d.comb += drain_beat.data[i].eq(sel_rows[i][:8])
+
+        # Block layout: each word is a beat, passed straight through once no transposed
+        # chunk is waiting to drain (so the order of fetches is kept).
+        passthrough = consuming & ~latched.rows & ~full.any()
+        with m.If(passthrough):
+            m.d.comb += [
+                self.beats.valid.eq(have_word),
+                self.beats.payload.data.eq(word),
+                self.beats.payload.last.eq(words_left == 1),
+                pop_word.eq(have_word & self.beats.ready),
+            ]
+            with m.If(have_word & self.beats.ready):
+                m.d.sync += words_left.eq(words_left - 1)
+                with m.If(words_left == 1):
+                    m.d.sync += consuming.eq(0)
+        with m.Else():
+            m.d.comb += [self.beats.valid.eq(drain_valid), self.beats.payload.eq(drain_beat)]
+
+        # Drain: one beat per cycle from the selected full buffer.
+        with m.If(drain_valid & self.beats.ready & ~passthrough):
+            for b in range(2):
+                with m.If(drain_sel == b):
+                    for i in range(n):
+                        m.d.sync += bufs[b][i].eq(bufs[b][i] >> 8)
+                    m.d.sync += count[b].eq(count[b] - 1)
+                    with m.If(count[b] == 1):
+                        m.d.sync += [full[b].eq(0), drain_sel.eq(~drain_sel)]
+
+        # Fill: rows layout, N words (rows) per chunk into the free buffer.
+        rows_mode = consuming & latched.rows
+        free = ~full.bit_select(fill_sel, 1)
+        with m.If(rows_mode & free & have_word):
+            m.d.comb += pop_word.eq(1)
+            for b in range(2):
+                with m.If(fill_sel == b):
+                    for i in range(n):
+                        with m.If(fill_row == i):
+                            m.d.sync += bufs[b][i].eq(word)
+            m.d.sync += fill_row.eq(fill_row + 1)
+            with m.If(fill_row == n - 1):
+                last_chunk = words_left <= n
+                for b in range(2):
+                    with m.If(fill_sel == b):
+                        m.d.sync += [full[b].eq(1),
+                                     count[b].eq(Mux(last_chunk, words_left, n)),
+                                     final[b].eq(last_chunk)]
+                m.d.sync += [fill_sel.eq(~fill_sel), fill_row.eq(0),
+                             words_left.eq(Mux(last_chunk, 0, words_left - n))]
+                with m.If(last_chunk):
+                    m.d.sync += consuming.eq(0)
+        return m
+
+
+
+class GemmEngine(wiring.Component):
+    """Runs GEMM instructions: A and B fetched on two scratchpad ports, the tensor core
+    multiplies tile after tile, and each result row is written (or accumulated, shifted)
+    into the accumulator memory.
+
+    Output tiles are computed in row-tile-major order, k beats each; their rows land in
+    consecutive entries from ``c`` (the C-tile layout of :class:`rtl.isa.GemmArgs`), so
+    the writeback only counts. A command is taken while the previous one is still
+    writing back (the feeder moves on at once), so GEMMs follow each other without a
+    bubble in the tensor core. Each finished GEMM is reported on ``done`` (its
+    ``signal``) after its last row is written.
+
+    Accumulating GEMMs read the old entry first: two cycles per row (a read, then the
+    write), the next row's read only after the previous row's write, so a row never
+    reads an entry that is still being written.
+
+    Ports
+    -----
+    cmd : stream in of :class:`GemmArgs` (checked by the sequencer)
+    done : stream out of :data:`rtl.isa.SIGNAL`
+    a_req/a_resp, b_req/b_resp : scratchpad ports (reads only)
+    acc_addr, acc_data : an accumulator read port (data the cycle after the address)
+    acc_w : stream out of :class:`rtl.accumulator.AccWrite`
+    busy : out, a GEMM is in the engine (for utilisation counters)
+    error : out, sticky: a scratchpad error status or a tensor-core operand mismatch
+    """
+
+    def __init__(self, n: int = 8, acc_depth: int = 256, addr_bits: int = 16):
+        if n not in (2, 4, 8, 16, 32):
+            raise ValueError(f"GEMM engine size must be a power of two from 2 to 32, not {n}")
+        if not 2 <= acc_depth <= 1 << ACC_ADDR_BITS or acc_depth & (acc_depth - 1):
+            raise ValueError(f"acc_depth must be a power of two, 2..{1 << ACC_ADDR_BITS}, "
+                             f"not {acc_depth}")
+        self.n, self.acc_depth, self.addr_bits = n, acc_depth, addr_bits
+        super().__init__({
+            "cmd": In(stream.Signature(GemmArgs())),
+            "done": Out(stream.Signature(SIGNAL)),
+            "a_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
+            "a_resp": In(stream.Signature(Response(8 * n))),
+            "b_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
+            "b_resp": In(stream.Signature(Response(8 * n))),
+            "acc_addr": Out(range(acc_depth)),
+            "acc_data": In(Entry(n)),
+            "acc_w": Out(stream.Signature(AccWrite(n, acc_depth))),
+            "busy": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, log_n = self.n, ceil_log2(self.n)
+        m.submodules.core = core = TensorCore(n)
+        m.submodules.fetch_a = fetch_a = OperandStreamer(n, self.addr_bits)
+        m.submodules.fetch_b = fetch_b = OperandStreamer(n, self.addr_bits)
+        wiring.connect(m, fetch_a.beats, core.a)
+        wiring.connect(m, fetch_b.beats, core.b)
+        for streamer, req, resp in ((fetch_a, self.a_req, self.a_resp),
+                                    (fetch_b, self.b_req, self.b_resp)):
+            wiring.connect(m, streamer.req, wiring.flipped(req))
+            wiring.connect(m, wiring.flipped(resp), streamer.resp)
+
+        # --- writeback queue: what the result rows of each GEMM become -------------
+        wb_layout = data.StructLayout({
+            "c": unsigned(ACC_ADDR_BITS), "rows": unsigned(2 * DIM_BITS + 1),
+            "accumulate": 1, "acc_shift": unsigned(4), "signal": SIGNAL,
+        })
+        m.submodules.wbq = wbq = fifo.SyncFIFOBuffered(width=wb_layout.size, depth=2)
+
+        # --- feeder: one A fetch and one B fetch per output tile ---------------------
+        cmd = Signal(GemmArgs())
+        row_tiles, col_tiles = Signal(DIM_BITS), Signal(DIM_BITS)
+        ti, tj = Signal(DIM_BITS), Signal(DIM_BITS)
+        a_sent, b_sent = Signal(), Signal()
+        feeding = Signal()
+        setup = Signal()  # the cycle after taking a command: tile counts are registered
+
+        def blocks(size):
+            return (size + (n - 1)) >> log_n
+
+        m.d.comb += self.cmd.ready.eq(~feeding & ~setup & wbq.w_rdy)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            p = self.cmd.payload
+            m.d.sync += [cmd.eq(p), setup.eq(1), ti.eq(0), tj.eq(0),
+                         row_tiles.eq(blocks(p.m)), col_tiles.eq(blocks(p.p))]
+        wb_entry = Signal(wb_layout)
+        m.d.comb += [
+            wb_entry.c.eq(cmd.c),
+            wb_entry.rows.eq((row_tiles * col_tiles) << log_n),
+            wb_entry.accumulate.eq(cmd.accumulate),
+            wb_entry.acc_shift.eq(cmd.acc_shift),
+            wb_entry.signal.eq(cmd.signal),
+            wbq.w_data.eq(wb_entry),
+            wbq.w_en.eq(setup),
+        ]
+        with m.If(setup):
+            m.d.sync += [setup.eq(0), feeding.eq(1), a_sent.eq(0), b_sent.eq(0)]
+
+        for streamer, sent, layout in ((fetch_a, a_sent, "a"), (fetch_b, b_sent, "b")):
+            f = streamer.fetch.payload
+            if layout == "a":
+                m.d.comb += [f.base.eq(cmd.a), f.block.eq(ti), f.extent.eq(cmd.m),
+                             f.rows.eq(cmd.a_rows)]
+            else:
+                m.d.comb += [f.base.eq(cmd.b), f.block.eq(tj), f.extent.eq(cmd.p),
+                             f.rows.eq(cmd.b_rows)]
+            m.d.comb += [f.k.eq(cmd.k), streamer.fetch.valid.eq(feeding & ~sent)]
+        a_now = fetch_a.fetch.valid & fetch_a.fetch.ready
+        b_now = fetch_b.fetch.valid & fetch_b.fetch.ready
+        with m.If(feeding & (a_sent | a_now) & (b_sent | b_now)):  # this tile is fetched
+            m.d.sync += [a_sent.eq(0), b_sent.eq(0)]
+            with m.If(tj == col_tiles - 1):
+                m.d.sync += tj.eq(0)
+                with m.If(ti == row_tiles - 1):
+                    m.d.sync += feeding.eq(0)
+                with m.Else():
+                    m.d.sync += ti.eq(ti + 1)
+            with m.Else():
+                m.d.sync += tj.eq(tj + 1)
+        with m.Else():
+            with m.If(a_now):
+                m.d.sync += a_sent.eq(1)
+            with m.If(b_now):
+                m.d.sync += b_sent.eq(1)
+
+        # --- writeback: rows into consecutive entries ------------------------------
+        wb = Signal(wb_layout)
+        m.d.comb += wb.eq(wbq.r_data)
+        row_count = Signal(2 * DIM_BITS + 1)
+        addr = Signal(range(self.acc_depth))
+        m.d.comb += addr.eq(wb.c + row_count)
+        primed = Signal()  # accumulate: acc_data holds entry `addr` (read last cycle)
+        done_valid = Signal()
+        m.d.comb += [self.acc_addr.eq(addr), self.done.valid.eq(done_valid)]
+        with m.If(self.done.ready):
+            m.d.sync += done_valid.eq(0)
+
+        result = core.c.payload
+        extended = Signal(Entry(n))
+        for i in range(n):
+            old = self.acc_data[i]
+            m.d.comb += extended[i].eq(Mux(wb.accumulate, (old << wb.acc_shift) + result.data[i],
+                                           result.data[i]))
+        can_write = wbq.r_rdy & core.c.valid & (~done_valid | self.done.ready)
+        m.d.comb += [
+            self.acc_w.payload.addr.eq(addr),
+            self.acc_w.payload.data.eq(extended),
+            self.acc_w.payload.lanes.eq((1 << n) - 1),
+            self.acc_w.valid.eq(can_write & (~wb.accumulate | primed)),
+            core.c.ready.eq(self.acc_w.valid & self.acc_w.ready),
+        ]
+        with m.If(wbq.r_rdy & core.c.valid & wb.accumulate & ~primed):
+            m.d.sync += primed.eq(1)
+        with m.If(core.c.ready):
+            m.d.sync += [primed.eq(0), row_count.eq(row_count + 1)]
+            with m.If(row_count == wb.rows - 1):
+                m.d.comb += wbq.r_en.eq(1)
+                m.d.sync += [row_count.eq(0), done_valid.eq(1),
+                             self.done.payload.eq(wb.signal)]
+
+        m.d.comb += self.busy.eq(feeding | setup | wbq.r_rdy)
+        with m.If(core.error | fetch_a.error | fetch_b.error):
+            m.d.sync += self.error.eq(1)
+        return m

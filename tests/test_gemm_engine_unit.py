@@ -1,0 +1,213 @@
+"""The GEMM engine in the Amaranth simulator: a modelled scratchpad (random latency and
+ready), the real accumulator memory, every operand layout and the accumulate mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+
+from golden.gemm import wrap
+from rtl.accumulator import AccumulatorMemory
+from rtl.gemm_engine import GemmEngine
+
+LANE = 48
+
+
+class Bench(wiring.Component):
+    """The engine wired to an accumulator memory with a probe read port."""
+
+    def __init__(self, n, depth):
+        self.engine = GemmEngine(n, acc_depth=depth)
+        self.acc = AccumulatorMemory(n, depth, read_ports=("gemm", "probe"), writers=("gemm",))
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.engine, m.submodules.acc = e, acc = self.engine, self.acc
+        wiring.connect(m, e.acc_w, acc.gemm)
+        m.d.comb += [acc.gemm_addr.eq(e.acc_addr), e.acc_data.eq(acc.gemm_data)]
+        return m
+
+
+def place(a: np.ndarray, rows_layout: bool, n: int) -> list[np.ndarray]:
+    """Words (n int8 each) of operand ``a`` (extent x k) in the block or row layout."""
+    extent, k = a.shape
+    words = []
+    if rows_layout:  # word c*extent + i = a[i, c*n : c*n + n]
+        for c in range(-(-k // n)):
+            for i in range(extent):
+                w = np.zeros(n, np.int8)
+                chunk = a[i, c * n:(c + 1) * n]
+                w[:chunk.size] = chunk
+                words.append(w)
+    else:  # block t, word kk = a[t*n : t*n + n, kk] (padding rows random)
+        for t in range(-(-extent // n)):
+            for kk in range(k):
+                col = a[t * n:(t + 1) * n, kk]
+                w = np.zeros(n, np.int8)
+                w[:col.size] = col
+                words.append(w)
+    return words
+
+
+def to_int(word: np.ndarray) -> int:
+    return int.from_bytes(word.astype(np.int8).tobytes(), "little")
+
+
+def reference(a, b, n, c_old=None, shift=0):
+    """C tiles (row-tile-major, n rows each) as an (entries, n) array."""
+    m, p = a.shape[0], b.shape[1]
+    rt, ct = -(-m // n), -(-p // n)
+    prod = wrap(a.astype(np.int64) @ b.astype(np.int64), 32)
+    full = np.zeros((rt * n, ct * n), np.int64)
+    full[:m, :p] = prod
+    tiles = np.concatenate([full[i * n:(i + 1) * n, j * n:(j + 1) * n]
+                            for i in range(rt) for j in range(ct)])
+    if c_old is not None:
+        tiles = wrap((c_old << shift) + tiles, LANE)
+    return tiles
+
+
+def run(n, gemms, *, seed=0, depth=128, stall=0.3):
+    """Run ``gemms`` (dicts of GemmArgs fields + operand arrays) back to back; return
+    the accumulator contents, done signals and the error flag."""
+    rng = np.random.default_rng(seed)
+    bench = Bench(n, depth)
+    engine = bench.engine
+    spad: dict[int, int] = {}
+    commands = []
+    for g in gemms:
+        a_words = place(g["A"], g.get("a_rows", 0), n)
+        b_words = place(g["B"].T, g.get("b_rows", 0), n)
+        for base, words in ((g["a"], a_words), (g["b"], b_words)):
+            for i, w in enumerate(words):
+                spad[base + i] = to_int(w)
+        fields = {k: v for k, v in g.items() if k not in ("A", "B")}
+        fields.update(m=g["A"].shape[0], k=g["A"].shape[1], p=g["B"].shape[1])
+        commands.append(fields)
+    dones, result = [], {}
+    sim = Simulator(bench)
+    sim.add_clock(1e-8)
+
+    async def commander(ctx):
+        for fields in commands:
+            for name, value in fields.items():
+                if name == "signal":
+                    ctx.set(engine.cmd.payload.signal.enable, value["enable"])
+                    ctx.set(engine.cmd.payload.signal.semaphore, value["semaphore"])
+                else:
+                    ctx.set(getattr(engine.cmd.payload, name), value)
+            ctx.set(engine.cmd.valid, 1)
+            await ctx.tick().until(engine.cmd.ready)
+            ctx.set(engine.cmd.valid, 0)
+            for name in ("a_rows", "b_rows", "accumulate", "acc_shift"):
+                ctx.set(getattr(engine.cmd.payload, name), 0)
+
+    def scratchpad(req, resp):
+        async def port(ctx):
+            pending = []  # (due cycle, data)
+            cycle = 0
+            while True:
+                ready = rng.random() >= stall and len(pending) < 6
+                ctx.set(req.ready, ready)
+                head = pending and pending[0][0] <= cycle
+                ctx.set(resp.valid, bool(head))
+                if head:
+                    ctx.set(resp.payload.data, pending[0][1])
+                ctx.set(resp.payload.status, {})
+                _, _, valid, addr, resp_ready = await ctx.tick().sample(
+                    req.valid, req.payload.addr, resp.ready)
+                if head and resp_ready:
+                    pending.pop(0)
+                if ready and valid:
+                    assert addr in spad, f"read of unwritten word {addr}"
+                    pending.append((cycle + 5 + int(rng.integers(3)), spad[addr]))
+                cycle += 1
+        return port
+
+    async def watcher(ctx):
+        ctx.set(engine.done.ready, 1)
+        for _ in range(20000):  # watchdog: a hung engine fails the assertion below
+            if len(dones) == len(commands):
+                break
+            _, _, valid, enable, sem = await ctx.tick().sample(
+                engine.done.valid, engine.done.payload.enable, engine.done.payload.semaphore)
+            if valid:
+                dones.append((enable, sem))
+        await ctx.tick().repeat(3)
+        for entry in range(depth):
+            ctx.set(bench.acc.probe_addr, entry)
+            await ctx.tick()
+            result[entry] = [int(x) for x in ctx.get(bench.acc.probe_data)]
+        result["error"] = ctx.get(engine.error)
+
+    sim.add_testbench(commander)
+    sim.add_process(scratchpad(engine.a_req, engine.a_resp))
+    sim.add_process(scratchpad(engine.b_req, engine.b_resp))
+    sim.add_testbench(watcher)
+    sim.run()
+    assert len(dones) == len(commands), "not every GEMM finished"
+    acc = np.array([result[e] for e in range(depth)], np.int64)
+    return acc, dones, result["error"]
+
+
+def operands(rng, m, k, p):
+    return (rng.integers(-128, 128, (m, k), dtype=np.int64).astype(np.int8),
+            rng.integers(-128, 128, (k, p), dtype=np.int64).astype(np.int8))
+
+
+@pytest.mark.parametrize("a_rows", [0, 1])
+@pytest.mark.parametrize("b_rows", [0, 1])
+def test_layouts(a_rows, b_rows):
+    n = 4
+    rng = np.random.default_rng(a_rows * 2 + b_rows)
+    shapes = [(5, 6, 7), (4, 4, 4), (1, 3, 2), (9, 9, 5)]
+    gemms, c = [], 0
+    for m, k, p in shapes:
+        a, b = operands(rng, m, k, p)
+        gemms.append({"A": a, "B": b, "a": 0 + 100 * len(gemms), "b": 1000 + 100 * len(gemms),
+                      "c": c, "a_rows": a_rows, "b_rows": b_rows,
+                      "signal": {"enable": 1, "semaphore": len(gemms)}})
+        c += -(-m // n) * -(-p // n) * n
+    acc, dones, error = run(n, gemms, seed=a_rows + 2 * b_rows)
+    assert dones == [(1, i) for i in range(len(gemms))]
+    assert error == 0
+    c = 0
+    for g in gemms:
+        want = reference(g["A"], g["B"], n)
+        got = acc[c:c + len(want)]
+        m, p = g["A"].shape[0], g["B"].shape[1]
+        for t in range(len(want) // n):  # rows beyond m are padding (block layout)
+            rows = [r for r in range(n) if (t // -(-p // n)) * n + r < m]
+            np.testing.assert_array_equal(got[t * n:(t + 1) * n][rows],
+                                          want[t * n:(t + 1) * n][rows])
+        if g["a_rows"]:  # zero-filled rows give zero results
+            np.testing.assert_array_equal(got, want)
+        c += len(want)
+
+
+def test_accumulate_with_shift_combines_limbs():
+    n = 4
+    rng = np.random.default_rng(7)
+    p_full = rng.integers(0, 1 << 14, (3, 8))
+    hi, lo = (p_full >> 7).astype(np.int8), (p_full & 127).astype(np.int8)
+    v = rng.integers(-128, 128, (8, 6), dtype=np.int64).astype(np.int8)
+    gemms = [
+        {"A": hi, "B": v, "a": 0, "b": 200, "c": 16, "a_rows": 1},
+        {"A": lo, "B": v, "a": 100, "b": 200, "c": 16, "a_rows": 1, "accumulate": 1,
+         "acc_shift": 7, "signal": {"enable": 1, "semaphore": 3}},
+    ]
+    acc, dones, _ = run(n, gemms, seed=3)
+    want = reference(p_full, v.astype(np.int64), n)
+    np.testing.assert_array_equal(acc[16:16 + len(want)], want)
+    assert dones == [(0, 0), (1, 3)]
+
+
+def test_impossible_parameters_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        GemmEngine(6)
+    with pytest.raises(ValueError, match="acc_depth"):
+        GemmEngine(8, acc_depth=100)
