@@ -1,0 +1,658 @@
+"""Attention on one tile: prefill and decode programs for one layer, bit-exact with golden.
+
+The builders turn one attention layer (:class:`AttentionLayer`, usually from a golden
+``Workload``) and its int8 tensors into a :class:`compiler.program.TileProgram` whose
+output equals ``golden.attention.attention_prefill(..., block_keys=page_size)`` or
+``attention_decode`` bit for bit. docs/compiler.md has the memory map, the op sequence
+per key block and the semaphore protocol; in short:
+
+- The query rows are cut into **chunks** of at most ``min(slots, 64)`` rows that share a
+  KV head: a decode chunk is a group's query heads at one position; a prefill chunk is
+  consecutive tokens of one query head (``causal = 1`` bounds) or, where the VEC bounds
+  cannot express that layout's masks (a sliding window with pages not a multiple of N
+  keys), a group's heads at one token.
+- Each chunk streams its key blocks (one KV page = ``page_size`` keys, golden's
+  ``block_keys``) through the FlashAttention-2 step: scores GEMM, LOGIT (running max),
+  EXP (alpha), EXP (P, two 7-bit limbs into the scratchpad), two P·V GEMMs (limbs,
+  accumulate with shift 7), RESCALE of the accumulator and the denominator. Blocks no
+  row can see are skipped. After the last block: RECIP, DIV, REQUANT to int8 words.
+- Steps are software-pipelined over two buffers (scores, P, P·V): the scores GEMM of
+  step i + 1 and the P·V GEMM of step i - 1 run while the vector unit works on step i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.config import TileConfig
+from compiler.kv import KvLayout, PageAllocator, pack_word
+from compiler.program import Op, TileProgram, encode_ops, summarise
+from golden.attention import _multipliers
+from golden.exp import NEG_INF, quantize_log2_logit
+from golden.numerics import NUMERICS
+from golden.vector_model import VectorOpcode as VOP
+from rtl.isa import BOUND_BITS, COUNT_FIELD_BITS, Opcode, VecDst, VecPack
+
+__all__ = [
+    "AttentionLayer", "build_decode", "build_prefill", "decode_from_workload",
+    "prefill_from_workload",
+]
+
+#: Semaphores: scores GEMM done, P written (VEC), P·V GEMM done. Each is signalled by one
+#: engine only, so the k-th WAIT on it means that engine's k-th signalling op finished.
+SEM_SCORES, SEM_P, SEM_PV = 0, 1, 2
+#: Largest rows/beats of a VEC (``rtl.isa.COUNT_FIELD_BITS``; the docs say 1..64).
+MAX_COUNT = min(64, (1 << COUNT_FIELD_BITS) - 1)
+#: Largest m, k, p of a GEMM (12-bit fields).
+MAX_GEMM_DIM = (1 << 12) - 1
+#: Signed range of a VEC key bound.
+BOUND_MIN, BOUND_MAX = -(1 << (BOUND_BITS - 1)), (1 << (BOUND_BITS - 1)) - 1
+#: Bits per P limb and the shift that joins them (``PV = (hi·V << 7) + lo·V``).
+LIMB_BITS = NUMERICS.operand_bits - 1
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One attention layer as the tile sees it: shapes, mask, sinks, and the integer
+    multipliers of golden (``_multipliers``): scores -> log2 logits ``(logit_mult,
+    logit_shift)``, normalised output -> int8 ``(out_mult, out_shift)``. ``sinks``: one
+    log2-domain sink logit per query head (``quantize_log2_logit``), or None."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    page_size: int
+    window: int | None
+    sinks: tuple[int, ...] | None
+    logit_mult: int
+    logit_shift: int
+    out_mult: int
+    out_shift: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "kv_heads", "head_dim", "v_head_dim", "page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AttentionLayer: {name} must be >= 1, not "
+                                 f"{getattr(self, name)}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"AttentionLayer: {self.heads} query heads are not a multiple "
+                             f"of {self.kv_heads} KV heads")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"AttentionLayer: sliding window must be >= 1, not {self.window}")
+        if self.sinks is not None and len(self.sinks) != self.heads:
+            raise ValueError(f"AttentionLayer: {len(self.sinks)} sinks for {self.heads} heads")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    @classmethod
+    def from_workload(cls, workload, layer: int, phase: str) -> AttentionLayer:
+        """Layer ``layer`` of a golden ``Workload``; ``phase`` "prefill" or "decode"
+        picks the calibrated output scale."""
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"phase must be 'prefill' or 'decode', not {phase!r}")
+        cfg = workload.config
+        if not 0 <= layer < len(cfg.windows):
+            raise ValueError(f"workload {cfg.name} has attention layers 0..{len(cfg.windows) - 1}")
+        (lm, ls), (om, osh) = _multipliers(workload.attention_scales(layer, phase),
+                                           cfg.head_dim, NUMERICS)
+        sinks = workload.sinks(layer)
+        sinks = None if sinks is None else tuple(int(x) for x in quantize_log2_logit(sinks))
+        return cls(cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.page_size,
+                   cfg.windows[layer], sinks, lm, ls, om, osh)
+
+
+# --- planning: chunks of query rows and their key blocks -----------------------------------
+
+class _Inexpressible(Exception):
+    """A block's key masks cannot be written as VEC bounds."""
+
+
+@dataclass
+class _Chunk:
+    kv_head: int
+    q: np.ndarray  # (rows, head_dim) int8
+    positions: np.ndarray  # (rows,) query token index of each row
+    targets: list[tuple[int, int]]  # (token, head) of each row's output
+    sinks: tuple[int, ...] | None  # per row, log2 domain
+    steps: list[_Step] = field(default_factory=list)
+    q_addr: int = 0
+    out_addr: int = 0
+    sink_entry: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.targets)
+
+
+@dataclass
+class _Step:
+    block: int
+    lo: int
+    hi: int
+    causal: int
+
+
+def _visible_intervals(positions: np.ndarray, block: int, ps: int, window: int | None):
+    """Per row, the visible keys of the block as [start, end) relative to the block."""
+    kb = block * ps
+    end = np.clip(positions + 1 - kb, 0, ps)
+    start = np.zeros_like(end) if window is None else np.clip(positions - window + 1 - kb, 0, ps)
+    empty = end <= start
+    return np.where(empty, 0, start), np.where(empty, 0, end)
+
+
+def _mask(lo: int, hi: int, causal: int, rows: int, lanes: int) -> np.ndarray:
+    """The lanes a VEC enables: lo + r·causal <= x < hi + r·causal (rtl.isa.VecArgs)."""
+    r = np.arange(rows)[:, None] * causal
+    x = np.arange(lanes)[None, :]
+    return (lo + r <= x) & (x < hi + r)
+
+
+def _solve_bounds(start: np.ndarray, end: np.ndarray, lanes: int) -> tuple[int, int, int]:
+    """(lo, hi, causal) whose lane masks are exactly rows' [start, end); _Inexpressible if
+    none is (lanes past the page must stay off, which a causal step cannot always do)."""
+    rows = len(start)
+    x = np.arange(lanes)[None, :]
+    want = (x >= start[:, None]) & (x < end[:, None])
+    candidates = []
+    if (start == start[0]).all() and (end == end[0]).all():
+        candidates.append((int(start[0]), int(end[0]), 0))
+    r = np.arange(rows)
+    los = sorted({int(x) for x in start - r} | {-rows})
+    his = sorted({int(x) for x in end - r} | {lanes})
+    candidates += [(lo, hi, 1) for lo in los for hi in his]
+    for lo, hi, causal in candidates:
+        if BOUND_MIN <= lo <= BOUND_MAX and BOUND_MIN <= hi <= BOUND_MAX and \
+                (_mask(lo, hi, causal, rows, lanes) == want).all():
+            return lo, hi, causal
+    raise _Inexpressible
+
+
+def _plan_steps(chunk: _Chunk, layer: AttentionLayer, n: int) -> None:
+    """The key blocks a chunk must stream (blocks no row sees are skipped), with bounds."""
+    ps, w = layer.page_size, layer.window
+    lanes = -(-ps // n) * n
+    first = 0 if w is None else max(0, int(chunk.positions.min()) - w + 1) // ps
+    for block in range(first, int(chunk.positions.max()) // ps + 1):
+        start, end = _visible_intervals(chunk.positions, block, ps, w)
+        if (end > start).any():
+            chunk.steps.append(_Step(block, *_solve_bounds(start, end, lanes)))
+
+
+def _row_sinks(layer: AttentionLayer, heads) -> tuple[int, ...] | None:
+    return None if layer.sinks is None else tuple(layer.sinks[h] for h in heads)
+
+
+def _decode_chunks(layer: AttentionLayer, q: np.ndarray, context: int, rmax: int):
+    chunks = []
+    for kvh in range(layer.kv_heads):
+        for g0 in range(0, layer.group, rmax):
+            heads = range(kvh * layer.group + g0, kvh * layer.group + min(layer.group, g0 + rmax))
+            chunks.append(_Chunk(kvh, q[list(heads)], np.full(len(heads), context - 1),
+                                 [(0, h) for h in heads], _row_sinks(layer, heads)))
+    return chunks
+
+
+def _prefill_token_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, n: int):
+    """Consecutive tokens of one head per chunk. With pages not a multiple of N keys a
+    chunk stays inside one page's tokens (so its diagonal block needs no lane past the
+    page)."""
+    tokens, ps = q.shape[0], layer.page_size
+    if ps % n == 0:
+        ranges = [(t, min(t + rmax, tokens)) for t in range(0, tokens, rmax)]
+    else:
+        ranges = [(t, min(t + rmax, b + ps, tokens))
+                  for b in range(0, tokens, ps) for t in range(b, min(b + ps, tokens), rmax)]
+    chunks = []
+    for t0, t1 in ranges:
+        for h in range(layer.heads):
+            sinks = None if layer.sinks is None else (layer.sinks[h],) * (t1 - t0)
+            chunks.append(_Chunk(h // layer.group, q[t0:t1, h], np.arange(t0, t1),
+                                 [(t, h) for t in range(t0, t1)], sinks))
+    return chunks
+
+
+def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int):
+    """A group's query heads at one token per chunk (every row has the same mask)."""
+    chunks = []
+    for t in range(q.shape[0]):
+        for kvh in range(layer.kv_heads):
+            for g0 in range(0, layer.group, rmax):
+                heads = list(range(kvh * layer.group + g0,
+                                   kvh * layer.group + min(layer.group, g0 + rmax)))
+                chunks.append(_Chunk(kvh, q[t, heads], np.full(len(heads), t),
+                                     [(t, h) for h in heads], _row_sinks(layer, heads)))
+    return chunks
+
+
+# --- memory map ------------------------------------------------------------------------------
+
+class _SpadAllocator:
+    """First-fit word regions of the scratchpad outside the KV region."""
+
+    def __init__(self, config: TileConfig):
+        self.free = [(0, config.kv_start), (config.kv_end, config.spad_words)]
+        self.used = 0
+        self.config = config
+
+    def take(self, words: int, what: str) -> int:
+        for i, (lo, hi) in enumerate(self.free):
+            if hi - lo >= words:
+                self.free[i] = (lo + words, hi)
+                self.used += words
+                return lo
+        room = sum(hi - lo for lo, hi in self.free)
+        raise ValueError(f"scratchpad full: {what} needs {words} words; "
+                         f"{self.used} words already taken, {room} left outside the KV "
+                         f"region ({self.config.kv_words} words at {self.config.kv_start})")
+
+
+@dataclass
+class _Map:
+    """Addresses of every buffer (scratchpad words and accumulator entries)."""
+
+    p_hi: tuple[int, int] = (0, 0)
+    p_lo: tuple[int, int] = (0, 0)
+    identity: int = 0
+    digits: list[int] = field(default_factory=list)
+    scores: tuple[int, int] = (0, 0)
+    pv: tuple[int, int] = (0, 0)
+    acc: int = 0
+    m: tuple[int, int] = (0, 0)
+    alpha: tuple[int, int] = (0, 0)
+    psum: tuple[int, int] = (0, 0)
+    l: int = 0  # noqa: E741 - the denominator's name in golden and the papers
+    sinks: int = 0
+    sink_rows: list[np.ndarray] = field(default_factory=list)
+    spad_words: int = 0
+    acc_entries: int = 0
+
+
+def _ceil(x: int, n: int) -> int:
+    return -(-x // n)
+
+
+def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
+    """Base-128 digits (top digit signed int8, the others 0..127) of every value of the
+    sink constant rows, top first: value = ((d0 << 7) + d1 << 7) + ..., as the GEMM's
+    accumulate with acc_shift 7 builds it."""
+    values = np.array(rows, np.int64)
+    digits = []
+    rest = values.copy()
+    while True:
+        digits.append(rest & 127)
+        rest = rest >> 7
+        if ((rest >= -128) & (rest <= 127)).all():
+            digits.append(rest)
+            break
+    return digits[::-1]
+
+
+def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk]) -> _Map:
+    n, rmax = config.n, max(c.rows for c in chunks)
+    nb, dq, dvc = _ceil(layer.page_size, n), _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
+    mp, spad = _Map(), _SpadAllocator(config)
+    for c in chunks:
+        c.q_addr = spad.take(dq * c.rows, "the queries")
+    for c in chunks:
+        c.out_addr = spad.take(dvc * c.rows, "the outputs")
+    mp.p_hi = (spad.take(nb * rmax, "P (high limb)"), spad.take(nb * rmax, "P (high limb)"))
+    mp.p_lo = (spad.take(nb * rmax, "P (low limb)"), spad.take(nb * rmax, "P (low limb)"))
+
+    entries = 0
+
+    def take(count: int, what: str) -> int:
+        nonlocal entries
+        base, entries = entries, entries + count
+        if entries > config.acc_depth:
+            raise ValueError(f"accumulator memory full: {what} needs {count} entries at "
+                             f"{base}; acc_depth is {config.acc_depth}")
+        return base
+
+    tile_rows, scalar = _ceil(rmax, n) * n, _ceil(rmax, n)
+    mp.scores = (take(tile_rows * nb, "scores"), take(tile_rows * nb, "scores"))
+    mp.pv = (take(tile_rows * dvc, "P·V"), take(tile_rows * dvc, "P·V"))
+    mp.acc = take(tile_rows * dvc, "the output accumulator")
+    mp.m = (take(scalar, "the running max"), take(scalar, "the running max"))
+    mp.alpha = (take(scalar, "alpha"), take(scalar, "alpha"))
+    mp.psum = (take(scalar, "sum P"), take(scalar, "sum P"))
+    mp.l = take(scalar, "the denominator")
+    if layer.sinks is not None:
+        # One scalar region per distinct row pattern of sink logits (the initial max).
+        seen: dict[tuple[int, ...], int] = {}
+        for c in chunks:
+            if c.sinks not in seen:
+                seen[c.sinks] = len(mp.sink_rows)
+                for e in range(_ceil(c.rows, n)):
+                    lane = np.zeros(n, np.int64)
+                    part = c.sinks[e * n:(e + 1) * n]
+                    lane[:len(part)] = part
+                    mp.sink_rows.append(lane)
+            c.sink_entry = seen[c.sinks]
+        count = len(mp.sink_rows)
+        if count > MAX_GEMM_DIM:
+            raise ValueError(f"{count} sink constant entries exceed a GEMM's 12-bit m")
+        mp.sinks = take(_ceil(count, n) * n, "the sink constants")
+        for c in chunks:
+            c.sink_entry += mp.sinks
+        mp.identity = spad.take(_ceil(count, n) * count, "the identity for the constants")
+        mp.digits = [spad.take(count, "the sink constant digits")
+                     for _ in _sink_digits(mp.sink_rows)]
+    mp.spad_words, mp.acc_entries = spad.used, entries
+    return mp
+
+
+# --- emission --------------------------------------------------------------------------------
+
+class _Emitter:
+    """Instructions in (Opcode, fields) form."""
+
+    def __init__(self):
+        self.ops: list[Op] = []
+
+    def gemm(self, signal: int | None = None, **fields) -> None:
+        if signal is not None:
+            fields["signal"] = {"enable": 1, "semaphore": signal}
+        self.ops.append((Opcode.GEMM, fields))
+
+    def vec(self, op: VOP, rows: int, beats: int, a: int, *, a_scalar: int = 0,
+            b: int | None = None, b_scalar: int | None = None, c: int | None = None,
+            imm: int | None = None, signal: int | None = None, **fields) -> None:
+        fields.update(op=int(op), rows=rows, beats=beats, a=a, a_scalar=a_scalar,
+                      b=a if b is None else b, b_scalar=a_scalar if b_scalar is None else b_scalar)
+        if imm is not None:
+            fields.update(c_imm=1, imm=imm)
+        elif c is not None:
+            fields["c"] = c
+        if signal is not None:
+            fields["signal"] = {"enable": 1, "semaphore": signal}
+        for key in ("dst_kind", "pack"):
+            if key in fields:
+                fields[key] = getattr(fields[key], "value", fields[key])
+        self.ops.append((Opcode.VEC, fields))
+
+    def wait(self, semaphore: int) -> None:
+        self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": 1}))
+
+    def halt(self) -> None:
+        self.ops.append((Opcode.HALT, {}))
+
+
+def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _Map,
+          page_base) -> list[Op]:
+    """The whole program; ``page_base(kv_head, which, logical)`` gives a page's address."""
+    n, ps = config.n, layer.page_size
+    nb, dvc = _ceil(ps, n), _ceil(layer.v_head_dim, n)
+    e = _Emitter()
+    p_max = NUMERICS.attn_p_max
+
+    # Constants: the sink logits (each chunk's initial running max) built in the
+    # accumulator by an identity GEMM per base-128 digit. Nothing waits for them
+    # explicitly: the GEMM engine runs in order, so the first scores GEMM's signal
+    # covers them.
+    if mp.sink_rows:
+        count = len(mp.sink_rows)
+        for i, base in enumerate(mp.digits):
+            e.gemm(a=mp.identity, b=base, c=mp.sinks, m=count, k=count, p=n, a_rows=1,
+                   b_rows=0, accumulate=int(i > 0), acc_shift=LIMB_BITS if i else 0)
+
+    steps = [(c, s, k == 0, k == len(c.steps) - 1)
+             for c in chunks for k, s in enumerate(c.steps)]
+    state = {"m": None}  # where the running max of the current chunk is
+
+    def scores_gemm(i: int) -> None:
+        c, s, _, _ = steps[i]
+        e.gemm(a=c.q_addr, b=page_base(c.kv_head, 0, s.block), c=mp.scores[i % 2], m=c.rows,
+               k=layer.head_dim, p=ps, a_rows=1, b_rows=1, signal=SEM_SCORES)
+
+    def softmax_ops(i: int) -> None:
+        c, s, first, _ = steps[i]
+        r, buf = c.rows, i % 2
+        bounds = {"lo": s.lo, "hi": s.hi, "causal": s.causal}
+        m_new = mp.m[buf]
+        # m_old: the sink logits (an entry) or -inf (an immediate) at a chunk's start.
+        m_old = (None if layer.sinks is None else c.sink_entry) if first else state["m"]
+        # 1. logits in place of the scores; the running max from m_old into m_new.
+        e.vec(VOP.LOGIT, r, nb, mp.scores[buf],
+              **({"imm": NEG_INF} if m_old is None else {"c": m_old}),
+              mult=layer.logit_mult, shift=layer.logit_shift, dst=mp.scores[buf],
+              dst_kind=VecDst.TILE, total=m_new, total_write=1, **bounds)
+        # 2. alpha = exp2(m_old - m_new) in Q1.15 (not needed when the state is empty:
+        #    the first RESCALE then ignores it).
+        if m_old is not None:
+            e.vec(VOP.EXP, r, 1, m_old, a_scalar=1, c=m_new, shift=NUMERICS.exp_table_frac_bits,
+                  dst=mp.alpha[buf], dst_kind=VecDst.SCALAR, lo=0, hi=1)
+        # 3. P = exp2(x - m_new) in Q0.14, saturated; its high then low 7-bit limb into
+        #    the scratchpad in the a_rows layout; sum P from the first pass.
+        for pack, dst in ((VecPack.LIMB_HI, mp.p_hi[buf]), (VecPack.LIMB_LO, mp.p_lo[buf])):
+            hi = pack == VecPack.LIMB_HI
+            e.vec(VOP.EXP, r, nb, mp.scores[buf], c=m_new, shift=NUMERICS.attn_p_bits, sat=1,
+                  dst=dst, dst_kind=VecDst.SPAD, pack=pack, total=mp.psum[buf],
+                  total_write=int(hi), signal=None if hi else SEM_P, **bounds)
+        state["m"] = m_new
+
+    def pv_gemms(i: int) -> None:
+        c, s, _, _ = steps[i]
+        v_page = page_base(c.kv_head, 1, s.block)
+        for limb, a in enumerate((mp.p_hi[i % 2], mp.p_lo[i % 2])):
+            e.gemm(a=a, b=v_page, c=mp.pv[i % 2], m=c.rows, k=ps, p=layer.v_head_dim,
+                   a_rows=1, b_rows=0, accumulate=limb, acc_shift=LIMB_BITS * limb,
+                   signal=SEM_PV if limb else None)
+
+    def rescale(i: int) -> None:
+        c, _, first, last = steps[i]
+        r, buf = c.rows, i % 2
+        if first:  # acc = P·V; l = l0·alpha + sum P (l0 = the sink's 2^14 - 1, or 0)
+            e.vec(VOP.RESCALE, r, dvc, mp.pv[buf], imm=0, dst=mp.acc, dst_kind=VecDst.TILE,
+                  lo=0, hi=dvc * n)
+            l0 = 0 if layer.sinks is None else p_max
+            e.vec(VOP.RESCALE, r, 1, mp.alpha[buf] if l0 else mp.psum[buf], a_scalar=1,
+                  b=mp.psum[buf], b_scalar=1, imm=l0, dst=mp.l, dst_kind=VecDst.SCALAR,
+                  lo=0, hi=1)
+        else:  # acc = acc·alpha + P·V; l = l·alpha + sum P (in place)
+            e.vec(VOP.RESCALE, r, dvc, mp.acc, b=mp.pv[buf], b_scalar=0, c=mp.alpha[buf],
+                  dst=mp.acc, dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
+            e.vec(VOP.RESCALE, r, 1, mp.l, a_scalar=1, b=mp.psum[buf], b_scalar=1,
+                  c=mp.alpha[buf], dst=mp.l, dst_kind=VecDst.SCALAR, lo=0, hi=1)
+        if last:  # o = acc / l in Q.16, then int8 into the scratchpad
+            e.vec(VOP.RECIP, r, 1, mp.l, a_scalar=1, c=mp.l, dst_kind=VecDst.NONE, lo=0, hi=1)
+            e.vec(VOP.DIV, r, dvc, mp.acc, shift=NUMERICS.attn_out_frac_bits, dst=mp.acc,
+                  dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
+            e.vec(VOP.REQUANT, r, dvc, mp.acc, mult=layer.out_mult, shift=layer.out_shift,
+                  dst=c.out_addr, dst_kind=VecDst.SPAD, pack=VecPack.BYTE, lo=0,
+                  hi=layer.v_head_dim)
+
+    # The pipeline (docs/compiler.md, "Semaphores"): per step i, in program order,
+    #   GEMM S(i+1) | WAIT S(i); VEC softmax(i) | WAIT PV(i-1); VEC rescale(i-1)
+    #   | WAIT P(i); GEMM PV(i)
+    scores_gemm(0)
+    for i in range(len(steps)):
+        if i + 1 < len(steps):
+            scores_gemm(i + 1)
+        e.wait(SEM_SCORES)
+        softmax_ops(i)
+        if i:
+            e.wait(SEM_PV)
+            rescale(i - 1)
+        e.wait(SEM_P)
+        pv_gemms(i)
+    e.wait(SEM_PV)
+    rescale(len(steps) - 1)
+    e.halt()
+    return e.ops
+
+
+# --- the builders ---------------------------------------------------------------------------
+
+def _check_int8(name: str, x, shape: tuple[int, ...]) -> np.ndarray:
+    x = np.asarray(x)
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {x.shape}")
+    if x.dtype != np.int8:
+        raise ValueError(f"{name} must be int8, got {x.dtype}")
+    return x
+
+
+def _check_fit(config: TileConfig, layer: AttentionLayer) -> int:
+    """Refuse a layer the tile cannot run; return the rows per chunk."""
+    n = config.n
+    if layer.page_size != config.page_size:
+        raise ValueError(f"the layer streams {layer.page_size}-key blocks but the tile's KV "
+                         f"pages hold page_size = {config.page_size} tokens")
+    for name, count in (("page_size", _ceil(layer.page_size, n)),
+                        ("v_head_dim", _ceil(layer.v_head_dim, n))):
+        if count > MAX_COUNT:
+            raise ValueError(f"{name} {getattr(layer, name)} needs {count} beats of "
+                             f"{n} lanes; a VEC has at most {MAX_COUNT}")
+    for name in ("head_dim", "v_head_dim", "page_size"):
+        if getattr(layer, name) > MAX_GEMM_DIM:
+            raise ValueError(f"{name} {getattr(layer, name)} exceeds a GEMM's 12-bit field")
+    if layer.page_size > -BOUND_MIN:
+        raise ValueError(f"page_size {layer.page_size} exceeds the VEC key bounds "
+                         f"({BOUND_BITS}-bit signed)")
+    return min(config.slots, MAX_COUNT)
+
+
+def _build(config: TileConfig, layer: AttentionLayer, kind: str, chunks: list[_Chunk],
+           k: np.ndarray, v: np.ndarray, output_shape: tuple[int, ...],
+           allocator: PageAllocator | None, first_row: int) -> TileProgram:
+    n = config.n
+    dq, dvc = _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
+    mp = _memory_map(config, layer, chunks)
+    # A dry run with any valid page address gives the program length before any KV page
+    # is taken from the allocator.
+    length = len(_emit(config, layer, chunks, mp, lambda *_: config.kv_start))
+    if length > config.program_depth:
+        steps = sum(len(c.steps) for c in chunks)
+        raise ValueError(f"the {kind} program needs {length} instructions ({len(chunks)} "
+                         f"chunks, {steps} key blocks, about 12 per block) but the program "
+                         f"memory holds program_depth = {config.program_depth}")
+    allocator = PageAllocator(config) if allocator is None else allocator
+    kv = KvLayout.allocate(config, allocator, layer.kv_heads, layer.head_dim,
+                           layer.v_head_dim, k.shape[0], first_row)
+    ops = _emit(config, layer, chunks, mp, kv.page_base)
+    assert len(ops) == length
+
+    writes: dict[int, int] = {}
+    for c in chunks:
+        for cc in range(dq):
+            for i in range(c.rows):
+                writes[c.q_addr + cc * c.rows + i] = pack_word(c.q[i, cc * n:(cc + 1) * n], n)
+    if mp.sink_rows:
+        count = len(mp.sink_rows)
+        for cc in range(_ceil(count, n)):
+            for i in range(count):
+                lanes = [int(cc * n + x == i) for x in range(n)]
+                writes[mp.identity + cc * count + i] = pack_word(lanes, n)
+        for base, digit in zip(mp.digits, _sink_digits(mp.sink_rows), strict=True):
+            for e_ in range(count):
+                writes[base + e_] = pack_word(digit[e_], n)
+
+    out_words = [c.out_addr + j * c.rows + r for c in chunks for j in range(dvc)
+                 for r in range(c.rows)]
+    dv = layer.v_head_dim
+
+    def reader(read) -> np.ndarray:
+        out = np.zeros(output_shape, np.int8)
+        for c in chunks:
+            for r, (t, h) in enumerate(c.targets):
+                lanes = []
+                for j in range(dvc):
+                    word = read(c.out_addr + j * c.rows + r)
+                    lanes += [(word >> (8 * x)) & 0xFF for x in range(n)]
+                out[t, h] = np.array(lanes[:dv], np.uint8).view(np.int8)
+        return out
+
+    steps = sum(len(c.steps) for c in chunks)
+    summary = summarise(config, ops, mp.spad_words, mp.acc_entries,
+                        {"chunks": len(chunks), "key_blocks": steps,
+                         "rows_per_chunk": max(c.rows for c in chunks),
+                         "causal_chunks": sum(any(s.causal for s in c.steps) for c in chunks)})
+    return TileProgram(config, kind, encode_ops(ops), ops, writes, kv, kv.map_requests(),
+                       kv.appends(k, v), kv.placement(k, v), out_words, output_shape,
+                       summary, reader)
+
+
+def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
+                  allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+    """Causal self-attention of T prompt tokens: ``q`` (T, H, d), ``k`` (T, H_kv, d),
+    ``v`` (T, H_kv, dv) int8; the output (T, H, dv) equals
+    ``attention_prefill(..., block_keys=page_size)``. The host appends all T tokens'
+    K and V (``kv_map``, ``kv_appends``) before ``start``."""
+    rmax = _check_fit(config, layer)
+    q = np.asarray(q)
+    tokens = q.shape[0] if q.ndim == 3 else 0
+    if tokens < 1:
+        raise ValueError(f"q must be (tokens >= 1, {layer.heads}, {layer.head_dim}), got "
+                         f"{q.shape}")
+    q = _check_int8("q", q, (tokens, layer.heads, layer.head_dim))
+    k = _check_int8("k", k, (tokens, layer.kv_heads, layer.head_dim))
+    v = _check_int8("v", v, (tokens, layer.kv_heads, layer.v_head_dim))
+    try:
+        chunks = _prefill_token_chunks(layer, q, rmax, config.n)
+        for c in chunks:
+            _plan_steps(c, layer, config.n)
+    except _Inexpressible:
+        chunks = _prefill_head_chunks(layer, q, rmax)
+        for c in chunks:
+            _plan_steps(c, layer, config.n)  # every row of a chunk has the same mask
+    return _build(config, layer, "prefill", chunks, k, v,
+                  (tokens, layer.heads, layer.v_head_dim), allocator, first_row)
+
+
+def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
+                 allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+    """One decode step of one sequence at context L: ``q`` (H, d) or (1, H, d), the
+    newest token at position L - 1; ``k`` (L, H_kv, d) and ``v`` (L, H_kv, dv) every
+    token so far (its own included). The output (1, H, dv) equals ``attention_decode``
+    for that sequence."""
+    rmax = _check_fit(config, layer)
+    q = np.asarray(q)
+    if q.ndim == 3 and q.shape[0] == 1:
+        q = q[0]
+    q = _check_int8("q", q, (layer.heads, layer.head_dim))
+    k = np.asarray(k)
+    context = k.shape[0] if k.ndim == 3 else 0
+    if context < 1:
+        raise ValueError(f"k must be (context >= 1, {layer.kv_heads}, {layer.head_dim}), got "
+                         f"{k.shape}")
+    k = _check_int8("k", k, (context, layer.kv_heads, layer.head_dim))
+    v = _check_int8("v", v, (context, layer.kv_heads, layer.v_head_dim))
+    chunks = _decode_chunks(layer, q, context, rmax)
+    for c in chunks:
+        _plan_steps(c, layer, config.n)  # rows share one position: always expressible
+    return _build(config, layer, "decode", chunks, k, v, (1, layer.heads, layer.v_head_dim),
+                  allocator, first_row)
+
+
+def prefill_from_workload(config: TileConfig, workload, layer: int, tokens: int | None = None,
+                          **kwargs) -> TileProgram:
+    """:func:`build_prefill` of the workload's first ``tokens`` prompt tokens (all by
+    default) of attention layer ``layer``."""
+    p = f"attn{layer}."
+    t = workload.tensors
+    tokens = t[p + "q_prefill"].shape[0] if tokens is None else tokens
+    return build_prefill(config, AttentionLayer.from_workload(workload, layer, "prefill"),
+                         t[p + "q_prefill"][:tokens], t[p + "k_prefill"][:tokens],
+                         t[p + "v_prefill"][:tokens], **kwargs)
+
+
+def decode_from_workload(config: TileConfig, workload, layer: int, sequence: int = 0,
+                         **kwargs) -> TileProgram:
+    """:func:`build_decode` of decode sequence ``sequence`` of the workload (its context
+    length and KV read from the workload's paged cache)."""
+    from golden.kv_cache import PagedKVCache, gather
+
+    p = f"attn{layer}."
+    t = workload.tensors
+    cache = PagedKVCache(t[p + "k_pages"], t[p + "v_pages"])
+    context = int(t[p + "context_lens"][sequence])
+    k, v = gather(cache, t[p + "block_table"][sequence:sequence + 1])
+    return build_decode(config, AttentionLayer.from_workload(workload, layer, "decode"),
+                        t[p + "q_decode"][sequence], k[0, :context], v[0, :context], **kwargs)

@@ -1,0 +1,134 @@
+"""The tile a program is compiled for: memory sizes, vector slots, program memory, KV cache.
+
+One :class:`TileConfig` names every hardware parameter the program builder needs; the
+same numbers configure the RTL blocks (``rtl.sequencer.Sequencer``: ``array_size``,
+``scratchpad_words``, ``acc_depth``, ``slots``, ``program_depth``;
+``rtl.scratchpad.Scratchpad``: ``page_size``, ``token_words``, ``num_pages``,
+``sequences``, ``max_pages``, ``kv_base``) and the functional model
+(``golden.tile_model.TileModel``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rtl.isa import ACC_ADDR_BITS, ADDR_BITS
+
+__all__ = ["TileConfig", "next_pow2"]
+
+#: Block-table entries the scratchpad keeps in registers (``rtl.scratchpad``).
+MAX_TABLE_ENTRIES = 1024
+
+
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (x >= 1)."""
+    return 1 << (max(x, 1) - 1).bit_length()
+
+
+def _is_pow2(x: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Hardware parameters of one tile (see the module docstring for where each goes).
+
+    ``n``: tensor-core size and lanes per word (a scratchpad word holds n int8 values, an
+    accumulator entry n signed 48-bit lanes). ``spad_words``: scratchpad words (at most
+    2**16). ``acc_depth``: accumulator entries (a power of two, at most 1024).
+    ``slots``: vector-unit slots (a VEC of r rows uses r of them). ``program_depth``:
+    instruction words (a power of two; loops are unrolled, so this bounds the work of one
+    program). KV cache: ``num_pages`` physical pages of ``page_size`` tokens x
+    ``token_words`` words starting at ``kv_base`` (default: the top of the scratchpad),
+    addressed through a block table of ``kv_sequences`` rows x ``max_pages`` entries
+    (one row per (sequence, KV head, K or V)).
+
+    The defaults hold one gpt-oss-shaped layer (head_dim 32, 16-token pages) at a 1500-
+    token decode context: 32 Ki scratchpad words, 384 pages, a 4 Ki-word program.
+    """
+
+    n: int = 8
+    spad_words: int = 32768
+    acc_depth: int = 256
+    slots: int = 8
+    program_depth: int = 4096
+    page_size: int = 16
+    token_words: int = 4
+    num_pages: int = 384
+    kv_sequences: int = 8
+    max_pages: int = 128
+    kv_base: int | None = None
+    #: The KV region's first word, resolved from ``kv_base`` (read-only).
+    kv_start: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"TileConfig: {message}")
+
+        def integer(name: str) -> int:
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool),
+                 f"{name} must be an integer, not {value!r}")
+            return value
+
+        for name in ("n", "spad_words", "acc_depth", "slots", "program_depth", "page_size",
+                     "token_words", "num_pages", "kv_sequences", "max_pages"):
+            integer(name)
+        need(self.n in (2, 4, 8, 16, 32), f"n must be a power of two 2..32, not {self.n}")
+        need(1 <= self.spad_words <= 1 << ADDR_BITS,
+             f"spad_words must be 1..{1 << ADDR_BITS}, not {self.spad_words}")
+        need(_is_pow2(self.acc_depth) and 2 <= self.acc_depth <= 1 << ACC_ADDR_BITS,
+             f"acc_depth must be a power of two 2..{1 << ACC_ADDR_BITS}, not {self.acc_depth}")
+        need(1 <= self.slots <= 64, f"slots must be 1..64, not {self.slots}")
+        need(_is_pow2(self.program_depth) and 2 <= self.program_depth <= 1 << 16,
+             f"program_depth must be a power of two 2..65536, not {self.program_depth}")
+        need(_is_pow2(self.page_size) and self.page_size <= 1 << 16,
+             f"page_size must be a power of two (the scratchpad's KV port), not {self.page_size}")
+        need(_is_pow2(self.token_words),
+             f"token_words must be a power of two, not {self.token_words}")
+        for name in ("num_pages", "kv_sequences", "max_pages"):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, not {getattr(self, name)}")
+        need(self.kv_sequences * self.max_pages <= MAX_TABLE_ENTRIES,
+             f"the block table ({self.kv_sequences} rows x {self.max_pages} pages) may hold "
+             f"at most {MAX_TABLE_ENTRIES} entries")
+        need(self.kv_words <= self.spad_words,
+             f"{self.num_pages} KV pages of {self.page_words} words ({self.kv_words} words) "
+             f"do not fit the {self.spad_words}-word scratchpad")
+        base = self.spad_words - self.kv_words if self.kv_base is None else integer("kv_base")
+        need(base >= 0 and base % self.page_words == 0
+             and base + self.kv_words <= self.spad_words,
+             f"kv_base {base} must be a multiple of the page size in words "
+             f"({self.page_words}) with the {self.kv_words}-word KV region inside the "
+             f"{self.spad_words}-word scratchpad")
+        object.__setattr__(self, "kv_start", base)
+
+    @property
+    def page_words(self) -> int:
+        """Scratchpad words of one KV page."""
+        return self.page_size * self.token_words
+
+    @property
+    def kv_words(self) -> int:
+        """Scratchpad words of the KV region."""
+        return self.num_pages * self.page_words
+
+    @property
+    def kv_end(self) -> int:
+        """One past the last word of the KV region."""
+        return self.kv_start + self.kv_words
+
+    def page_address(self, phys: int) -> int:
+        """First word of physical KV page ``phys``."""
+        if not 0 <= phys < self.num_pages:
+            raise ValueError(f"physical page {phys} is outside the {self.num_pages}-page cache")
+        return self.kv_start + phys * self.page_words
+
+    @classmethod
+    def for_attention(cls, head_dim: int, v_head_dim: int, page_size: int,
+                      **overrides) -> TileConfig:
+        """A config whose KV pages fit this attention shape (token_words from the larger
+        head dim), other fields default unless given."""
+        n = overrides.get("n", cls.n)
+        words = next_pow2(-(-max(head_dim, v_head_dim) // n))
+        return cls(**{"page_size": page_size, "token_words": words, **overrides})

@@ -1,0 +1,157 @@
+"""Check that a program synchronises its engines as the ISA requires.
+
+The sequencer dispatches GEMM, VEC and DMA to their engines in program order without
+waiting; each engine runs its own operations in order, one after the other, but the
+engines run concurrently. So whenever two operations of different engines touch the same
+scratchpad word or accumulator entry and one of them writes it, the earlier one must be
+known to have finished before the later one is dispatched: a WAIT between them must
+consume a signal of the earlier one (or of a later operation of its engine, or of
+something that itself waited for it). The functional model runs instructions one at a
+time and cannot see a missing WAIT; :func:`check_synchronisation` can.
+
+Rules checked (ValueError naming both instructions otherwise): every cross-engine
+read-after-write, write-after-read and write-after-write pair is ordered as above; every
+semaphore is signalled by one engine (so its k-th WAIT unit means that engine's k-th
+signalling operation finished); no WAIT needs a signal that is never dispatched before
+it (a deadlock); at HALT every signal has been waited for (the next program starts from
+zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from compiler.program import Op
+from golden.vector_model import VectorOpcode as VOP
+from rtl.isa import Opcode, VecDst
+
+__all__ = ["accesses", "check_synchronisation"]
+
+_ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
+#: Accumulator entries are keyed apart from scratchpad words.
+_ACC = 1 << 20
+_USES_B = {VOP.RESCALE, VOP.ADD, VOP.MUL, VOP.SWIGLU}
+_USES_C = {VOP.LOGIT, VOP.MAX, VOP.EXP, VOP.RESCALE, VOP.RECIP, VOP.SILU_LOAD, VOP.TOPK,
+           VOP.TOPK_INDEX}
+
+
+def _ceil(x: int, n: int) -> int:
+    return -(-x // n)
+
+
+def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
+    """(reads, writes) of one engine operation: scratchpad word addresses, and
+    accumulator entries offset by 2**20."""
+    reads: set[int] = set()
+    writes: set[int] = set()
+    if op == Opcode.GEMM:
+        m, k, p = f["m"], f["k"], f["p"]
+        a_words = _ceil(k, n) * m if f.get("a_rows") else _ceil(m, n) * k
+        b_words = _ceil(k, n) * p if f.get("b_rows") else _ceil(p, n) * k
+        reads |= set(range(f["a"], f["a"] + a_words)) | set(range(f["b"], f["b"] + b_words))
+        c = range(_ACC + f["c"], _ACC + f["c"] + _ceil(m, n) * _ceil(p, n) * n)
+        writes |= set(c)
+        if f.get("accumulate"):
+            reads |= set(c)
+    elif op == Opcode.VEC:
+        code = VOP(f["op"])
+        rows, beats = f["rows"], f["beats"]
+        tile, scalar = _ceil(rows, n) * beats * n, _ceil(rows, n)
+
+        def region(base: int, is_scalar: int) -> set[int]:
+            return set(range(_ACC + base, _ACC + base + (scalar if is_scalar else tile)))
+
+        if code != VOP.RECIP:
+            reads |= region(f["a"], f.get("a_scalar", 0))
+        if code in _USES_B:
+            reads |= region(f["b"], f.get("b_scalar", 0))
+        if code in _USES_C and not f.get("c_imm"):
+            reads |= region(f["c"], 1)
+        kind = f.get("dst_kind", 0)
+        if kind == VecDst.TILE:
+            writes |= region(f["dst"], 0)
+        elif kind == VecDst.SCALAR:
+            writes |= region(f["dst"], 1)
+        elif kind == VecDst.SPAD:
+            writes |= set(range(f["dst"], f["dst"] + rows * beats))
+        if f.get("total_write"):
+            writes |= region(f["total"], 1)
+    elif op == Opcode.DMA:
+        reads |= set(range(f["src"], f["src"] + f["length"]))
+        writes |= set(range(f["dst"], f["dst"] + f["length"]))
+    return reads, writes
+
+
+def check_synchronisation(ops: Sequence[Op], n: int) -> None:
+    """Raise ValueError unless ``ops`` ((Opcode, fields), e.g. ``TileProgram.ops`` or
+    decoded words) synchronise as the module docstring says."""
+    engines = {e: i for i, e in enumerate(_ENGINES)}
+    # known[e]: the highest index of an engine-e operation known finished at this point.
+    known = [-1] * len(_ENGINES)
+    dispatched_with: dict[int, list[int]] = {}  # op index -> `known` when it was dispatched
+    signallers: dict[int, list[int]] = {}  # semaphore -> op indices that signal it, in order
+    signal_engine: dict[int, int] = {}
+    consumed: dict[int, int] = {}
+    last_write: dict[int, int] = {}  # address -> op index
+    readers: dict[int, dict[int, int]] = {}  # address -> engine -> latest reader since write
+    engine_of: dict[int, int] = {}
+
+    def finished(j: int, i: int) -> bool:
+        """Is op i known finished when op j (another engine) is dispatched?"""
+        return known[engine_of[i]] >= i
+
+    def need(j: int, i: int, what: str, address: int) -> None:
+        if engine_of[i] != engine_of[j] and not finished(j, i):
+            where = (f"accumulator entry {address - _ACC}" if address >= _ACC
+                     else f"scratchpad word {address}")
+            raise ValueError(f"{what} on {where}: instruction {j} ({ops[j][0].name}) may run "
+                             f"while instruction {i} ({ops[i][0].name}) has not finished; "
+                             f"no WAIT orders them")
+
+    for j, (op, f) in enumerate(ops):
+        if op in engines:
+            e = engines[op]
+            engine_of[j] = e
+            reads, writes = accesses(op, f, n)
+            for address in reads:
+                if address in last_write:
+                    need(j, last_write[address], "read after write", address)
+            for address in writes:
+                if address in last_write:
+                    need(j, last_write[address], "write after write", address)
+                for reader in readers.get(address, {}).values():
+                    need(j, reader, "write after read", address)
+            for address in reads:
+                readers.setdefault(address, {})[e] = j
+            for address in writes:
+                last_write[address] = j
+                readers.pop(address, None)
+            dispatched_with[j] = list(known)
+            signal = f.get("signal") or {}
+            if signal.get("enable"):
+                sem = signal["semaphore"]
+                if signal_engine.setdefault(sem, e) != e:
+                    raise ValueError(f"semaphore {sem} is signalled by two engines "
+                                     f"(instruction {j}); its WAITs would be ambiguous")
+                signallers.setdefault(sem, []).append(j)
+        elif op == Opcode.WAIT:
+            sem, count = f["semaphore"], f["count"]
+            done = consumed.get(sem, 0) + count
+            available = signallers.get(sem, [])
+            if done > len(available):
+                raise ValueError(f"instruction {j}: WAIT semaphore {sem} needs signal "
+                                 f"{done} but only {len(available)} are dispatched before "
+                                 f"it: the program deadlocks")
+            consumed[sem] = done
+            if count:
+                s = available[done - 1]
+                known = [max(a, b) for a, b in zip(known, dispatched_with[s], strict=True)]
+                known[engine_of[s]] = max(known[engine_of[s]], s)
+        elif op == Opcode.SIGNAL:
+            raise ValueError(f"instruction {j}: SIGNAL is not modelled by this checker")
+        elif op == Opcode.HALT:
+            break
+    for sem, sigs in signallers.items():
+        if consumed.get(sem, 0) != len(sigs):
+            raise ValueError(f"semaphore {sem}: {len(sigs)} signals but "
+                             f"{consumed.get(sem, 0)} waited for at HALT")
