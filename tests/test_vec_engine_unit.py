@@ -1,0 +1,506 @@
+"""Vector engine in the Amaranth simulator against the tile model (golden/tile_model.py).
+
+The engine's memories are Python fakes: the accumulator memory (three synchronous read
+ports, a write stream with random ``ready``) and a scratchpad port (random ``ready``,
+write responses after a random delay, in order). They are the arrays of a second
+:class:`TileModel`, ``hw``, which also runs the instructions that are not VEC (GEMMs of
+the softmax program) and the test's ``LOAD`` steps (operands put into memory), each when
+the engine is idle. The reference model runs the same program; at the end both
+memories must be equal and the done beats must be the VEC instructions' signals, in order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
+from golden.gemm import quantize_multiplier
+from golden.moe import silu_output_scale, silu_table
+from golden.numerics import NUMERICS
+from golden.softmax import normalise_output, online_softmax_pv
+from golden.tile_model import TileModel, VecDst, VecPack, lanes_word, word_lanes
+from golden.vector_model import VectorOpcode as OP
+from rtl.accumulator import LANE_BITS, AccWrite
+from rtl.isa import VecArgs
+from rtl.isa import VecDst as IsaVecDst
+from rtl.isa import VecPack as IsaVecPack
+from rtl.scratchpad import Request, Response
+from rtl.vec_engine import VecEngine
+
+LANE_MASK = (1 << LANE_BITS) - 1
+T = NUMERICS.exp_table_frac_bits
+
+
+def _field(layout, name):
+    field = layout[name]
+    return field.offset, field.width
+
+
+def entry_bits(values) -> int:
+    return sum((int(v) & LANE_MASK) << (LANE_BITS * i) for i, v in enumerate(values))
+
+
+def load(model: TileModel, fields: dict) -> None:
+    """A test step: ``acc`` = {entry: lanes}, ``spad`` = {word address: word}."""
+    for addr, lanes in fields.get("acc", {}).items():
+        model.acc[addr] = lanes
+    for addr, word in fields.get("spad", {}).items():
+        model.spad[addr] = word
+
+
+def run_engine(program, *, n=4, slots=4, acc_depth=256, spad_words=256, seed=1,
+               acc_stall=0.0, spad_stall=0.0, done_stall=0.0, resp_delay=(1, 1),
+               idle=0.0, error_at=None, timeout=20000):
+    """Run ``program`` ((name, fields) steps) on a VecEngine and on the reference model;
+    return (reference, hw, done payloads, cycles, engine, accept/done cycles, error)."""
+    ref = TileModel(n, spad_words, acc_depth, slots)
+    for name, fields in program:
+        load(ref, fields) if name == "LOAD" else ref.step(name, fields)
+    hw = TileModel(n, spad_words, acc_depth, slots)
+    dut = VecEngine(n, slots, acc_depth, addr_bits=16)
+    rng = np.random.default_rng(seed)
+    layout = VecArgs()
+    w_layout, q_layout, r_layout = AccWrite(n, acc_depth), Request(16, 8 * n), Response(8 * n)
+    w_addr, w_data, w_lanes = (_field(w_layout, k) for k in ("addr", "data", "lanes"))
+    q_addr, q_write, q_data = (_field(q_layout, k) for k in ("addr", "write", "data"))
+    resp_write = 1 << r_layout["write"].offset
+    status = r_layout["status"]
+    bad_address = 1 << (status.offset + status.shape["bad_address"].offset)
+    dones, accepted, finished = [], [], []
+    state = {"cycle": 0, "issued": 0, "spad_writes": 0, "outstanding": 0}
+
+    async def accumulator(ctx):
+        ctx.set(dut.acc_w.ready, 1)
+        while True:
+            _, _, a, b, c, valid, ready, write = await ctx.tick().sample(
+                dut.a_addr, dut.b_addr, dut.c_addr, dut.acc_w.valid, dut.acc_w.ready,
+                dut.acc_w.payload.as_value())
+            state["cycle"] += 1
+            for port, addr in (("a", a), ("b", b), ("c", c)):  # read before the write
+                ctx.set(getattr(dut, f"{port}_data").as_value(), entry_bits(hw.acc[addr]))
+            if valid and ready:
+                addr = (write >> w_addr[0]) & ((1 << w_addr[1]) - 1)
+                lanes = (write >> w_lanes[0]) & ((1 << n) - 1)
+                for i in range(n):
+                    if lanes >> i & 1:
+                        lane = (write >> (w_data[0] + LANE_BITS * i)) & LANE_MASK
+                        hw.acc[addr, i] = lane - (1 << LANE_BITS) * (lane >> (LANE_BITS - 1))
+            ctx.set(dut.acc_w.ready, bool(rng.random() >= acc_stall))
+
+    async def scratchpad(ctx):
+        pending = []  # (cycle due, response word)
+        ctx.set(dut.spad_req.ready, 1)
+        while True:
+            _, _, valid, ready, req, resp_valid, resp_ready = await ctx.tick().sample(
+                dut.spad_req.valid, dut.spad_req.ready, dut.spad_req.payload.as_value(),
+                dut.spad_resp.valid, dut.spad_resp.ready)
+            now = state["cycle"]
+            if resp_valid and resp_ready:
+                pending.pop(0)
+                state["outstanding"] -= 1
+            if valid and ready:
+                assert (req >> q_write[0]) & 1, "the engine only writes"
+                addr = (req >> q_addr[0]) & ((1 << q_addr[1]) - 1)
+                hw.spad[addr] = (req >> q_data[0]) & ((1 << q_data[1]) - 1)
+                word = resp_write
+                if error_at is not None and state["spad_writes"] == error_at:
+                    word |= bad_address
+                state["spad_writes"] += 1
+                state["outstanding"] += 1
+                due = max([now + int(rng.integers(*resp_delay, endpoint=True))]
+                          + [d + 1 for d, _ in pending[-1:]])
+                pending.append((due, word))
+            head = pending[0] if pending and pending[0][0] <= now + 1 else None
+            ctx.set(dut.spad_resp.valid, head is not None)
+            ctx.set(dut.spad_resp.payload.as_value(), head[1] if head else 0)
+            ctx.set(dut.spad_req.ready, bool(rng.random() >= spad_stall))
+
+    async def done_monitor(ctx):
+        while True:
+            ctx.set(dut.done.ready, bool(rng.random() >= done_stall))
+            _, _, valid, ready, payload = await ctx.tick().sample(
+                dut.done.valid, dut.done.ready, dut.done.payload.as_value())
+            if valid and ready:
+                dones.append(int(payload))
+                finished.append(state["cycle"])
+
+    async def driver(ctx):
+        for name, fields in program:
+            if name != "VEC":
+                while len(dones) < state["issued"]:
+                    await ctx.tick()
+                load(hw, fields) if name == "LOAD" else hw.step(name, fields)
+                continue
+            while rng.random() < idle:
+                await ctx.tick()
+            value = dict(fields, dst_kind=IsaVecDst(fields.get("dst_kind", 0)),
+                         pack=IsaVecPack(fields.get("pack", 0)))
+            ctx.set(dut.cmd.payload.as_value(), layout.const(value).as_bits())
+            ctx.set(dut.cmd.valid, 1)
+            await ctx.tick().until(dut.cmd.ready)
+            accepted.append(state["cycle"])
+            ctx.set(dut.cmd.valid, 0)
+            state["issued"] += 1
+        while len(dones) < state["issued"]:
+            await ctx.tick()
+            assert state["cycle"] < timeout, f"timed out: {len(dones)} of {state['issued']}"
+        for _ in range(2 * dut.unit.latency):  # nothing more may appear
+            await ctx.tick()
+            assert not ctx.get(dut.busy) and not ctx.get(dut.acc_w.valid)
+            assert not ctx.get(dut.spad_req.valid)
+        assert len(dones) == state["issued"] and state["outstanding"] == 0
+        state["error"] = ctx.get(dut.error)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(accumulator, background=True)
+    sim.add_testbench(scratchpad, background=True)
+    sim.add_testbench(done_monitor, background=True)
+    sim.add_testbench(driver)
+    sim.run()
+    return ref, hw, dones, state["cycle"], dut, accepted, finished, state["error"]
+
+
+def check_same(ref: TileModel, hw: TileModel, dones, program) -> None:
+    for e in range(ref.acc_depth):
+        assert (hw.acc[e] == ref.acc[e]).all(), (
+            f"accumulator entry {e}: engine {hw.acc[e].tolist()}, model {ref.acc[e].tolist()}")
+    for w in range(ref.spad_words):
+        assert hw.spad[w] == ref.spad[w], (
+            f"scratchpad word {w}: engine {word_lanes(hw.spad[w], ref.n).tolist()}, "
+            f"model {word_lanes(ref.spad[w], ref.n).tolist()}")
+    signals = [f.get("signal", {"enable": 0, "semaphore": 0}) for name, f in program
+               if name == "VEC"]
+    want = [s["enable"] | (s["semaphore"] << 1) for s in signals]
+    assert dones == want, (dones, want)
+    assert [s["enable"] | (s["semaphore"] << 1) for s in ref.done["VEC"]] == want
+
+
+# --- random instructions -------------------------------------------------------------
+
+
+class Ring:
+    """Allocates regions of accumulator entries in a ring (fresh within a batch)."""
+
+    def __init__(self, depth):
+        self.depth, self.next = depth, 0
+
+    def take(self, size):
+        if self.next + size > self.depth:
+            self.next = 0
+        base, self.next = self.next, self.next + size
+        return base
+
+
+def _operands(rng, code, rows, beats, n):
+    """(a, b, c per row, extra fields) inside each golden function's domain."""
+    shape = (rows, beats, n)
+    i32 = (-(1 << 31), 1 << 31)
+    c = rng.integers(-(1 << 20), 1 << 20, rows)
+    b = rng.integers(-128, 128, shape)
+    extra = {}
+    mult = int(rng.integers(1 << 15, 1 << 16))
+    if code == OP.REQUANT:
+        a = rng.integers(*i32, shape)
+        extra = {"mult": mult, "shift": int(rng.integers(0, 64))}
+    elif code == OP.LOGIT:
+        a = rng.integers(*i32, shape)
+        lm, ls = logit_multiplier(float(np.exp(rng.uniform(-12, 12))))
+        extra = {"mult": lm, "shift": ls}
+        c = np.where(rng.random(rows) < 0.5, NEG_INF, rng.integers(-(1 << 30), 1 << 30, rows))
+    elif code == OP.MAX:
+        a = rng.integers(-(1 << 41), 1 << 41, shape)
+        c = rng.integers(-(1 << 41), 1 << 41, rows)
+    elif code == OP.SUM:
+        a = rng.integers(-(1 << 40), 1 << 40, shape)
+    elif code == OP.EXP:
+        spread = int(rng.choice([1 << 10, 1 << 14, 1 << 20]))
+        a = c[:, None, None] - rng.integers(0, spread, shape)
+        extra = {"shift": int(rng.choice([14, 15, int(rng.integers(1, 30))])),
+                 "sat": int(rng.integers(2))}
+    elif code == OP.RESCALE:
+        a = rng.integers(-(1 << 40), 1 << 40, shape)
+        b = rng.integers(*i32, shape)
+        c = rng.integers(0, (1 << T) + 1, rows)
+    elif code == OP.RECIP:
+        a = rng.integers(-5, 5, shape)
+        c = rng.choice([1, int(rng.integers(1, 1 << 32)), 1 << int(rng.integers(32))], rows)
+    elif code == OP.DIV:
+        a = rng.integers(-(1 << 30), 1 << 30, shape)
+        extra = {"shift": int(rng.choice([15, 16])), "sat": int(rng.integers(2))}
+    elif code == OP.ADD:
+        a = rng.integers(-(1 << 46), 1 << 46, shape)
+        b = rng.integers(-(1 << 46), 1 << 46, shape)
+    elif code == OP.MUL:
+        sat = int(rng.integers(2))
+        hi = 1 << 8 if sat else 1 << 23
+        a, b = rng.integers(-hi, hi, shape), rng.integers(-hi, hi, shape)
+        extra = {"mult": mult, "sat": sat,
+                 "shift": int(rng.integers(0, 64) if sat else rng.integers(0, 32))}
+    elif code in (OP.SILU, OP.SWIGLU, OP.SILU_LOAD):
+        a = rng.integers(-128, 128, shape)
+        c = rng.integers(0, 256, rows)
+        extra = {"mult": mult, "shift": int(rng.integers(8, 40)), "sat": 1}
+    else:  # TOPK, TOPK_INDEX: one beat per row (indices c + i distinct within the row)
+        spread = int(rng.choice([3, 1 << 31, 1 << 47]))
+        a = rng.integers(-spread, spread, shape)
+        c = rng.integers(0, 1000, rows)
+    return a, b, c, extra
+
+
+def random_vec(rng, n, slots, ring, spad_ring, code):
+    """One random VEC instruction with its LOAD step (operands in fresh regions)."""
+    rows = int(rng.integers(1, min(slots, 2 * n + 1) + 1))
+    beats = 1 if code in (OP.TOPK, OP.TOPK_INDEX) else int(rng.integers(1, 4))
+    blocks = -(-rows // n)
+    a_scalar, b_scalar = (int(rng.random() < 0.25) for _ in range(2))
+    c_imm = int(rng.random() < 0.3)
+    kind = int(rng.integers(4))
+    a, b, c, extra = _operands(rng, code, rows, beats, n)
+    if c_imm:
+        c = np.full(rows, c[0])
+        if code == OP.EXP:
+            a = np.minimum(a, c[0])
+    fields = {"op": int(code), "rows": rows, "beats": beats, "a_scalar": a_scalar,
+              "b_scalar": b_scalar, "c_imm": c_imm, "imm": int(c[0]) if c_imm else 0,
+              "dst_kind": kind, "pack": int(rng.integers(3)),
+              "slot": int(rng.integers(0, slots - rows + 1)),
+              "total_write": int(rng.random() < 0.5),
+              "signal": {"enable": int(rng.integers(2)), "semaphore": int(rng.integers(16))},
+              **extra}
+    if rng.random() < 0.5:
+        fields.update(lo=0, hi=beats * n, causal=0)
+    else:
+        lo = int(rng.integers(-2, beats * n + 1))
+        fields.update(lo=lo, hi=int(rng.integers(lo - 1, beats * n + 3)),
+                      causal=int(rng.integers(2)))
+    acc = {}
+    for name, values, scalar in (("a", a, a_scalar), ("b", b, b_scalar)):
+        if scalar:
+            base = fields[name] = ring.take(blocks)
+            for r in range(rows):
+                acc.setdefault(base + r // n, np.zeros(n, np.int64))[r % n] = values[r, 0, 0]
+        else:
+            base = fields[name] = ring.take(blocks * beats * n)
+            for r in range(rows):
+                for j in range(beats):
+                    acc[base + (r // n) * beats * n + j * n + r % n] = values[r, j]
+    if not c_imm:
+        base = fields["c"] = ring.take(blocks)
+        for r in range(rows):
+            acc.setdefault(base + r // n, np.zeros(n, np.int64))[r % n] = c[r]
+    if kind == VecDst.TILE:
+        fields["dst"] = ring.take(blocks * beats * n)
+    elif kind == VecDst.SCALAR:
+        fields["dst"] = ring.take(blocks)
+    elif kind == VecDst.SPAD:
+        fields["dst"] = spad_ring.take(rows * beats)
+    if fields["total_write"]:
+        fields["total"] = ring.take(blocks)
+    return ("LOAD", {"acc": acc}), ("VEC", fields)
+
+
+def random_program(seed, n, slots, count, batch, acc_depth, spad_words):
+    """``count`` random VEC instructions (every opcode in turn), ``batch`` back to back
+    after each LOAD. A SiLU table is loaded first (256 SILU_LOAD rows)."""
+    rng = np.random.default_rng(seed)
+    ring, spad_ring = Ring(acc_depth), Ring(spad_words)
+    sg = float(rng.uniform(0.01, 0.1))
+    table = silu_table(sg, silu_output_scale(sg))
+    program = []
+    for start in range(0, 256, slots):  # SILU_LOAD: c = code, a_0 = table[code]
+        rows = min(slots, 256 - start)
+        acc = {}
+        for r in range(rows):
+            acc.setdefault(r // n, np.zeros(n, np.int64))[r % n] = table[start + r]
+            acc.setdefault(8 + r // n, np.zeros(n, np.int64))[r % n] = start + r
+        program += [("LOAD", {"acc": acc}),
+                    ("VEC", {"op": int(OP.SILU_LOAD), "a": 0, "a_scalar": 1, "c": 8,
+                             "rows": rows, "beats": 1, "lo": 0, "hi": 1,
+                             "dst_kind": VecDst.NONE})]
+    codes = [OP(i) for i in range(15)]
+    order = []
+    while len(order) < count:
+        order += list(rng.permutation(codes))
+    for first in range(0, count, batch):
+        loads, vecs = {}, []
+        for code in order[first:first + batch]:
+            (_, step), vec = random_vec(rng, n, slots, ring, spad_ring, code)
+            loads.update(step["acc"])
+            vecs.append(vec)
+        program += [("LOAD", {"acc": loads})] + vecs
+    return program
+
+
+@pytest.mark.parametrize(("seed", "n", "stalls"), [(1, 4, False), (2, 4, True), (3, 8, True)])
+def test_random_instructions_match_the_model(seed, n, stalls):
+    slots = 6 if n == 4 else 4
+    program = random_program(seed, n, slots, count=30 if n == 4 else 15, batch=5,
+                             acc_depth=1024, spad_words=512)
+    stall = 0.3 if stalls else 0.0
+    ref, hw, dones, cycles, *_ = run_engine(
+        program, n=n, slots=slots, acc_depth=1024, spad_words=512, seed=seed,
+        acc_stall=stall, spad_stall=stall, done_stall=stall, idle=stall,
+        resp_delay=(1, 6) if stalls else (2, 2))
+    check_same(ref, hw, dones, program)
+    kinds = {(f["op"], f["dst_kind"]) for name, f in program if name == "VEC"}
+    assert {op for op, _ in kinds} == set(range(15))
+
+
+# --- online softmax ---------------------------------------------------------------------
+
+
+def softmax_program(seed, n, rows, blocks, visible0):
+    """Attention rows by online softmax as a tile program: per block of 2N keys the
+    scores S = Q Kᵀ (GEMM), LOGIT (running max), the alpha EXP, the P EXP as two int8
+    limbs in the scratchpad (+ sum), P·V (two GEMMs: high limb, then low limb
+    accumulated with shift 7), the RESCALE of acc and of l; then RECIP, DIV, REQUANT.
+    Row r sees keys 0 .. visible0 + r - 1 (causal bounds). Returns (program, golden
+    int8 output (rows, N), the output's scratchpad address)."""
+    rng = np.random.default_rng(seed)
+    block, keys = 2 * n, 2 * n * blocks
+    q = rng.integers(-128, 128, (rows, n))
+    k = rng.integers(-128, 128, (keys, n))
+    v = rng.integers(-128, 128, (keys, n))
+    lm, ls = logit_multiplier(0.05 * 1.4427 * 1024 / 64)
+    om, osh = quantize_multiplier(1 / (1 << NUMERICS.attn_out_frac_bits))
+    spad = {i: lanes_word(q[i], n) for i in range(rows)}
+    spad.update({16 + j: lanes_word(k[j], n) for j in range(keys)})
+    spad.update({64 + j: lanes_word(v[j], n) for j in range(keys)})
+    p_lo, p_hi, out = 128, 160, 192
+    # Accumulator entries (rows <= N: one entry per scalar region).
+    s, x, m_regs, alpha, psum, ell, acc, pv, o = 0, 16, (32, 33), 34, 35, 36, 40, 48, 56
+    zeros = np.zeros(n, np.int64)
+    program = [("LOAD", {"spad": spad, "acc": {m_regs[0]: np.full(n, NEG_INF), ell: zeros,
+                                               **{acc + i: zeros for i in range(n)}}})]
+    full = {"rows": rows, "lo": 0}
+    for bl in range(blocks):
+        m_old, m_new = m_regs[bl % 2], m_regs[(bl + 1) % 2]
+        window = {"lo": -(1 << 12), "hi": visible0 - bl * block, "causal": 1}
+        sig = {"enable": 1, "semaphore": bl % 16}
+        program += [
+            ("GEMM", {"a": 0, "a_rows": 1, "b": 16 + bl * block, "b_rows": 1, "c": s,
+                      "m": rows, "k": n, "p": block}),
+            ("VEC", {**full, **window, "op": int(OP.LOGIT), "a": s, "c": m_old, "beats": 2,
+                     "mult": lm, "shift": ls, "dst": x, "dst_kind": VecDst.TILE,
+                     "total": m_new, "total_write": 1, "signal": sig}),
+            ("VEC", {**full, "op": int(OP.EXP), "a": m_old, "a_scalar": 1, "c": m_new,
+                     "beats": 1, "hi": 1, "shift": T, "dst": alpha,
+                     "dst_kind": VecDst.SCALAR}),
+            ("VEC", {**full, **window, "op": int(OP.EXP), "a": x, "c": m_new, "beats": 2,
+                     "shift": NUMERICS.attn_p_bits, "sat": 1, "dst": p_lo,
+                     "dst_kind": VecDst.SPAD, "pack": VecPack.LIMB_LO, "total": psum,
+                     "total_write": 1}),
+            ("VEC", {**full, **window, "op": int(OP.EXP), "a": x, "c": m_new, "beats": 2,
+                     "shift": NUMERICS.attn_p_bits, "sat": 1, "dst": p_hi,
+                     "dst_kind": VecDst.SPAD, "pack": VecPack.LIMB_HI}),
+            ("GEMM", {"a": p_hi, "a_rows": 1, "b": 64 + bl * block, "c": pv, "m": rows,
+                      "k": block, "p": n}),
+            ("GEMM", {"a": p_lo, "a_rows": 1, "b": 64 + bl * block, "c": pv, "m": rows,
+                      "k": block, "p": n, "accumulate": 1, "acc_shift": 7}),
+            ("VEC", {**full, "op": int(OP.RESCALE), "a": acc, "b": pv, "c": alpha,
+                     "beats": 1, "hi": n, "dst": acc, "dst_kind": VecDst.TILE}),
+            ("VEC", {**full, "op": int(OP.RESCALE), "a": ell, "a_scalar": 1, "b": psum,
+                     "b_scalar": 1, "c": alpha, "beats": 1, "hi": 1, "dst": ell,
+                     "dst_kind": VecDst.SCALAR}),
+        ]
+    program += [
+        ("VEC", {**full, "op": int(OP.RECIP), "c": ell, "beats": 1, "hi": 1,
+                 "dst_kind": VecDst.NONE}),
+        ("VEC", {**full, "op": int(OP.DIV), "a": acc, "beats": 1, "hi": n,
+                 "shift": NUMERICS.attn_out_frac_bits, "dst": o, "dst_kind": VecDst.TILE}),
+        ("VEC", {**full, "op": int(OP.REQUANT), "a": o, "beats": 1, "hi": n, "mult": om,
+                 "shift": osh, "dst": out, "dst_kind": VecDst.SPAD, "pack": VecPack.BYTE,
+                 "signal": {"enable": 1, "semaphore": 15}}),
+    ]
+    scores = q @ k.T
+    xg = to_log2_domain(scores, lm, ls)[None]
+    mask = np.arange(keys)[None, None, :] < (visible0 + np.arange(rows))[None, :, None]
+    g_acc, g_total = online_softmax_pv(xg, mask, v[None], block)
+    golden = normalise_output(g_acc, g_total, om, osh)[0].astype(np.int64)
+    assert (exp2_neg(np.zeros(1, np.int64), T) == 1 << T).all()
+    return program, golden, out
+
+
+def test_softmax_program_on_the_model_is_golden():
+    """The model alone: the ISA's online softmax equals golden attention."""
+    for seed, (n, rows, blocks, visible0) in enumerate([(4, 3, 3, 13), (8, 5, 2, 3),
+                                                         (4, 4, 2, 1)]):
+        program, golden, out = softmax_program(seed, n, rows, blocks, visible0)
+        model = TileModel(n, spad_words=256, acc_depth=64, slots=8)
+        for name, fields in program:
+            load(model, fields) if name == "LOAD" else model.step(name, fields)
+        got = np.array([word_lanes(model.spad[out + r], n) for r in range(rows)])
+        assert (got == golden).all(), (got.tolist(), golden.tolist())
+
+
+@pytest.mark.parametrize("stalls", [False, True])
+def test_softmax_rows_match_the_model_and_golden(stalls):
+    n, rows = 4, 3
+    program, golden, out = softmax_program(7, n, rows, 3, 13)
+    stall = 0.25 if stalls else 0.0
+    ref, hw, dones, *_ = run_engine(program, n=n, slots=4, acc_depth=64, spad_words=256,
+                                    acc_stall=stall, spad_stall=stall, done_stall=stall,
+                                    resp_delay=(1, 5))
+    check_same(ref, hw, dones, program)
+    got = np.array([word_lanes(hw.spad[out + r], n) for r in range(rows)])
+    assert (got == golden).all()
+
+
+# --- rate, errors, parameters --------------------------------------------------------------
+
+
+def _long_add(n, rows, beats, **extra):
+    blocks = -(-rows // n)
+    return ("VEC", {"op": int(OP.ADD), "a": 0, "b": 0, "rows": rows, "beats": beats,
+                    "lo": 0, "hi": beats * n, "dst": blocks * beats * n,
+                    "dst_kind": VecDst.TILE, **extra})
+
+
+def test_one_beat_per_cycle():
+    """Without stalls a beat issues every cycle: from a command to its done beat takes
+    rows·beats + dut.overhead cycles, and back-to-back commands lose no more."""
+    n, rows = 4, 4
+    spans = {}
+    for beats in (8, 24):
+        program = [_long_add(n, rows, beats), _long_add(n, rows, beats)]
+        ref, hw, dones, cycles, dut, accepted, finished, _ = run_engine(
+            program, n=n, acc_depth=256)
+        check_same(ref, hw, dones, program)
+        spans[beats] = [f - a for a, f in zip(accepted, finished, strict=True)]
+        assert spans[beats][0] <= rows * beats + dut.overhead, (spans, dut.overhead)
+    per_beat = (spans[24][0] - spans[8][0]) / (rows * (24 - 8))
+    assert per_beat == 1.0, spans
+
+
+def test_spad_destination_and_total_rate():
+    """SPAD writes with row totals run at one beat per cycle (separate ports); TILE
+    with totals takes one extra cycle per row."""
+    n, rows, beats = 4, 4, 16
+    for kind, extra_per_row in ((VecDst.SPAD, 0), (VecDst.TILE, 1)):
+        program = [_long_add(n, rows, beats, dst_kind=kind, total=200, total_write=1,
+                             op=int(OP.SUM))]
+        ref, hw, dones, _, dut, accepted, finished, _ = run_engine(program, n=n)
+        check_same(ref, hw, dones, program)
+        span = finished[0] - accepted[0]
+        assert span <= rows * (beats + extra_per_row) + dut.overhead + 4, (kind, span)
+
+
+def test_scratchpad_error_is_sticky():
+    program = [_long_add(4, 2, 2, dst_kind=VecDst.SPAD)]
+    *_, error = run_engine(program, error_at=1)
+    assert error
+    *_, error = run_engine(program)
+    assert not error
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"n": 6}, "power of two"), ({"n": 64}, "power of two"),
+    ({"acc_depth": 100}, "acc_depth"), ({"acc_depth": 2048}, "acc_depth"),
+    ({"addr_bits": 17}, "addr_bits"), ({"slots": 0}, "slot count"),
+])
+def test_bad_parameters_are_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        VecEngine(**{"n": 4, **args})
