@@ -105,7 +105,10 @@ class KvLayout:
             raise ValueError(f"{tokens} tokens x {kv_heads} KV heads x (K, V) need "
                              f"{rows * pages} KV pages; {allocator.available} of "
                              f"{config.num_pages} are free")
-        table = np.array(allocator.allocate(rows * pages), np.int64).reshape(rows, pages)
+        # Logical page by logical page (every row's page 0, then every row's page 1, ...):
+        # a longer context keeps the earlier pages where they were, so a growing cache
+        # only ever needs MAPs for its new pages.
+        table = np.array(allocator.allocate(rows * pages), np.int64).reshape(pages, rows).T
         return cls(config, kv_heads, head_dim, v_head_dim, tokens, first_row, table)
 
     @property
