@@ -113,6 +113,10 @@ class _Inexpressible(Exception):
     """A block's key masks cannot be written as VEC bounds."""
 
 
+class _AccumulatorFull(ValueError):
+    """The buffers of chunks of this many rows do not fit the accumulator memory."""
+
+
 @dataclass
 class _Chunk:
     kv_head: int
@@ -311,7 +315,7 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk])
         nonlocal entries
         base, entries = entries, entries + count
         if entries > config.acc_depth:
-            raise ValueError(f"accumulator memory full: {what} needs {count} entries at "
+            raise _AccumulatorFull(f"accumulator memory full: {what} needs {count} entries at "
                              f"{base}; acc_depth is {config.acc_depth}")
         return base
 
@@ -519,12 +523,30 @@ def _check_fit(config: TileConfig, layer: AttentionLayer) -> int:
     return min(config.slots, MAX_COUNT)
 
 
-def _build(config: TileConfig, layer: AttentionLayer, kind: str, chunks: list[_Chunk],
+def _fewer_rows(rows: int, n: int) -> int:
+    """The next smaller chunk height tried when the accumulator is full: multiples of N,
+    then halves."""
+    return (rows - 1) // n * n if rows > n else rows // 2
+
+
+def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
            k: np.ndarray, v: np.ndarray, output_shape: tuple[int, ...],
            allocator: PageAllocator | None, first_row: int) -> TileProgram:
+    """``plan(rows)``: the chunks (with their steps) for chunks of at most ``rows`` rows.
+    Chunks get as many rows as the slots allow, fewer if their buffers do not fit the
+    accumulator memory."""
     n = config.n
     dq, dvc = _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
-    mp = _memory_map(config, layer, chunks)
+    rows = _check_fit(config, layer)
+    while True:
+        chunks = plan(rows)
+        try:
+            mp = _memory_map(config, layer, chunks)
+            break
+        except _AccumulatorFull as error:
+            if _fewer_rows(rows, n) < 1:
+                raise ValueError(f"{error} (with chunks of a single query row)") from None
+            rows = _fewer_rows(rows, n)
     # A dry run with any valid page address gives the program length before any KV page
     # is taken from the allocator.
     length = len(_emit(config, layer, chunks, mp, lambda *_: config.kv_start))
@@ -585,7 +607,6 @@ def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
     ``v`` (T, H_kv, dv) int8; the output (T, H, dv) equals
     ``attention_prefill(..., block_keys=page_size)``. The host appends all T tokens'
     K and V (``kv_map``, ``kv_appends``) before ``start``."""
-    rmax = _check_fit(config, layer)
     q = np.asarray(q)
     tokens = q.shape[0] if q.ndim == 3 else 0
     if tokens < 1:
@@ -594,15 +615,19 @@ def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
     q = _check_int8("q", q, (tokens, layer.heads, layer.head_dim))
     k = _check_int8("k", k, (tokens, layer.kv_heads, layer.head_dim))
     v = _check_int8("v", v, (tokens, layer.kv_heads, layer.v_head_dim))
-    try:
-        chunks = _prefill_token_chunks(layer, q, rmax, config.n)
-        for c in chunks:
-            _plan_steps(c, layer, config.n)
-    except _Inexpressible:
-        chunks = _prefill_head_chunks(layer, q, rmax)
-        for c in chunks:
-            _plan_steps(c, layer, config.n)  # every row of a chunk has the same mask
-    return _build(config, layer, "prefill", chunks, k, v,
+
+    def plan(rows: int) -> list[_Chunk]:
+        try:
+            chunks = _prefill_token_chunks(layer, q, rows, config.n)
+            for c in chunks:
+                _plan_steps(c, layer, config.n)
+        except _Inexpressible:
+            chunks = _prefill_head_chunks(layer, q, rows)
+            for c in chunks:
+                _plan_steps(c, layer, config.n)  # every row of a chunk has the same mask
+        return chunks
+
+    return _build(config, layer, "prefill", plan, k, v,
                   (tokens, layer.heads, layer.v_head_dim), allocator, first_row)
 
 
@@ -612,7 +637,6 @@ def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
     newest token at position L - 1; ``k`` (L, H_kv, d) and ``v`` (L, H_kv, dv) every
     token so far (its own included). The output (1, H, dv) equals ``attention_decode``
     for that sequence."""
-    rmax = _check_fit(config, layer)
     q = np.asarray(q)
     if q.ndim == 3 and q.shape[0] == 1:
         q = q[0]
@@ -624,10 +648,14 @@ def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
                          f"{k.shape}")
     k = _check_int8("k", k, (context, layer.kv_heads, layer.head_dim))
     v = _check_int8("v", v, (context, layer.kv_heads, layer.v_head_dim))
-    chunks = _decode_chunks(layer, q, context, rmax)
-    for c in chunks:
-        _plan_steps(c, layer, config.n)  # rows share one position: always expressible
-    return _build(config, layer, "decode", chunks, k, v, (1, layer.heads, layer.v_head_dim),
+
+    def plan(rows: int) -> list[_Chunk]:
+        chunks = _decode_chunks(layer, q, context, rows)
+        for c in chunks:
+            _plan_steps(c, layer, config.n)  # rows share one position: always expressible
+        return chunks
+
+    return _build(config, layer, "decode", plan, k, v, (1, layer.heads, layer.v_head_dim),
                   allocator, first_row)
 
 

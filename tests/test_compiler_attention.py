@@ -1,0 +1,325 @@
+"""The attention compiler (compiler/) on the functional tile model, bit-exact with golden.
+
+Every program is encoded to 256-bit words, decoded with ``rtl.isa.decode`` and run on
+``golden.tile_model.TileModel`` (``compiler.run_on_model``); its output must equal
+``golden.attention.attention_prefill(block_keys=page_size)`` / ``attention_decode``
+exactly. The model runs one instruction at a time, so the engines' concurrency is
+checked separately by ``compiler.check_synchronisation`` on every program.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler import (
+    AttentionLayer,
+    PageAllocator,
+    TileConfig,
+    build_decode,
+    build_prefill,
+    check_synchronisation,
+    decode_from_workload,
+    prefill_from_workload,
+    run_on_model,
+)
+from compiler.attention import SEM_P, SEM_PV, SEM_SCORES
+from golden.attention import AttentionScales, _multipliers, attention_decode, attention_prefill
+from golden.exp import quantize_log2_logit
+from golden.kv_cache import PagedKVCache, build_cache
+from golden.numerics import NUMERICS
+from golden.workloads import generate
+from rtl.isa import Opcode
+
+TINY_CONTEXTS = (1, 4, 5, 13)
+GPT_OSS_CONTEXTS = (77, 1030)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return generate("tiny", decode_context_lens=TINY_CONTEXTS)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss():
+    return generate("gpt-oss", decode_context_lens=GPT_OSS_CONTEXTS, prefill_tokens=24,
+                    moe_tokens=2)
+
+
+def _config(workload, **overrides) -> TileConfig:
+    c = workload.config
+    return TileConfig.for_attention(c.head_dim, c.v_head_dim, c.page_size, **overrides)
+
+
+def _expected_decode(workload, layer: int) -> np.ndarray:
+    t, p = workload.tensors, f"attn{layer}."
+    cache = PagedKVCache(t[p + "k_pages"], t[p + "v_pages"])
+    return attention_decode(t[p + "q_decode"], cache, t[p + "block_table"],
+                            t[p + "context_lens"], workload.attention_scales(layer, "decode"),
+                            window=workload.config.windows[layer], sinks=workload.sinks(layer))
+
+
+def _expected_prefill(workload, layer: int) -> np.ndarray:
+    t, p = workload.tensors, f"attn{layer}."
+    return attention_prefill(t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"],
+                             workload.attention_scales(layer, "prefill"),
+                             window=workload.config.windows[layer],
+                             sinks=workload.sinks(layer), block_keys=workload.config.page_size)
+
+
+def _run(program):
+    check_synchronisation(program.ops, program.config.n)
+    output, _ = run_on_model(program)
+    return output
+
+
+# --- the workloads --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["window5", "full"])
+def test_tiny_decode(tiny, layer):
+    cfg = _config(tiny, spad_words=4096, num_pages=64)
+    expected = _expected_decode(tiny, layer)
+    for sequence, context in enumerate(TINY_CONTEXTS):
+        program = decode_from_workload(cfg, tiny, layer, sequence,
+                                       allocator=PageAllocator(cfg, seed=sequence))
+        assert program.kv.tokens == context
+        np.testing.assert_array_equal(_run(program)[0], expected[sequence],
+                                      err_msg=f"context {context}")
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["window5", "full"])
+def test_tiny_prefill(tiny, layer):
+    cfg = _config(tiny, spad_words=4096, num_pages=64)
+    program = prefill_from_workload(cfg, tiny, layer)
+    np.testing.assert_array_equal(_run(program), _expected_prefill(tiny, layer))
+    notes = program.summary.notes
+    # 4-key pages < N = 8 lanes: the window's masks need one position per chunk (a
+    # group's heads); the full layer runs consecutive tokens with causal bounds.
+    if layer == 0:
+        assert notes["causal_chunks"] == 0 and notes["rows_per_chunk"] == tiny.config.heads // 2
+    else:
+        assert notes["causal_chunks"] == notes["chunks"]
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["window128", "full"])
+@pytest.mark.parametrize("sequence", [0, 1], ids=[f"ctx{c}" for c in GPT_OSS_CONTEXTS])
+def test_gpt_oss_decode(gpt_oss, layer, sequence):
+    cfg = _config(gpt_oss)
+    program = decode_from_workload(cfg, gpt_oss, layer, sequence,
+                                   allocator=PageAllocator(cfg, seed=7))
+    np.testing.assert_array_equal(_run(program)[0], _expected_decode(gpt_oss, layer)[sequence])
+    context = GPT_OSS_CONTEXTS[sequence]
+    window = gpt_oss.config.windows[layer]
+    ps = cfg.page_size
+    first = 0 if window is None else max(0, context - window) // ps
+    blocks = (context - 1) // ps + 1 - first
+    assert program.summary.notes["key_blocks"] == blocks * gpt_oss.config.kv_heads
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["window128", "full"])
+def test_gpt_oss_prefill(gpt_oss, layer):
+    program = prefill_from_workload(_config(gpt_oss), gpt_oss, layer)
+    np.testing.assert_array_equal(_run(program), _expected_prefill(gpt_oss, layer))
+    assert program.summary.notes["causal_chunks"] == program.summary.notes["chunks"]
+
+
+# --- other shapes ------------------------------------------------------------------------------
+
+SHAPES = {
+    # n, heads, kv_heads, head_dim, v_head_dim, page_size, window, sinks, tokens, slots
+    "mqa-rows>N": (8, 12, 1, 40, 32, 8, None, True, 19, 16),
+    "group>slots": (8, 16, 1, 40, 32, 16, 7, True, 20, 3),
+    "window-causal-pages": (8, 4, 2, 12, 20, 16, 20, True, 40, 8),
+    "n4-window": (4, 8, 2, 32, 32, 16, 5, True, 30, 8),
+    "n16-tiny-pages": (16, 6, 2, 12, 12, 4, 5, True, 11, 8),
+    "mha-page1": (8, 4, 4, 12, 12, 1, 2, False, 6, 8),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_shapes_against_golden(shape):
+    n, heads, kvh, d, dv, ps, window, sinks, tokens, slots = shape
+    rng = np.random.default_rng(sum(shape[:6]))
+    q, k, v = (rng.integers(-128, 128, s).astype(np.int8)
+               for s in ((tokens, heads, d), (tokens, kvh, d), (tokens, kvh, dv)))
+    scales = AttentionScales(0.02, 0.03, 0.05, 0.03)
+    sink_logits = rng.normal(1.0, 3.0, heads) if sinks else None
+    (lm, ls), (om, osh) = _multipliers(scales, d, NUMERICS)
+    layer = AttentionLayer(heads, kvh, d, dv, ps, window,
+                           None if sinks is False else
+                           tuple(int(x) for x in quantize_log2_logit(sink_logits)),
+                           lm, ls, om, osh)
+    cfg = TileConfig.for_attention(d, dv, ps, n=n, slots=slots, spad_words=65536,
+                                   num_pages=256, max_pages=64, kv_sequences=16,
+                                   acc_depth=1024)
+    program = build_prefill(cfg, layer, q, k, v, allocator=PageAllocator(cfg, seed=1))
+    expected = attention_prefill(q, k, v, scales, window=window, sinks=sink_logits,
+                                 block_keys=ps)
+    np.testing.assert_array_equal(_run(program), expected)
+    assert program.summary.notes["rows_per_chunk"] <= slots
+    for context in (1, tokens):
+        cache, table = build_cache([k[:context]], [v[:context]], ps, rng=rng)
+        expected = attention_decode(q[context - 1:context], cache, table, np.array([context]),
+                                    scales, window=window, sinks=sink_logits)
+        program = build_decode(cfg, layer, q[context - 1], k[:context], v[:context])
+        np.testing.assert_array_equal(_run(program), expected, err_msg=f"context {context}")
+
+
+def test_chunks_shrink_to_fit_the_accumulator():
+    wl = generate("deepseek-r1", decode_context_lens=(40,), prefill_tokens=4, moe_tokens=2)
+    big = _config(wl, slots=16, acc_depth=1024, num_pages=64)
+    small = _config(wl, slots=16, acc_depth=256, num_pages=64)
+    expected = _expected_decode(wl, 0)[0]
+    rows = []
+    for cfg in (big, small):
+        program = decode_from_workload(cfg, wl, 0)
+        np.testing.assert_array_equal(_run(program)[0], expected)
+        assert program.summary.acc_entries <= cfg.acc_depth
+        rows.append(program.summary.notes["rows_per_chunk"])
+    assert rows == [16, 8]
+
+
+# --- the host side: KV pages, summary, synchronisation ----------------------------------------
+
+def test_kv_appends_fill_the_pages_the_program_reads(tiny):
+    """A KV port model (docs/scratchpad.md: MAP, then APPEND word w of token len[seq],
+    ``last`` commits) fed with kv_map and kv_appends leaves exactly kv_words."""
+    cfg = _config(tiny, spad_words=4096, num_pages=64)
+    program = decode_from_workload(cfg, tiny, 1, 3, allocator=PageAllocator(cfg, seed=3))
+    table: dict[tuple[int, int], int] = {}
+    for seq, index, phys in program.kv_map:
+        assert (seq, index) not in table and 0 <= phys < cfg.num_pages
+        table[seq, index] = phys
+    assert len(set(table.values())) == len(table)  # no page aliased
+    lengths: dict[int, int] = {}
+    memory: dict[int, int] = {}
+    for seq, word, data, last in program.kv_appends:
+        t = lengths.get(seq, 0)
+        assert 0 <= word < cfg.token_words
+        base = cfg.kv_start + (table[seq, t // cfg.page_size] * cfg.token_words + word) \
+            * cfg.page_size
+        memory[base + t % cfg.page_size] = data
+        lengths[seq] = t + int(last)
+    assert set(lengths.values()) == {TINY_CONTEXTS[3]}
+    assert len(lengths) == 2 * tiny.config.kv_heads
+    assert memory == program.kv_words
+    # The token-level function gives the same requests.
+    k = np.zeros((tiny.config.kv_heads, tiny.config.head_dim), np.int8)
+    v = np.ones((tiny.config.kv_heads, tiny.config.v_head_dim), np.int8)
+    appends = program.kv.token_appends(k, v)
+    assert [a[0] for a in appends if a[3]] == list(range(2 * tiny.config.kv_heads))
+
+
+def test_summary_counts(tiny, gpt_oss):
+    cfg = _config(gpt_oss)
+    program = decode_from_workload(cfg, gpt_oss, 1, 1)
+    s = program.summary
+    steps, kvh = s.notes["key_blocks"], gpt_oss.config.kv_heads
+    assert steps == 2 * 65
+    digits = s.instructions["GEMM"] - 3 * steps  # the sink constants' GEMMs
+    assert 1 <= digits <= 3
+    assert s.instructions["WAIT"] == 3 * steps
+    assert s.vec_ops["LOGIT"] == steps and s.vec_ops["EXP"] == 3 * steps
+    assert s.vec_ops["RECIP"] == s.vec_ops["REQUANT"] == kvh
+    assert s.length == len(program.instructions) <= cfg.program_depth
+    page = cfg.page_size * cfg.n  # bytes of one 8-channel chunk of a page
+    assert s.kv_bytes_read == steps * (4 * page + 2 * 4 * page)  # K once, V by both limbs
+    assert s.kv_bytes_unique == steps * 2 * 4 * page
+    heads, d = gpt_oss.config.heads, gpt_oss.config.head_dim
+    # Q·Kᵀ and two limb P·V per page and head, plus the small constant GEMMs.
+    assert s.macs >= steps * heads // kvh * 16 * (d + 2 * d)
+    tiny_program = decode_from_workload(_config(tiny, spad_words=4096, num_pages=64), tiny, 1, 3)
+    assert tiny_program.summary.notes["key_blocks"] == 2 * 4
+    assert tiny_program.summary.as_dict()["length"] == len(tiny_program.instructions)
+
+
+def test_every_wait_is_needed(tiny):
+    """Dropping any WAIT together with the signal it consumes leaves a cross-engine
+    hazard that check_synchronisation reports; the program itself passes."""
+    cfg = _config(tiny, spad_words=4096, num_pages=64)
+    ops = decode_from_workload(cfg, tiny, 1, 3).ops
+    check_synchronisation(ops, cfg.n)
+    waits = [j for j, (op, _) in enumerate(ops) if op == Opcode.WAIT]
+    assert {ops[j][1]["semaphore"] for j in waits} == {SEM_SCORES, SEM_P, SEM_PV}
+    for j in waits:
+        sem = ops[j][1]["semaphore"]
+        nth = sum(1 for i in waits if i <= j and ops[i][1]["semaphore"] == sem)
+        signallers = [i for i, (op, f) in enumerate(ops)
+                      if op != Opcode.WAIT and (f.get("signal") or {}).get("enable")
+                      and f["signal"]["semaphore"] == sem]
+        s = signallers[nth - 1]
+        broken = [(op, dict(f)) for op, f in ops]
+        broken[s][1]["signal"] = {"enable": 0, "semaphore": 0}
+        del broken[j]
+        with pytest.raises(ValueError, match="no WAIT orders them"):
+            check_synchronisation(broken, cfg.n)
+
+
+def test_unbalanced_or_deadlocked_semaphores_are_refused(tiny):
+    cfg = _config(tiny, spad_words=4096, num_pages=64)
+    ops = decode_from_workload(cfg, tiny, 1, 0).ops
+    scores = next((op, f) for op, f in ops
+                  if op == Opcode.GEMM and f.get("signal", {}).get("semaphore") == SEM_SCORES)
+    with pytest.raises(ValueError, match="waited for at HALT"):
+        check_synchronisation(ops[:-1] + [scores, ops[-1]], cfg.n)
+    extra = (Opcode.WAIT, {"semaphore": SEM_P, "count": 1})
+    with pytest.raises(ValueError, match="deadlocks"):
+        check_synchronisation([extra] + ops, cfg.n)
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n": 3}, "n must be a power of two"),
+    ({"acc_depth": 300}, "acc_depth"),
+    ({"slots": 0}, "slots"),
+    ({"program_depth": 1000}, "program_depth"),
+    ({"page_size": 12}, "page_size"),
+    ({"spad_words": 1 << 17}, "spad_words"),
+    ({"num_pages": 1000}, "do not fit"),
+    ({"kv_base": 100}, "kv_base"),
+    ({"kv_sequences": 16, "max_pages": 128}, "at most 1024"),
+])
+def test_bad_tile_config(fields, message):
+    with pytest.raises(ValueError, match=message):
+        TileConfig(**fields)
+
+
+def test_refuses_what_does_not_fit(tiny, gpt_oss):
+    t = tiny.tensors
+    ok = _config(tiny, spad_words=4096, num_pages=64)
+    cases = [
+        (_config(tiny, spad_words=4096, num_pages=64, program_depth=64), "program_depth"),
+        (_config(tiny, spad_words=4096, num_pages=4), "KV pages"),
+        (_config(tiny, spad_words=4096, num_pages=64, max_pages=2), "max_pages"),
+        (_config(tiny, spad_words=4096, num_pages=64, kv_sequences=2), "kv_sequences"),
+        (_config(tiny, spad_words=1024, num_pages=126), "scratchpad full"),
+        (_config(tiny, spad_words=4096, num_pages=64, acc_depth=16), "accumulator memory full"),
+        (TileConfig.for_attention(12, 12, 8, spad_words=4096, num_pages=32), "page_size"),
+        (TileConfig.for_attention(8, 8, 4, spad_words=4096, num_pages=64), "token_words"),
+    ]
+    for cfg, message in cases:
+        with pytest.raises(ValueError, match=message):
+            decode_from_workload(cfg, tiny, 1, 3)
+    layer = AttentionLayer.from_workload(tiny, 1, "decode")
+    q = t["attn1.q_decode"][0]
+    k = np.zeros((5, 2, 12), np.int8)
+    with pytest.raises(ValueError, match="int8"):
+        build_decode(ok, layer, q.astype(np.int16), k, k)
+    with pytest.raises(ValueError, match="shape"):
+        build_decode(ok, layer, q, k, k[:4])
+    with pytest.raises(ValueError, match="context >= 1"):
+        build_decode(ok, layer, q, k[:0], k[:0])
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        build_prefill(ok, layer, t["attn1.q_prefill"][0], k, k)
+    with pytest.raises(ValueError, match="multiple"):
+        AttentionLayer(6, 4, 12, 12, 4, None, None, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="phase"):
+        AttentionLayer.from_workload(tiny, 0, "train")
+    # A 1024-token gpt-oss decode fits the default config; 4096 tokens do not fit its
+    # program memory.
+    layer = AttentionLayer.from_workload(gpt_oss, 1, "decode")
+    cfg = _config(gpt_oss)
+    kk = np.zeros((4096, 2, 32), np.int8)
+    with pytest.raises(ValueError, match="program_depth"):
+        build_decode(cfg, layer, gpt_oss.tensors["attn1.q_decode"][0], kk, kk)
