@@ -267,6 +267,11 @@ class TileModel:
             self._spad_region("VEC dst", f["dst"], rows * beats)
         if f["total_write"]:
             self._acc_entry("VEC total", f["total"] + scalar_last)
+            # The engine writes the totals of a block of N rows together after the
+            # block's results, so a tile destination must keep clear of them.
+            if kind == VecDst.TILE and dst <= f["total"] + scalar_last \
+                    and f["total"] <= dst + tile_last:
+                raise ValueError("VEC total entries overlap the TILE destination region")
         uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
                 "c": code in _USES_C and not f["c_imm"]}
         written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats

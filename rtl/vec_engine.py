@@ -31,16 +31,18 @@ class VecEngine(wiring.Component):
     the key bounds ``lo``/``hi`` + r·``causal``; slot ``slot + r``; ``first`` on j = 0)
     and writes the result as ``dst_kind`` says: a whole tile entry, one lane of a
     scalar entry, or a packed scratchpad word ``dst + j·rows + r``; at the last beat of
-    a row, the row's total into lane r mod N of entry ``total + r // N``. It is the
-    hardware of :meth:`golden.tile_model.TileModel._vec`.
+    a row, the row's total into lane r mod N of entry ``total + r // N`` (the totals of
+    the N rows sharing an entry are written together, after those rows' results). It
+    is the hardware of :meth:`golden.tile_model.TileModel._vec`.
 
     Hazards: a command is taken only when the previous instruction has completely
     finished (its ``done`` beat taken, so every accumulator write accepted and every
     scratchpad write acknowledged). No hazard between instructions can exist, by
     construction. Inside an instruction, operands are read about ``unit.latency`` beats
     before their results are written: a beat must not read what an earlier beat of the
-    same instruction writes (the model refuses such programs); a beat reading and
-    writing the same entry (in place) is fine.
+    same instruction writes, and a TILE destination must not overlap the total entries
+    (the model refuses both); a beat reading and writing the same entry (in place) is
+    fine.
 
     Parameters
     ----------
@@ -69,11 +71,13 @@ class VecEngine(wiring.Component):
     Timing
     ------
     One beat per cycle in steady state, stalling on the vector unit's ``ops`` (RECIP
-    interlock, results backing up) and on ``acc_w``/``spad_req`` backpressure. A beat
-    that writes both an accumulator destination (TILE or SCALAR) and the row total
-    takes two cycles on ``acc_w``. From taking a command to its ``done`` beat:
-    ``rows·beats + latency + 3`` cycles without stalls, plus the scratchpad's write
-    latency for SPAD destinations, where ``latency`` is the vector unit's.
+    interlock, results backing up) and on ``acc_w``/``spad_req`` backpressure. Row
+    totals are gathered per block of N rows (they share an entry) and written in one
+    ``acc_w`` cycle after the block's last result, which holds the next result for that
+    cycle. From taking a command to its ``done`` beat: ``rows·beats + overhead``
+    cycles without stalls (``overhead`` = the vector unit's latency + 3), plus
+    ceil(rows / N) with totals and the scratchpad's write latency (minus one) for SPAD
+    destinations; the next command is taken the cycle after ``done``.
     """
 
     def __init__(self, n: int = 8, slots: int = 4, acc_depth: int = 256,
@@ -246,30 +250,31 @@ class VecEngine(wiring.Component):
         kind = ins.dst_kind
         to_acc = (kind == VecDst.TILE) | (kind == VecDst.SCALAR)
         to_spad = kind == VecDst.SPAD
-        data_sent, total_sent = Signal(), Signal()  # this result's writes already taken
-        data_pending = Signal()
-        total_pending = Signal()
-        m.d.comb += [
-            data_pending.eq(results.valid & (kind != VecDst.NONE) & ~data_sent),
-            total_pending.eq(results.valid & ins.total_write & wr["last_beat"] & ~total_sent),
-        ]
-        # The total waits for an accumulator data write of the same result (one port).
-        acc_data = data_pending & to_acc
-        acc_total = total_pending & ~acc_data
         lane_bit = Signal(n)
         m.d.comb += [lane_bit[i].eq(wr["lane"] == i) for i in range(n)]
+        # Row totals are gathered into one entry's lanes (N rows share a total entry)
+        # and written together, so a row end costs no extra acc_w cycle: the buffer is
+        # flushed after the last row of a block of N rows (or the instruction), ahead
+        # of the next data write.
+        tot_data = Signal(Entry(n), name="tot_data")
+        tot_lanes = Signal(n, name="tot_lanes")
+        tot_addr = Signal(range(self.acc_depth), name="tot_addr")
+        flush = Signal(name="tot_flush")  # the buffer is complete, being written
+        row_total = Signal(name="row_total")
+        m.d.comb += row_total.eq(ins.total_write & wr["last_beat"])
+
+        acc_data = results.valid & to_acc & ~flush
         write = self.acc_w.payload
-        with m.If(acc_data):
-            with m.If(kind == VecDst.TILE):
-                m.d.comb += [write.addr.eq(ins.dst + wr["tile"]), write.data.eq(res.data),
-                             write.lanes.eq((1 << n) - 1)]
-            with m.Else():
-                m.d.comb += [write.addr.eq(ins.dst + wr["entry"]),
-                             write.data.eq(res.data[0].replicate(n)), write.lanes.eq(lane_bit)]
+        with m.If(flush):
+            m.d.comb += [write.addr.eq(tot_addr), write.data.eq(tot_data),
+                         write.lanes.eq(tot_lanes)]
+        with m.Elif(kind == VecDst.TILE):
+            m.d.comb += [write.addr.eq(ins.dst + wr["tile"]), write.data.eq(res.data),
+                         write.lanes.eq((1 << n) - 1)]
         with m.Else():
-            m.d.comb += [write.addr.eq(ins.total + wr["entry"]),
-                         write.data.eq(res.total.replicate(n)), write.lanes.eq(lane_bit)]
-        m.d.comb += self.acc_w.valid.eq(acc_data | acc_total)
+            m.d.comb += [write.addr.eq(ins.dst + wr["entry"]),
+                         write.data.eq(res.data[0].replicate(n)), write.lanes.eq(lane_bit)]
+        m.d.comb += self.acc_w.valid.eq(flush | acc_data)
 
         packed = []
         for i in range(n):
@@ -278,17 +283,22 @@ class VecEngine(wiring.Component):
                               Mux(ins.pack == VecPack.LIMB_LO, Cat(lane[:7], 0), lane[:8])))
         req = self.spad_req.payload
         m.d.comb += [
-            self.spad_req.valid.eq(data_pending & to_spad),
+            self.spad_req.valid.eq(results.valid & to_spad & ~flush),
             req.addr.eq(spad_ptr), req.write.eq(1), req.data.eq(Cat(*packed)),
         ]
-        data_ok = ~data_pending | (to_acc & self.acc_w.ready) | (to_spad & self.spad_req.ready)
-        total_ok = ~total_pending | (acc_total & self.acc_w.ready)
-        m.d.comb += [wr_go.eq(results.valid & data_ok & total_ok), results.ready.eq(wr_go)]
-        with m.If(wr_go):
-            m.d.sync += [data_sent.eq(0), total_sent.eq(0)]
-        with m.Else():
-            m.d.sync += [data_sent.eq(data_sent | (data_pending & data_ok)),
-                         total_sent.eq(total_sent | (total_pending & total_ok))]
+        data_ok = ((to_acc & self.acc_w.ready) | (to_spad & self.spad_req.ready)
+                   | (kind == VecDst.NONE))
+        m.d.comb += [wr_go.eq(results.valid & ~flush & data_ok), results.ready.eq(wr_go)]
+        flush_fire = flush & self.acc_w.ready
+        with m.If(wr_go & row_total):  # (never while flushing: wr_go needs ~flush)
+            for i in range(n):
+                with m.If(lane_bit[i]):
+                    m.d.sync += tot_data[i].eq(res.total)
+            m.d.sync += [tot_lanes.eq(tot_lanes | lane_bit),
+                         tot_addr.eq(ins.total + wr["entry"]),
+                         flush.eq((wr["lane"] == n - 1) | wr["last_row"])]
+        with m.Elif(flush_fire):
+            m.d.sync += [flush.eq(0), tot_lanes.eq(0)]
 
         # --- completion: every result written, every scratchpad write acknowledged --
         written = Signal()
@@ -307,11 +317,11 @@ class VecEngine(wiring.Component):
 
         done_valid = Signal()
         m.d.comb += [self.done.valid.eq(done_valid), self.done.payload.eq(ins.signal)]
-        # Done once every result is written and no scratchpad write is unacknowledged;
-        # when the last write is an accumulator write, in the cycle after it.
+        # Done once every result and total is written and no scratchpad write is
+        # unacknowledged; when the last write is an accumulator write, the cycle after.
         last_write = wr_go & wr["last_beat"] & wr["last_row"]
         with m.If(busy & ~done_valid & (outstanding == 0)
-                  & (written | (last_write & ~req_fire))):
+                  & ((written & (~flush | flush_fire)) | (last_write & ~req_fire & ~row_total))):
             m.d.sync += done_valid.eq(1)
         with m.If(self.done.valid & self.done.ready):
             m.d.sync += [done_valid.eq(0), busy.eq(0), written.eq(0)]

@@ -167,6 +167,8 @@ def test_dma_local_copy_and_remote_refused():
     (("VEC", {"a": 60, "rows": 1, "beats": 2}), "VEC a"),
     (("VEC", {"dst": 63, "dst_kind": VecDst.SPAD, "rows": 1, "beats": 2}), "VEC dst"),
     (("VEC", {"total": 64, "total_write": 1, "rows": 1, "beats": 1}), "VEC total"),
+    (("VEC", {"dst": 8, "dst_kind": VecDst.TILE, "total": 15, "total_write": 1,
+              "rows": 1, "beats": 2}), "overlap"),
     (("DMA", {"tiles": 0}), "no tile"),
     (("DMA", {"src": 60, "length": 8, "tiles": 1}), "DMA src"),
     (("SIGNAL", {"semaphore": 16, "count": 1}), "semaphore 16"),
