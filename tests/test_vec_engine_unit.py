@@ -334,9 +334,10 @@ def random_program(seed, n, slots, count, batch, acc_depth, spad_words):
     return program
 
 
-@pytest.mark.parametrize(("seed", "n", "stalls"), [(1, 4, False), (2, 4, True), (3, 8, True)])
+@pytest.mark.parametrize(("seed", "n", "stalls"),
+                         [(1, 4, False), (2, 4, True), (3, 8, True), (4, 2, True)])
 def test_random_instructions_match_the_model(seed, n, stalls):
-    slots = 6 if n == 4 else 4
+    slots = {2: 5, 4: 6, 8: 4}[n]
     program = random_program(seed, n, slots, count=30 if n == 4 else 15, batch=5,
                              acc_depth=1024, spad_words=512)
     stall = 0.3 if stalls else 0.0
