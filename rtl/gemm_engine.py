@@ -238,6 +238,7 @@ class GemmEngine(wiring.Component):
     acc_addr, acc_data : an accumulator read port (data the cycle after the address)
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     busy : out, a GEMM is in the engine (for utilisation counters)
+    beat : out, the tensor core takes an operand beat this cycle (N² MACs)
     error : out, sticky: a scratchpad error status or a tensor-core operand mismatch
     """
 
@@ -259,6 +260,7 @@ class GemmEngine(wiring.Component):
             "acc_data": In(Entry(n)),
             "acc_w": Out(stream.Signature(AccWrite(n, acc_depth))),
             "busy": Out(1),
+            "beat": Out(1),
             "error": Out(1),
         })
 
@@ -373,7 +375,8 @@ class GemmEngine(wiring.Component):
                 m.d.sync += [row_count.eq(0), done_valid.eq(1),
                              self.done.payload.eq(wb.signal)]
 
-        m.d.comb += self.busy.eq(feeding | setup | wbq.r_rdy)
+        m.d.comb += [self.busy.eq(feeding | setup | wbq.r_rdy),
+                     self.beat.eq(core.a.valid & core.a.ready)]
         with m.If(core.error | fetch_a.error | fetch_b.error):
             m.d.sync += self.error.eq(1)
         return m

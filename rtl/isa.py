@@ -19,8 +19,9 @@ from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ACC_ADDR_BITS", "ADDR_BITS", "DmaArgs", "VecDst", "VecPack", "GemmArgs", "INSTRUCTION", "INSTRUCTION_BITS", "Opcode",
-    "SEMAPHORES", "SIGNAL", "VecArgs", "WaitArgs", "decode", "encode",
+    "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "SEMAPHORES", "SIGNAL",
+    "DmaArgs", "GemmArgs", "Opcode", "VecArgs", "VecDst", "VecPack", "WaitArgs", "decode",
+    "encode",
 ]
 
 #: Width of an instruction word.
@@ -29,7 +30,7 @@ INSTRUCTION_BITS = 256
 ADDR_BITS = 16
 #: Accumulator-memory entry address width (at most 1024 entries of N x 48 bits).
 ACC_ADDR_BITS = 10
-#: Width of a vector instruction's row and beat counts (1..64 each).
+#: Width of a vector instruction's row and beat counts (1..127 each).
 COUNT_FIELD_BITS = 7
 #: Width of a vector instruction's signed key bounds (see :class:`VecArgs`).
 BOUND_BITS = 13

@@ -1,0 +1,199 @@
+"""A tile: sequencer, scratchpad, accumulator memory, GEMM engine (tensor core), VEC
+engine (vector unit) and DMA engine, with a host port and a network port."""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from rtl.accumulator import AccumulatorMemory
+from rtl.dma_engine import DmaEngine, NetWord
+from rtl.gemm_engine import GemmEngine
+from rtl.scratchpad import Scratchpad
+from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
+from rtl.vec_engine import VecEngine
+
+__all__ = ["Counters", "Tile"]
+
+#: Width of a performance counter.
+COUNTER_BITS = 32
+
+
+class Counters(data.StructLayout):
+    """Cycle counts from ``go`` until the program halts: every running cycle, split
+    into exclusive phases by which engines are busy (``stall``: none is, the sequencer
+    is fetching or waiting), and the tensor core's accepted operand beats."""
+
+    def __init__(self):
+        super().__init__({name: unsigned(COUNTER_BITS) for name in (
+            "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "tc_beats")})
+
+
+def _join(m: Module, source, sink) -> None:
+    """Connect two request/response streams whose payloads share field names (a sink
+    field the source lacks, the fault-injection ``flip``, is tied to 0)."""
+    m.d.comb += [sink.valid.eq(source.valid), source.ready.eq(sink.ready)]
+    src_fields = dict(source.payload.shape())
+    for name, _ in sink.payload.shape():
+        if name in src_fields:
+            m.d.comb += sink.payload[name].eq(source.payload[name])
+
+
+class Tile(wiring.Component):
+    """One tile of the chip (first form: the network port is raw words, see issue 5).
+
+    The host loads the program (``program``), fills and reads the scratchpad through the
+    ``host`` port, appends KV tokens and maps pages through the ``kv`` port, pulses
+    ``go`` (the sequencer's ``start``) and watches ``status``. The sequencer dispatches
+    GEMM, VEC and DMA instructions to their engines, which run in parallel and share the
+    scratchpad (ports ``ga``/``gb`` for the GEMM operands, ``vec``, ``dma``, ``net`` for arriving
+    words, ``host``, ``kv``) and the accumulator memory (GEMM and VEC write, the VEC
+    engine writing first when both do).
+
+    ``net_out`` carries the DMA words bound for other tiles; ``net_in`` takes words
+    from other tiles (written at their address; the last word of a signalling DMA adds
+    one to its semaphore once the write is done).
+
+    Parameters: ``n`` (tensor core and vector unit size), ``position`` and ``mesh``
+    (x, y and columns, rows), ``banks`` x ``depth`` scratchpad words, the KV geometry
+    (``page_size``, ``token_words``, ``num_pages``, ``sequences``, ``max_pages``, see
+    :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
+    vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
+    port can flip stored bits, a test hook).
+    """
+
+    def __init__(self, *, n: int = 8, position: tuple[int, int] = (0, 0),
+                 mesh: tuple[int, int] = (1, 1), banks: int = 8, depth: int = 2048,
+                 page_size: int = 16, token_words: int = 4, num_pages: int = 64,
+                 sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
+                 slots: int = 8, program_depth: int = 4096, fault_injection: bool = False):
+        x, y = position
+        if not (0 <= x < mesh[0] and 0 <= y < mesh[1]):
+            raise ValueError(f"tile position {position} is outside the {mesh[0]} x {mesh[1]} mesh")
+        self.n, self.position, self.mesh = n, position, mesh
+        self.scratchpad = Scratchpad(
+            banks, depth, 8 * n, ports=("ga", "gb", "vec", "dma", "net", "host", "kv"),
+            kv_port="kv", page_size=page_size, token_words=token_words, num_pages=num_pages,
+            sequences=sequences, max_pages=max_pages, fault_injection=fault_injection)
+        sp = self.scratchpad
+        self.sequencer = Sequencer(array_size=n, scratchpad_words=sp.words,
+                                   acc_depth=acc_depth, slots=slots, mesh=mesh,
+                                   program_depth=program_depth)
+        self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
+        pc_bits = ceil_log2(program_depth)
+        super().__init__({
+            "program": In(stream.Signature(ProgramWrite(pc_bits))),
+            "go": In(1),
+            "status": Out(SequencerStatus(pc_bits)),
+            "host_req": In(stream.Signature(sp.request_layout)),
+            "host_resp": Out(stream.Signature(sp.response_layout)),
+            "kv_req": In(stream.Signature(sp.kv_request_layout)),
+            "kv_resp": Out(stream.Signature(sp.response_layout)),
+            "net_out": Out(stream.Signature(NetWord(n))),
+            "net_in": In(stream.Signature(NetWord(n))),
+            "counters": Out(Counters()),
+            "engine_error": Out(3),  # sticky: GEMM, VEC, DMA engine saw an error status
+            "corrected_count": Out(16),
+            "uncorrectable_count": Out(16),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, sp = self.n, self.scratchpad
+        m.submodules.scratchpad = sp
+        m.submodules.sequencer = seq = self.sequencer
+        m.submodules.acc = acc = AccumulatorMemory(
+            n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
+            writers=("vec", "gemm"))
+        m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
+        m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth)
+        m.submodules.dma = dma = DmaEngine(n, position=self.position)
+
+        # Host side.
+        wiring.connect(m, wiring.flipped(self.program), seq.program)
+        m.d.comb += [seq.start.eq(self.go), self.status.eq(seq.status),
+                     self.corrected_count.eq(sp.corrected_count),
+                     self.uncorrectable_count.eq(sp.uncorrectable_count)]
+        wiring.connect(m, wiring.flipped(self.host_req), sp.host_req)
+        wiring.connect(m, sp.host_resp, wiring.flipped(self.host_resp))
+        wiring.connect(m, wiring.flipped(self.kv_req), sp.kv_req)
+        wiring.connect(m, sp.kv_resp, wiring.flipped(self.kv_resp))
+
+        # Sequencer to engines.
+        for name, engine in (("gemm", gemm), ("vec", vec), ("dma", dma)):
+            wiring.connect(m, getattr(seq, name), engine.cmd)
+            wiring.connect(m, engine.done, getattr(seq, f"{name}_done"))
+
+        # Engines to the scratchpad.
+        for req, resp, port in ((gemm.a_req, gemm.a_resp, "ga"), (gemm.b_req, gemm.b_resp, "gb"),
+                                (vec.spad_req, vec.spad_resp, "vec"),
+                                (dma.req, dma.resp, "dma")):
+            _join(m, req, getattr(sp, f"{port}_req"))
+            _join(m, getattr(sp, f"{port}_resp"), resp)
+
+        # Engines to the accumulator memory.
+        wiring.connect(m, gemm.acc_w, acc.gemm)
+        wiring.connect(m, vec.acc_w, acc.vec)
+        m.d.comb += [acc.gemm_addr.eq(gemm.acc_addr), gemm.acc_data.eq(acc.gemm_data)]
+        for operand in "abc":
+            m.d.comb += [getattr(acc, f"vec_{operand}_addr").eq(getattr(vec, f"{operand}_addr")),
+                         getattr(vec, f"{operand}_data").eq(getattr(acc, f"vec_{operand}_data"))]
+
+        # Network: DMA words out; arriving words written, their signal after the write.
+        wiring.connect(m, dma.net_out, wiring.flipped(self.net_out))
+        self._receive(m, sp, seq, dma)
+
+        # Errors and counters.
+        for bit, engine in enumerate((gemm, vec, dma)):
+            with m.If(engine.error):
+                m.d.sync += self.engine_error[bit].eq(1)
+        c = self.counters
+        running = seq.status.running | ~seq.status.halted & (gemm.busy | vec.busy | dma.busy)
+        g, v, d = gemm.busy, vec.busy, dma.busy
+        with m.If(self.go & ~seq.status.running):
+            m.d.sync += c.eq(0)
+        with m.Elif(running):
+            m.d.sync += [
+                c.cycles.eq(c.cycles + 1),
+                c.gemm.eq(c.gemm + (g & ~v)),
+                c.vec.eq(c.vec + (v & ~g)),
+                c.gemm_vec.eq(c.gemm_vec + (g & v)),
+                c.dma.eq(c.dma + (d & ~g & ~v)),
+                c.stall.eq(c.stall + ~(g | v | d)),
+                c.tc_beats.eq(c.tc_beats + gemm.beat),
+            ]
+        return m
+
+    def _receive(self, m: Module, sp, seq, dma) -> None:
+        """``net_in`` words into the scratchpad (``net`` port); the signal of a last word
+        waits for every write before it; arrivals merge with the DMA engine's local one."""
+        word = self.net_in.payload
+        req = sp.net_req
+        outstanding = Signal(range(64))
+        pending_signal = Signal()  # a last word's signal, raised once the writes are done
+        pending_semaphore = Signal(4)
+        m.d.comb += [req.payload.addr.eq(word.addr), req.payload.write.eq(1),
+                     req.payload.data.eq(word.data)]
+        can_take = ~pending_signal & (outstanding < 63)
+        with m.If(word.write):
+            m.d.comb += [req.valid.eq(self.net_in.valid & can_take),
+                         self.net_in.ready.eq(req.ready & can_take)]
+        with m.Else():
+            m.d.comb += self.net_in.ready.eq(can_take)
+        taken = self.net_in.valid & self.net_in.ready
+        m.d.comb += sp.net_resp.ready.eq(1)
+        m.d.sync += outstanding.eq(outstanding + (taken & word.write) - sp.net_resp.valid)
+        with m.If(taken & word.last & word.signal):
+            m.d.sync += [pending_signal.eq(1), pending_semaphore.eq(word.semaphore)]
+
+        # Arrivals: the network's (once its writes are acknowledged) before the DMA's.
+        net_arrival = pending_signal & (outstanding == 0)
+        with m.If(net_arrival):
+            m.d.comb += [seq.arrival.valid.eq(1), seq.arrival.payload.eq(pending_semaphore)]
+            m.d.sync += pending_signal.eq(0)
+        with m.Else():
+            m.d.comb += [seq.arrival.valid.eq(dma.arrival.valid),
+                         seq.arrival.payload.eq(dma.arrival.payload)]
+        m.d.comb += dma.arrival.ready.eq(~net_arrival)

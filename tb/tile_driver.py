@@ -1,0 +1,158 @@
+"""cocotb side of a tile in a StreamHarness: load a program and memory, run, read back.
+
+Every host action is a harness run (memories feed ``program``, ``host_req`` and
+``kv_req`` at full simulator speed, with optional random idle cycles and backpressure),
+so a 1024-token KV cache loads in a few thousand cycles with one Python wake-up. The
+program then runs on ``go``; the driver polls ``status`` every ``POLL`` cycles.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from amaranth.lib import data
+from cocotb.triggers import ClockCycles, RisingEdge
+
+from rtl.scratchpad import KvOp
+from rtl.sequencer import ErrorCode
+from rtl.tile import Counters
+from tb.harness_driver import HarnessDriver
+
+#: Cycles between two looks at ``status`` while a program runs.
+POLL = 64
+#: Response status bits that are errors (``corrected`` is not).
+ERROR_STATUS = ("uncorrectable", "bad_address", "bad_request", "kv_full", "unmapped", "bad_page")
+
+
+@dataclass
+class Execution:
+    """What one program run did: cycles from ``go`` to halted, the status, the counters."""
+
+    cycles: int
+    error: ErrorCode
+    pc: int
+    counters: dict[str, int]
+    wall_s: float
+    engine_error: int
+
+
+def _pack(layout, value: dict) -> int:
+    return layout.const(value).as_value().value
+
+
+class TileDriver:
+    """Drives a :class:`tb.harness.StreamHarness` around a :class:`rtl.tile.Tile`."""
+
+    STREAMS_IN = ("program", "host_req", "kv_req", "net_in")
+    STREAMS_OUT = ("host_resp", "kv_resp", "net_out")
+
+    def __init__(self, dut, tile):
+        self.dut, self.tile = dut, tile
+        self.harness = HarnessDriver(dut)
+        sig = tile.signature.members
+        self.layouts = {name: sig[name].signature.members["payload"].shape
+                        for name in self.STREAMS_IN + self.STREAMS_OUT}
+        self.status_layout = sig["status"].shape
+        self.dut.go.value = 0
+        self.idle, self.stall = 0.0, 0.0
+        self.seed = 1
+
+    async def reset(self) -> None:
+        await self.harness.reset()
+
+    def set_traffic(self, idle: float, stall: float, seed: int) -> None:
+        """Random idle cycles on the host's input streams, backpressure on its outputs."""
+        self.idle, self.stall, self.seed = idle, stall, seed
+
+    async def _transfer(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
+        """One harness run: send ``beats`` per input stream, collect every response."""
+        expect = {"host_resp": len(beats.get("host_req", [])),
+                  "kv_resp": len(beats.get("kv_req", [])), "net_out": 0}
+        for name in self.STREAMS_IN:
+            words = [_pack(self.layouts[name], b) for b in beats.get(name, [])]
+            self.harness.load(name, words)
+            self.harness.set_idle(name, self.idle)
+        for name in self.STREAMS_OUT:
+            self.harness.expect(name, expect[name])
+            self.harness.set_backpressure(name, self.stall)
+        self.seed += 1
+        stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
+        assert stats.finished, f"host transfer did not finish in {timeout_cycles} cycles"
+        out = {}
+        for name in ("host_resp", "kv_resp"):
+            raw = self.harness.read(name, expect[name])
+            out[name] = [data.Const(self.layouts[name], word) for word in raw]
+        return out
+
+    @staticmethod
+    def _errors(responses) -> list[str]:
+        bad = []
+        for index, r in enumerate(responses):
+            for flag in ERROR_STATUS:
+                if r.status[flag]:
+                    bad.append(f"#{index}: {flag}")
+        return bad
+
+    async def load(self, program: list[int], spad_writes: dict[int, int],
+                   kv_requests: list[dict], *, flips: dict[int, int] | None = None) -> dict:
+        """Program words at pc 0, scratchpad words (``flips``: codeword bits to XOR into
+        some of them, a fault-injection test hook), KV requests; every response must be
+        clean. Returns the responses."""
+        if len(program) > self.tile.program_depth:
+            raise ValueError(f"{len(program)} instructions do not fit the "
+                             f"{self.tile.program_depth}-word program memory")
+        flips = flips or {}
+        host = [{"addr": a, "write": 1, "data": w, **({"flip": flips[a]} if a in flips else {})}
+                for a, w in sorted(spad_writes.items())]
+        beats = {"program": [{"address": i, "word": w} for i, w in enumerate(program)],
+                 "host_req": host, "kv_req": kv_requests}
+        budget = 64 + 8 * sum(len(b) for b in beats.values())
+        out = await self._transfer(beats, budget)
+        for name in ("host_resp", "kv_resp"):
+            bad = self._errors(out[name])
+            assert not bad, f"{name} reported errors: {bad[:8]}"
+        return out
+
+    async def kv(self, requests: list[dict]) -> list:
+        """KV requests alone; returns their responses (errors included, for tests)."""
+        out = await self._transfer({"kv_req": requests}, 64 + 8 * len(requests))
+        return out["kv_resp"]
+
+    async def execute(self, timeout_cycles: int) -> Execution:
+        """Pulse ``go``; wait until the sequencer halts; return what happened."""
+        clk = self.dut.clk
+        self.dut.go.value = 1
+        await RisingEdge(clk)
+        self.dut.go.value = 0
+        began = time.perf_counter()
+        waited = 0
+        while True:
+            await ClockCycles(clk, POLL)
+            waited += POLL
+            status = data.Const(self.status_layout, self.dut.status.value.to_unsigned())
+            if status.halted:
+                break
+            assert waited < timeout_cycles, (
+                f"the program did not halt in {timeout_cycles} cycles (pc {int(status.pc)})")
+        wall = time.perf_counter() - began
+        counters = data.Const(Counters(), self.dut.counters.value.to_unsigned())
+        values = {name: int(counters[name]) for name, _ in Counters()}
+        return Execution(values["cycles"], status.error, int(status.pc), values, wall,
+                         int(self.dut.engine_error.value))
+
+    async def read(self, addresses: list[int]) -> tuple[list[int], list]:
+        """Scratchpad words at ``addresses`` through the host port (and their responses)."""
+        out = await self._transfer(
+            {"host_req": [{"addr": a, "write": 0, "data": 0} for a in addresses]},
+            64 + 8 * len(addresses))
+        responses = out["host_resp"]
+        return [int(r.data) for r in responses], responses
+
+
+def kv_requests(program) -> list[dict]:
+    """The MAP and APPEND requests of a compiled program's KV pages."""
+    maps = [{"op": KvOp.MAP, "seq": s, "index": i, "phys": p} for s, i, p in program.kv_map]
+    appends = [{"op": KvOp.APPEND, "seq": s, "word": w, "data": d, "last": int(last)}
+               for s, w, d, last in program.kv_appends]
+    return maps + appends
