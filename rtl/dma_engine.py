@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, unsigned
+from amaranth import Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -133,7 +133,8 @@ class DmaEngine(wiring.Component):
         bare = active & (cmd.length == 0) & remote.any() & ~sent
         net = self.net_out.payload
         m.d.comb += [
-            net.tiles.eq(remote), net.addr.eq(cmd.dst + index), net.data.eq(words.r_data),
+            net.tiles.eq(remote), net.addr.eq(cmd.dst + index),
+            net.data.eq(Mux(bare, 0, words.r_data)),
             net.write.eq(~bare), net.last.eq(bare | last_word), net.signal.eq(cmd.remote_signal),
             net.semaphore.eq(cmd.remote_semaphore),
             self.net_out.valid.eq(bare | (active & head & remote.any() & ~sent)),

@@ -47,8 +47,8 @@ class TileDriver:
     STREAMS_IN = ("program", "host_req", "kv_req", "net_in")
     STREAMS_OUT = ("host_resp", "kv_resp", "net_out")
 
-    def __init__(self, dut, tile):
-        self.dut, self.tile = dut, tile
+    def __init__(self, dut, tile, depths: dict[str, int]):
+        self.dut, self.tile, self.depths = dut, tile, depths
         self.harness = HarnessDriver(dut)
         sig = tile.signature.members
         self.layouts = {name: sig[name].signature.members["payload"].shape
@@ -66,7 +66,19 @@ class TileDriver:
         self.idle, self.stall, self.seed = idle, stall, seed
 
     async def _transfer(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
-        """One harness run: send ``beats`` per input stream, collect every response."""
+        """Send ``beats`` per input stream and collect every response, in as many harness
+        runs as the memories need (each holds ``depth`` beats per stream)."""
+        out: dict[str, list] = {"host_resp": [], "kv_resp": []}
+        rounds = max([-(-len(b) // self.depths[name]) for name, b in beats.items()] + [1])
+        for r in range(rounds):
+            part = {name: b[r * self.depths[name]:(r + 1) * self.depths[name]]
+                    for name, b in beats.items()}
+            got = await self._transfer_once(part, timeout_cycles)
+            for name in out:
+                out[name] += got[name]
+        return out
+
+    async def _transfer_once(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
         expect = {"host_resp": len(beats.get("host_req", [])),
                   "kv_resp": len(beats.get("kv_req", [])), "net_out": 0}
         for name in self.STREAMS_IN:
@@ -99,7 +111,7 @@ class TileDriver:
         """Program words at pc 0, scratchpad words (``flips``: codeword bits to XOR into
         some of them, a fault-injection test hook), KV requests; every response must be
         clean. Returns the responses."""
-        if len(program) > self.tile.program_depth:
+        if len(program) > min(self.tile.program_depth, self.depths["program"]):
             raise ValueError(f"{len(program)} instructions do not fit the "
                              f"{self.tile.program_depth}-word program memory")
         flips = flips or {}

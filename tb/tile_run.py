@@ -8,16 +8,45 @@ import hashlib
 import json
 from dataclasses import asdict
 
-from compiler.config import TileConfig
+from compiler.config import TileConfig, next_pow2
+from golden.workloads import get_workload
 from rtl.tile import Tile
 from tb.harness import StreamHarness
 from tb.runner import SimBuild, build, run
 
 MODULE = "tb.tile_tb"
 
-#: Harness memory depths (beats) of the host streams; KV requests sized for a
-#: 1024-token context of a gpt-oss-shaped layer (2 KV heads x K, V x 4 words).
-HOST_DEPTH, KV_DEPTH, NET_DEPTH = 4096, 32768, 16
+#: Harness memory depths (beats) of the host streams; longer transfers take several
+#: harness runs (tb.tile_driver).
+HOST_DEPTH, KV_DEPTH, NET_DEPTH = 2048, 2048, 16
+
+
+def harness_depths(config: TileConfig) -> dict[str, int]:
+    return {"program": config.program_depth, "host_req": HOST_DEPTH, "host_resp": HOST_DEPTH,
+            "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH, "net_in": NET_DEPTH,
+            "net_out": NET_DEPTH}
+
+
+#: Scratchpad words a tile config keeps beside the KV pages (queries, P, outputs).
+WORKING_WORDS = 8192
+
+
+def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) -> TileConfig:
+    """The one-tile design point for a workload's attention: KV pages for one sequence of
+    up to ``max_context`` tokens (default 1056 with pages of at least N tokens, else 64)
+    for every KV head, K and V; the scratchpad rounded up to a power of two with
+    :data:`WORKING_WORDS` to spare; a 4096-instruction program memory."""
+    cfg = get_workload(workload)
+    if max_context is None:
+        max_context = 1056 if cfg.page_size >= n else 64
+    rows = 2 * cfg.kv_heads
+    pages = -(-max_context // cfg.page_size)
+    words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
+    kv_words = rows * pages * cfg.page_size * words
+    return TileConfig.for_attention(
+        cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
+        spad_words=next_pow2(kv_words + WORKING_WORDS), num_pages=rows * pages,
+        kv_sequences=rows, max_pages=next_pow2(pages), program_depth=4096)
 
 
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
@@ -41,9 +70,7 @@ def _tile_build(config_text: str, fault_injection: bool, simulator: str | None,
                 waves: bool | None) -> SimBuild:
     config = TileConfig(**json.loads(config_text))
     tile = tile_from_config(config, fault_injection=fault_injection)
-    depths = {"program": config.program_depth, "host_req": HOST_DEPTH,
-              "host_resp": HOST_DEPTH, "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH,
-              "net_in": NET_DEPTH, "net_out": NET_DEPTH}
+    depths = harness_depths(config)
     digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
     name = f"tile-n{config.n}-{digest}{'-fi' if fault_injection else ''}"
     return build(StreamHarness(tile, depths), name, simulator=simulator, waves=waves)

@@ -16,7 +16,7 @@ from rtl.sequencer import ErrorCode
 from tb.attention_scenario import attention_steps
 from tb.runner import parameters, report
 from tb.tile_driver import TileDriver
-from tb.tile_run import tile_from_config
+from tb.tile_run import harness_depths, tile_from_config
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -28,7 +28,7 @@ async def tile_attention(dut):
     config = TileConfig(**p["config"])
     steps = attention_steps(config, p["workload"], p["layer"], prefill=p["prefill"],
                             context=p["context"], steps=p["steps"])
-    driver = TileDriver(dut, tile_from_config(config))
+    driver = TileDriver(dut, tile_from_config(config), harness_depths(config))
     driver.set_traffic(p["idle"], p["stall"], p["seed"])
     await driver.reset()
     phases = []
@@ -47,6 +47,7 @@ async def tile_attention(dut):
             f"{int(got[tuple(wrong[0])])} != {int(step.expected[tuple(wrong[0])])}")
         phases.append({"phase": step.phase, "context": step.context,
                        "instructions": len(program.instructions),
+                       "outputs": int(np.prod(program.output_shape)),
                        "summary": program.summary.as_dict(), "counters": run.counters,
                        "cycles_per_s": run.cycles / run.wall_s if run.wall_s else 0.0})
     report(passed=True, phases=phases)

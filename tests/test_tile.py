@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.config import TileConfig
-from tb.tile_run import simulate_attention
+from tb.tile_run import simulate_attention, tile_config
 
 #: tiny: head_dim 12 (two words per token), 4-token pages (smaller than N = 8).
-TINY = TileConfig.for_attention(12, 12, 4, spad_words=8192, num_pages=64, kv_sequences=4,
-                                max_pages=16, program_depth=2048)
+TINY = tile_config("tiny")
 
 
 @pytest.mark.parametrize("layer", [0, 1])  # sliding window 5, then full causal
