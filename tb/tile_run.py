@@ -66,21 +66,25 @@ def config_json(config: TileConfig) -> dict:
 
 
 @functools.cache
-def _tile_build(config_text: str, fault_injection: bool, simulator: str | None,
-                waves: bool | None) -> SimBuild:
+def _tile_build(config_text: str, simulator: str | None, waves: bool | None) -> SimBuild:
     config = TileConfig(**json.loads(config_text))
-    tile = tile_from_config(config, fault_injection=fault_injection)
-    depths = harness_depths(config)
+    tile = sim_tile(config)
     digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
-    name = f"tile-n{config.n}-{digest}{'-fi' if fault_injection else ''}"
-    return build(StreamHarness(tile, depths), name, simulator=simulator, waves=waves)
+    return build(StreamHarness(tile, harness_depths(config)), f"tile-n{config.n}-{digest}",
+                 simulator=simulator, waves=waves)
 
 
-def tile_build(config: TileConfig, *, fault_injection: bool = False,
-               simulator: str | None = None, waves: bool | None = None) -> SimBuild:
+def sim_tile(config: TileConfig) -> Tile:
+    """The tile as simulated: with the fault-injection hook on the host port (``flip``),
+    so one build serves every test; synthesis builds leave it out."""
+    return tile_from_config(config, fault_injection=True)
+
+
+def tile_build(config: TileConfig, *, simulator: str | None = None,
+               waves: bool | None = None) -> SimBuild:
     """The tile of ``config`` in a harness (built once per config and options)."""
     text = json.dumps(config_json(config), sort_keys=True)
-    return _tile_build(text, fault_injection, simulator, waves)
+    return _tile_build(text, simulator, waves)
 
 
 def simulate_attention(config: TileConfig, workload: str, layer: int, *, prefill: int = 0,
@@ -99,3 +103,11 @@ def simulate_attention(config: TileConfig, workload: str, layer: int, *, prefill
               "idle": idle, "stall": stall}
     tag = f"{workload}-l{layer}-p{prefill}-c{context}-s{steps}-i{idle}-b{stall}"
     return run(handle, MODULE, testcase="tile_attention", seed=seed, params=params, tag=tag)
+
+
+def simulate_faults(config: TileConfig, *, simulator: str | None = None) -> dict:
+    """ECC faults through the host port, a bad instruction and a full KV cache on the
+    tile of ``config`` (a tiny-shaped one): see ``tb.tile_tb.tile_faults``."""
+    handle = tile_build(config, simulator=simulator)
+    return run(handle, MODULE, testcase="tile_faults", params={"config": config_json(config)},
+               tag="faults")

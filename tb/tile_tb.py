@@ -12,11 +12,13 @@ import cocotb
 import numpy as np
 
 from compiler.config import TileConfig
+from rtl.isa import Opcode, encode
+from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from tb.attention_scenario import attention_steps
 from tb.runner import parameters, report
 from tb.tile_driver import TileDriver
-from tb.tile_run import harness_depths, tile_from_config
+from tb.tile_run import harness_depths, sim_tile
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -28,7 +30,7 @@ async def tile_attention(dut):
     config = TileConfig(**p["config"])
     steps = attention_steps(config, p["workload"], p["layer"], prefill=p["prefill"],
                             context=p["context"], steps=p["steps"])
-    driver = TileDriver(dut, tile_from_config(config), harness_depths(config))
+    driver = TileDriver(dut, sim_tile(config), harness_depths(config))
     driver.set_traffic(p["idle"], p["stall"], p["seed"])
     await driver.reset()
     phases = []
@@ -51,3 +53,67 @@ async def tile_attention(dut):
                        "summary": program.summary.as_dict(), "counters": run.counters,
                        "cycles_per_s": run.cycles / run.wall_s if run.wall_s else 0.0})
     report(passed=True, phases=phases)
+
+
+@cocotb.test()
+async def tile_faults(dut):
+    """ECC faults injected through the host port, a bad instruction, a full KV cache:
+    each is corrected or reported, never silently wrong."""
+    p = parameters()
+    config = TileConfig(**p["config"])
+    step = attention_steps(config, "tiny", 1, prefill=5, steps=0)[0]
+    program = step.program
+    driver = TileDriver(dut, sim_tile(config), harness_depths(config))
+    await driver.reset()
+    timeout = CYCLES_PER_INSTRUCTION * len(program.instructions) + 10_000
+    queries = sorted(program.spad_writes)
+
+    # 1. One flipped bit in every query word: corrected on every read, output exact.
+    flips = {a: 1 << (a % 64) for a in queries}
+    await driver.load(program.instructions, program.spad_writes, step.kv_requests,
+                      flips=flips)
+    run = await driver.execute(timeout)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0
+    words, responses = await driver.read(program.output_words)
+    got = program.read_output(dict(zip(program.output_words, words, strict=True)).__getitem__)
+    assert (got == step.expected).all(), "single-bit errors changed the output"
+    corrected = int(dut.corrected_count.value)
+    assert corrected >= len(queries), f"{corrected} corrections for {len(queries)} bad words"
+    assert int(dut.uncorrectable_count.value) == 0
+
+    # 2. Two flipped bits in one query word: the GEMM engine gets an uncorrectable
+    #    status (data 0) and raises its error flag; the host read says so too.
+    bad = queries[0]
+    await driver.load(program.instructions, {bad: program.spad_writes[bad]}, [],
+                      flips={bad: 0b11})
+    run = await driver.execute(timeout)
+    assert run.engine_error & 1, "an uncorrectable operand did not raise the GEMM error"
+    assert int(dut.uncorrectable_count.value) >= 1
+    _, responses = await driver.read([bad])
+    assert responses[0].status.uncorrectable and int(responses[0].data) == 0
+
+    # 3. A region past the end of the scratchpad: the program stops with BAD_ADDRESS at
+    #    that instruction, nothing after it runs.
+    bad_program = [encode(Opcode.NOP),
+                   encode(Opcode.GEMM, a=config.spad_words - 1, b=0, c=0, m=1, k=16, p=1),
+                   encode(Opcode.HALT)]
+    await driver.load(bad_program, {}, [])
+    run = await driver.execute(10_000)
+    assert (run.error, run.pc) == (ErrorCode.BAD_ADDRESS, 1), (run.error, run.pc)
+    assert run.counters["tc_beats"] == 0
+
+    # 4. A full sequence: the append past max_pages x page_size is refused with
+    #    kv_full and the tokens already stored read back unchanged.
+    seq, capacity = config.kv_sequences - 1, config.max_pages * config.page_size
+    requests = [{"op": KvOp.RESET, "seq": seq}]
+    requests += [{"op": KvOp.MAP, "seq": seq, "index": i, "phys": i}
+                 for i in range(config.max_pages)]
+    requests += [{"op": KvOp.APPEND, "seq": seq, "word": 0, "data": t + 1, "last": 1}
+                 for t in range(capacity + 1)]
+    responses = await driver.kv(requests)
+    flags = [r.status.kv_full for r in responses]
+    assert flags.count(1) == 1 and flags[-1] == 1, "the append past capacity was not refused"
+    back = await driver.kv([{"op": KvOp.READ, "seq": seq, "index": t, "word": 0}
+                            for t in (0, capacity - 1)])
+    assert [int(r.data) for r in back] == [1, capacity]
+    report(passed=True, corrected=corrected)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb.tile_run import simulate_attention, tile_config
+from tb.tile_run import simulate_attention, simulate_faults, tile_config
 
 #: tiny: head_dim 12 (two words per token), 4-token pages (smaller than N = 8).
 TINY = tile_config("tiny")
@@ -15,3 +15,20 @@ def test_tiny_prefill_then_decode(layer):
     result = simulate_attention(TINY, "tiny", layer, prefill=11, steps=3, seed=layer + 1)
     phases = [(p["phase"], p["context"]) for p in result["phases"]]
     assert phases == [("prefill", 11), ("decode", 12), ("decode", 13), ("decode", 14)]
+
+
+def test_faults_are_corrected_or_reported():
+    """One-bit ECC errors corrected (output exact), two-bit errors flagged, a bad
+    instruction halts with BAD_ADDRESS, a full KV sequence refuses the append."""
+    result = simulate_faults(TINY)
+    assert result["passed"] and result["corrected"] > 0
+
+
+def test_gpt_oss_prefill_then_decode_at_1030_tokens():
+    """GQA 8:1, head dim 32 (four words per token), 16-token pages: a 24-token prefill,
+    then the cache filled to 1030 tokens (65 pages per KV row, the last one partly
+    used) and a decode step that appends token 1031 into it."""
+    result = simulate_attention(tile_config("gpt-oss"), "gpt-oss", 1, prefill=24,
+                                context=1030, steps=1, idle=0.2, stall=0.2)
+    phases = [(p["phase"], p["context"]) for p in result["phases"]]
+    assert phases == [("prefill", 24), ("decode", 1031)]
