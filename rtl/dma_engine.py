@@ -8,7 +8,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs
-from rtl.scratchpad import Request, Response
+from rtl.scratchpad import Request, Response, failed
 
 __all__ = ["DmaEngine", "NetWord"]
 
@@ -119,7 +119,7 @@ class DmaEngine(wiring.Component):
         ]
         read_back = self.resp.valid & self.resp.ready & is_read
         ack_back = self.resp.valid & self.resp.ready & ~is_read
-        with m.If(self.resp.valid & self.resp.ready & self.resp.payload.status.as_value().any()):
+        with m.If(self.resp.valid & self.resp.ready & failed(self.resp.payload.status)):
             m.d.sync += self.error.eq(1)
         m.d.sync += [
             in_flight.eq(in_flight + read_issued - read_back),

@@ -10,7 +10,7 @@ from amaranth.utils import ceil_log2
 
 from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, SIGNAL, GemmArgs
-from rtl.scratchpad import Request, Response
+from rtl.scratchpad import Request, Response, failed
 from rtl.tensor_core import OperandBeat, TensorCore
 
 __all__ = ["GemmEngine", "OperandFetch", "OperandStreamer"]
@@ -40,8 +40,9 @@ class OperandStreamer(wiring.Component):
     byte buffer (one chunk fills while the previous one drains, so a row-major operand
     streams at one beat per cycle like a block-layout one).
 
-    ``error`` (sticky) is set when a response carries an error status (the data is
-    still used, so the beat count never changes).
+    ``error`` (sticky) is set when a response carries an error status (the data, zero
+    for an uncorrectable word, is still used, so the beat count never changes); a
+    corrected word is good data.
     """
 
     #: Words issued but not yet consumed (tag FIFO depth); covers the scratchpad latency.
@@ -128,7 +129,7 @@ class OperandStreamer(wiring.Component):
         word = Mux(tags.r_data, self.resp.payload.data, 0)
         pop_word = Signal()
         m.d.comb += [tags.r_en.eq(pop_word), self.resp.ready.eq(pop_word & tags.r_data)]
-        with m.If(self.resp.valid & self.resp.ready & self.resp.payload.status.as_value().any()):
+        with m.If(self.resp.valid & self.resp.ready & failed(self.resp.payload.status)):
             m.d.sync += self.error.eq(1)
 
         # Transpose buffers: two chunks of N words; a chunk drains one byte per word per

@@ -10,7 +10,7 @@ from golden.ecc import Secded
 from golden.numerics import NUMERICS
 from rtl import _ecc
 
-__all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status"]
+__all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status", "failed"]
 
 #: Ports of the default scratchpad: tensor core, vector unit, network interface, KV append.
 DEFAULT_PORTS = ("tc", "vu", "ni", "kv")
@@ -67,6 +67,12 @@ class Status(data.StructLayout):
             "unmapped": 1,
             "bad_page": 1,
         })
+
+
+def failed(status):
+    """True when a response's :class:`Status` reports an error (``corrected`` is not one:
+    the data is good)."""
+    return Cat(*(status[name] for name, _ in status.shape() if name != "corrected")).any()
 
 
 class Request(data.StructLayout):

@@ -9,7 +9,7 @@ from amaranth.utils import exact_log2
 
 from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
-from rtl.scratchpad import Request, Response
+from rtl.scratchpad import Request, Response, failed
 from rtl.vector_unit import VectorUnit
 
 __all__ = ["VecEngine"]
@@ -311,8 +311,8 @@ class VecEngine(wiring.Component):
         m.d.comb += self.spad_resp.ready.eq(1)
         m.d.sync += outstanding.eq(outstanding + req_fire - self.spad_resp.valid)
         status = self.spad_resp.payload.status
-        failed = Cat(status[name] for name, _ in status.shape() if name != "corrected").any()
-        with m.If(self.spad_resp.valid & failed):
+        bad = failed(status)
+        with m.If(self.spad_resp.valid & bad):
             m.d.sync += self.error.eq(1)
 
         done_valid = Signal()
