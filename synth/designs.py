@@ -71,6 +71,13 @@ DESIGNS: dict[str, Factory] = {
     "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
     "sequencer": rtl_design("rtl.sequencer", "Sequencer"),
     "vector_unit": rtl_design("rtl.vector_unit", "VectorUnit", n=8),
+    "gemm_engine": rtl_design("rtl.gemm_engine", "GemmEngine", n=8),
+    "vec_engine": rtl_design("rtl.vec_engine", "VecEngine", n=8, slots=8),
+    # One tile at FPGA size: 4096-word scratchpad (32 pages of 16 tokens x 4 words),
+    # 512-instruction program memory; the simulated design points are larger.
+    "tile": rtl_design("rtl.tile", "Tile", n=8, banks=8, depth=512, page_size=16,
+                       token_words=4, num_pages=32, sequences=4, max_pages=16,
+                       program_depth=512),
 }
 
 

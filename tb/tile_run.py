@@ -46,7 +46,7 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
     return TileConfig.for_attention(
         cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
         spad_words=next_pow2(kv_words + WORKING_WORDS), num_pages=rows * pages,
-        kv_sequences=rows, max_pages=next_pow2(pages), program_depth=4096)
+        kv_sequences=rows, max_pages=pages, program_depth=4096)
 
 
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
