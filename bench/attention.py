@@ -10,7 +10,10 @@ output checked bit-exact against golden.
   ``_overall`` divides by every cycle of the program instead.
 - bandwidth bound (decode) = distinct KV bytes the step must read / N bytes per cycle
   (the K and V pages reach the tensor core through one scratchpad port, one word per
-  cycle); the ratio is the step's cycles over that bound.
+  cycle); the ratio is the step's cycles over that bound. The compute bound = MACs / N²
+  (the two P limbs count twice, as the array does them twice); with 8 query heads per KV
+  head on an 8 x 8 array it is the larger one, so ``roofline_ratio`` = cycles / the
+  larger bound is reported beside it.
 - phase shares: the tile's exclusive cycle counters (GEMM engine alone busy, vector
   engine alone, both, DMA, none = the sequencer fetching or waiting) over all cycles.
 """
@@ -51,9 +54,12 @@ def figures(result: dict, n: int = N) -> dict:
     if decode:
         cycles = sum(p["counters"]["cycles"] for p in decode) / len(decode)
         bound = sum(p["summary"]["kv_bytes_unique"] / n for p in decode) / len(decode)
+        compute = sum(p["summary"]["macs"] / (n * n) for p in decode) / len(decode)
         out["attention__decode__cycles_per_token"] = round(cycles, 1)
         out["attention__decode__bound_cycles"] = round(bound, 1)
         out["attention__decode__bound_ratio"] = round(cycles / bound, 3)
+        out["attention__decode__compute_bound_cycles"] = round(compute, 1)
+        out["attention__decode__roofline_ratio"] = round(cycles / max(bound, compute), 3)
         out["attention__decode__context"] = decode[0]["context"]
     speeds = [p["cycles_per_s"] for p in result["phases"] if p["cycles_per_s"]]
     if speeds:

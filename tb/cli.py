@@ -132,8 +132,10 @@ def sim(args: argparse.Namespace) -> int:
                          f"cycles ({s['macs'] / (n * n * c['cycles']):.3f} of all)")
             else:
                 bound = s["kv_bytes_unique"] / n
-                line += (f"; KV {s['kv_bytes_unique']} B, bound {bound:.0f} cycles, "
-                         f"ratio {c['cycles'] / bound:.2f}")
+                compute = s["macs"] / (n * n)
+                line += (f"; KV {s['kv_bytes_unique']} B: bandwidth bound {bound:.0f} "
+                         f"cycles ({c['cycles'] / bound:.2f}x), compute bound {compute:.0f} "
+                         f"({c['cycles'] / compute:.2f}x)")
             rows.append((f"{p['phase']} @{p['context']}", line))
             rows.append(("", "phases: " + _shares(c)))
         if "attention__decode__cycles_per_token" in metrics:

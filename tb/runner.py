@@ -150,8 +150,12 @@ def _safe(name: str) -> str:
 
 
 def build(component, name: str, *, simulator: str | None = None,
-          waves: bool | None = None) -> SimBuild:
-    """Elaborate ``component`` to Verilog and compile it (or reuse an identical build)."""
+          waves: bool | None = None, opt_fast: str | None = None) -> SimBuild:
+    """Elaborate ``component`` to Verilog and compile it (or reuse an identical build).
+
+    ``opt_fast`` overrides the optimisation of Verilator's per-cycle code (default
+    ``-O2``): a large design whose runs are short builds faster at ``-O1``.
+    """
     simulator = simulator or simulator_from_env()
     if simulator not in SIMULATORS:
         raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
@@ -167,7 +171,7 @@ def build(component, name: str, *, simulator: str | None = None,
     # Fast path: the build's name (which names its parameters) and every source the
     # Verilog comes from are unchanged, so the Verilog is too: skip elaborating (tens of
     # seconds for a tile).
-    key = hashlib.sha256(json.dumps([name, _design_sources_digest(), args,
+    key = hashlib.sha256(json.dumps([name, _design_sources_digest(), args, opt_fast,
                                      WAIVERS.read_text(), simulator, waves]).encode()).hexdigest()
     stamp_file, key_file = directory / "stamp", directory / "source-key"
     with open(directory / ".lock", "w") as lock:
@@ -177,7 +181,7 @@ def build(component, name: str, *, simulator: str | None = None,
 
     source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
     stamp = hashlib.sha256(
-        json.dumps([source, args, WAIVERS.read_text(), simulator, waves]).encode()
+        json.dumps([source, args, opt_fast, WAIVERS.read_text(), simulator, waves]).encode()
     ).hexdigest()
 
     with open(directory / ".lock", "w") as lock:
@@ -194,19 +198,33 @@ def build(component, name: str, *, simulator: str | None = None,
             sources.insert(0, VerilatorControlFile(WAIVERS))
         runner = _runner(simulator)
         print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
-        runner.build(
-            sources=sources,
-            hdl_toplevel=TOPLEVEL,
-            build_dir=directory,
-            build_args=args,
-            timescale=TIMESCALE,
-            waves=waves,
-            always=True,
-            log_file=directory / "build.log",
-        )
+        with _make_variable("OPT_FAST", opt_fast):
+            runner.build(
+                sources=sources,
+                hdl_toplevel=TOPLEVEL,
+                build_dir=directory,
+                build_args=args,
+                timescale=TIMESCALE,
+                waves=waves,
+                always=True,
+                log_file=directory / "build.log",
+            )
         stamp_file.write_text(stamp)
         key_file.write_text(key)
     return SimBuild(name, directory, simulator, waves, stamp)
+
+
+@contextlib.contextmanager
+def _make_variable(variable: str, value: str | None):
+    """Override one make variable in MAKEFLAGS for the duration of a build."""
+    saved = os.environ.get("MAKEFLAGS", "")
+    if value is not None:
+        flags = [f for f in saved.split() if not f.startswith(variable + "=")]
+        os.environ["MAKEFLAGS"] = " ".join([*flags, f"{variable}={value}"])
+    try:
+        yield
+    finally:
+        os.environ["MAKEFLAGS"] = saved
 
 
 @functools.cache
