@@ -25,24 +25,24 @@ def _probability(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a positive integer is needed, not {text}")
-    return value
+def _at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, else the error names ``what``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"a {what} integer is needed, not {text}")
+        return value
+    return parse
+
+
+_positive = _at_least(1, "positive")
+_non_negative = _at_least(0, "non-negative")
 
 
 def _array_size(text: str) -> int:
     value = int(text)
     if not MIN_N <= value <= MAX_N:
         raise argparse.ArgumentTypeError(f"the array size must be {MIN_N}..{MAX_N}, not {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a non-negative integer is needed, not {text}")
     return value
 
 
