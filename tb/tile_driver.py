@@ -57,6 +57,7 @@ class TileDriver:
         self.dut.go.value = 0
         self.idle, self.stall = 0.0, 0.0
         self.seed = 1
+        self._began = time.perf_counter()
 
     async def reset(self) -> None:
         await self.harness.reset()
@@ -133,25 +134,36 @@ class TileDriver:
 
     async def execute(self, timeout_cycles: int) -> Execution:
         """Pulse ``go``; wait until the sequencer halts; return what happened."""
-        clk = self.dut.clk
+        await self.go()
+        return await self.wait_halt(timeout_cycles)
+
+    async def go(self) -> None:
+        """Pulse ``go`` (the program starts; host transfers may follow while it runs)."""
         self.dut.go.value = 1
-        await RisingEdge(clk)
+        await RisingEdge(self.dut.clk)
         self.dut.go.value = 0
-        began = time.perf_counter()
+        self._began = time.perf_counter()
+
+    async def wait_halt(self, timeout_cycles: int) -> Execution:
+        """Wait until the sequencer halts (polling every ``POLL`` cycles)."""
         waited = 0
         while True:
-            await ClockCycles(clk, POLL)
+            await ClockCycles(self.dut.clk, POLL)
             waited += POLL
             status = data.Const(self.status_layout, self.dut.status.value.to_unsigned())
             if status.halted:
                 break
             assert waited < timeout_cycles, (
                 f"the program did not halt in {timeout_cycles} cycles (pc {int(status.pc)})")
-        wall = time.perf_counter() - began
+        wall = time.perf_counter() - self._began
         counters = data.Const(Counters(), self.dut.counters.value.to_unsigned())
         values = {name: int(counters[name]) for name, _ in Counters()}
         return Execution(values["cycles"], status.error, int(status.pc), values, wall,
                          int(self.dut.engine_error.value))
+
+    async def send(self, words: list[dict]) -> None:
+        """Network words into ``net_in`` (as another tile's DMA would send them)."""
+        await self._transfer({"net_in": words}, 64 + 8 * len(words))
 
     async def read(self, addresses: list[int]) -> tuple[list[int], list]:
         """Scratchpad words at ``addresses`` through the host port (and their responses)."""

@@ -107,9 +107,10 @@ def simulate_attention(config: TileConfig, workload: str, layer: int, *, prefill
     return run(handle, MODULE, testcase="tile_attention", seed=seed, params=params, tag=tag)
 
 
-def simulate_faults(config: TileConfig, *, simulator: str | None = None) -> dict:
-    """ECC faults through the host port, a bad instruction and a full KV cache on the
-    tile of ``config`` (a tiny-shaped one): see ``tb.tile_tb.tile_faults``."""
+def simulate_case(config: TileConfig, testcase: str, *, simulator: str | None = None) -> dict:
+    """One of the tile's fixed cocotb cases on the tile of ``config`` (a tiny-shaped one):
+    ``tile_faults`` (ECC faults through the host port, a bad instruction, a full KV
+    sequence) or ``tile_network`` (words arriving from the network, a local DMA)."""
     handle = tile_build(config, simulator=simulator)
-    return run(handle, MODULE, testcase="tile_faults", params={"config": config_json(config)},
-               tag="faults")
+    return run(handle, MODULE, testcase=testcase, params={"config": config_json(config)},
+               tag=testcase)

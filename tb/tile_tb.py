@@ -117,3 +117,35 @@ async def tile_faults(dut):
                             for t in (0, capacity - 1)])
     assert [int(r.data) for r in back] == [1, capacity]
     report(passed=True, corrected=corrected)
+
+
+@cocotb.test()
+async def tile_network(dut):
+    """Words from the network land in the scratchpad and their signal releases a WAIT;
+    a local DMA copies them and signals both its own and the arrival semaphore."""
+    p = parameters()
+    config = TileConfig(**p["config"])
+    driver = TileDriver(dut, sim_tile(config), harness_depths(config))
+    await driver.reset()
+    own = 1  # tile (0, 0)
+    src, dst, count = 100, 200, 5
+    program = [
+        encode(Opcode.WAIT, semaphore=3, count=1),  # the network words have arrived
+        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own,
+               signal={"enable": 1, "semaphore": 2}, remote_signal=1, remote_semaphore=4),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.WAIT, semaphore=4, count=1),
+        encode(Opcode.HALT),
+    ]
+    await driver.load(program, {}, [])
+    await driver.go()
+    words = [0x0102030405060708 * (i + 1) & ((1 << 64) - 1) for i in range(count)]
+    await driver.send([{"tiles": own, "addr": src + i, "data": w, "write": 1,
+                        "last": int(i == count - 1), "signal": 1, "semaphore": 3}
+                       for i, w in enumerate(words)])
+    run = await driver.wait_halt(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    got, _ = await driver.read([src + i for i in range(count)] + [dst + i for i in range(count)])
+    assert got == words + words, [hex(w) for w in got]
+    assert run.counters["dma"] > 0
+    report(passed=True)

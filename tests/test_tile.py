@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb.tile_run import simulate_attention, simulate_faults, tile_config
+from tb.tile_run import simulate_attention, simulate_case, tile_config
 
 #: tiny: head_dim 12 (two words per token), 4-token pages (smaller than N = 8).
 TINY = tile_config("tiny")
@@ -20,8 +20,14 @@ def test_tiny_prefill_then_decode(layer):
 def test_faults_are_corrected_or_reported():
     """One-bit ECC errors corrected (output exact), two-bit errors flagged, a bad
     instruction halts with BAD_ADDRESS, a full KV sequence refuses the append."""
-    result = simulate_faults(TINY)
+    result = simulate_case(TINY, "tile_faults")
     assert result["passed"] and result["corrected"] > 0
+
+
+def test_network_words_arrive_and_signal():
+    """net_in words are written and their signal releases a WAIT; a local DMA with a
+    remote signal raises the tile's own semaphore."""
+    assert simulate_case(TINY, "tile_network")["passed"]
 
 
 def test_gpt_oss_prefill_then_decode_at_1030_tokens():
