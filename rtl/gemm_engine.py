@@ -38,7 +38,9 @@ class OperandStreamer(wiring.Component):
     """Turns :class:`OperandFetch` requests into tensor-core beats read from one
     scratchpad port, transposing row-major operands through a double-buffered N x N
     byte buffer (one chunk fills while the previous one drains, so a row-major operand
-    streams at one beat per cycle like a block-layout one).
+    streams at one beat per cycle like a block-layout one). A draining chunk is read
+    by a byte index, not shifted, so a beat's handshake fans out to a few counters
+    rather than to every buffer flip-flop.
 
     ``error`` (sticky) is set when a response carries an error status (the data, zero
     for an uncorrectable word, is still used, so the beat count never changes); a
@@ -132,13 +134,15 @@ class OperandStreamer(wiring.Component):
         with m.If(self.resp.valid & self.resp.ready & failed(self.resp.payload.status)):
             m.d.sync += self.error.eq(1)
 
-        # Transpose buffers: two chunks of N words; a chunk drains one byte per word per
-        # beat (shifting right), `count` beats, the last one `final` when it ends a fetch.
+        # Transpose buffers: two chunks of N words; a chunk drains one byte of every word
+        # per beat (byte `drain_pos`), `count` beats, the last one `final` when it ends a
+        # fetch.
         bufs = [[Signal(word_bits, name=f"t{b}_row{i}") for i in range(n)] for b in range(2)]
         full = Signal(2)
         count = [Signal(range(n + 1), name=f"t{b}_count") for b in range(2)]
         final = Signal(2)
         fill_sel, drain_sel = Signal(), Signal()
+        drain_pos = Signal(range(n))  # the byte of each row the next beat takes
         fill_row = Signal(range(n))
         words_left = Signal(DIM_BITS + 1)  # this fetch: words (normal) or values (rows)
         consuming = Signal()  # a descriptor is being consumed
@@ -160,7 +164,7 @@ class OperandStreamer(wiring.Component):
             drain_beat.last.eq(sel_final & (sel_count == 1)),
         ]
         for i in range(n):
-            m.d.comb += drain_beat.data[i].eq(sel_rows[i][:8])
+            m.d.comb += drain_beat.data[i].eq(sel_rows[i].word_select(drain_pos, 8))
 
         # Block layout: each word is a beat, passed straight through once no transposed
         # chunk is waiting to drain (so the order of fetches is kept).
@@ -181,13 +185,13 @@ class OperandStreamer(wiring.Component):
 
         # Drain: one beat per cycle from the selected full buffer.
         with m.If(drain_valid & self.beats.ready & ~passthrough):
+            m.d.sync += drain_pos.eq(drain_pos + 1)
             for b in range(2):
                 with m.If(drain_sel == b):
-                    for i in range(n):
-                        m.d.sync += bufs[b][i].eq(bufs[b][i] >> 8)
                     m.d.sync += count[b].eq(count[b] - 1)
                     with m.If(count[b] == 1):
-                        m.d.sync += [full[b].eq(0), drain_sel.eq(~drain_sel)]
+                        m.d.sync += [full[b].eq(0), drain_sel.eq(~drain_sel),
+                                     drain_pos.eq(0)]
 
         # Fill: rows layout, N words (rows) per chunk into the free buffer.
         rows_mode = consuming & latched.rows
