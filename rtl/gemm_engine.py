@@ -20,16 +20,19 @@ DIM_BITS = 12
 
 
 class OperandFetch(data.StructLayout):
-    """Fetch one operand block of k beats: block ``block`` of the operand at ``base``.
+    """Fetch one operand block of k beats: block ``block`` of an operand at ``base``,
+    starting at word ``start`` (the fetcher's caller keeps it as a running sum, so no
+    multiply sits on the address path).
 
-    ``rows = 0``: k consecutive words from ``base + block * k``. ``rows = 1``: the block's
-    N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks, word
-    ``base + chunk * extent + row``, transposed into k beats.
+    ``rows = 0``: k consecutive words from ``start = base + block * k``. ``rows = 1``:
+    the block's N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks,
+    word ``start + chunk * extent + i`` with ``start = base + block * N``, transposed
+    into k beats.
     """
 
     def __init__(self, addr_bits: int):
         super().__init__({
-            "base": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
+            "start": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
             "extent": unsigned(DIM_BITS), "rows": 1,
         })
 
@@ -90,9 +93,8 @@ class OperandStreamer(wiring.Component):
             m.d.sync += [
                 f.eq(p),
                 issuing.eq(1),
-                # Normal: start at base + block * k (registered product, one cycle early).
-                addr.eq(Mux(p.rows, p.base + (p.block << log_n), p.base + p.block * p.k)),
-                chunk_base.eq(p.base + (p.block << log_n)),
+                addr.eq(p.start),
+                chunk_base.eq(p.start),
                 row.eq(p.block << log_n),
                 lane.eq(0),
                 remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
@@ -292,6 +294,11 @@ class GemmEngine(wiring.Component):
         # --- feeder: one A fetch and one B fetch per output tile ---------------------
         cmd = Signal(GemmArgs())
         row_tiles, col_tiles = Signal(DIM_BITS), Signal(DIM_BITS)
+        # First word of the current A and B blocks: running sums, advanced by k (block
+        # layout) or N (row layout) as the tiles advance.
+        a_start, b_start = Signal(self.addr_bits), Signal(self.addr_bits)
+        a_step = Mux(cmd.a_rows, n, cmd.k)
+        b_step = Mux(cmd.b_rows, n, cmd.k)
         ti, tj = Signal(DIM_BITS), Signal(DIM_BITS)
         a_sent, b_sent = Signal(), Signal()
         feeding = Signal()
@@ -316,15 +323,16 @@ class GemmEngine(wiring.Component):
             wbq.w_en.eq(setup),
         ]
         with m.If(setup):
-            m.d.sync += [setup.eq(0), feeding.eq(1), a_sent.eq(0), b_sent.eq(0)]
+            m.d.sync += [setup.eq(0), feeding.eq(1), a_sent.eq(0), b_sent.eq(0),
+                         a_start.eq(cmd.a), b_start.eq(cmd.b)]
 
         for streamer, sent, layout in ((fetch_a, a_sent, "a"), (fetch_b, b_sent, "b")):
             f = streamer.fetch.payload
             if layout == "a":
-                m.d.comb += [f.base.eq(cmd.a), f.block.eq(ti), f.extent.eq(cmd.m),
+                m.d.comb += [f.start.eq(a_start), f.block.eq(ti), f.extent.eq(cmd.m),
                              f.rows.eq(cmd.a_rows)]
             else:
-                m.d.comb += [f.base.eq(cmd.b), f.block.eq(tj), f.extent.eq(cmd.p),
+                m.d.comb += [f.start.eq(b_start), f.block.eq(tj), f.extent.eq(cmd.p),
                              f.rows.eq(cmd.b_rows)]
             m.d.comb += [f.k.eq(cmd.k), streamer.fetch.valid.eq(feeding & ~sent)]
         a_now = fetch_a.fetch.valid & fetch_a.fetch.ready
@@ -332,13 +340,13 @@ class GemmEngine(wiring.Component):
         with m.If(feeding & (a_sent | a_now) & (b_sent | b_now)):  # this tile is fetched
             m.d.sync += [a_sent.eq(0), b_sent.eq(0)]
             with m.If(tj == col_tiles - 1):
-                m.d.sync += tj.eq(0)
+                m.d.sync += [tj.eq(0), b_start.eq(cmd.b)]
                 with m.If(ti == row_tiles - 1):
                     m.d.sync += feeding.eq(0)
                 with m.Else():
-                    m.d.sync += ti.eq(ti + 1)
+                    m.d.sync += [ti.eq(ti + 1), a_start.eq(a_start + a_step)]
             with m.Else():
-                m.d.sync += tj.eq(tj + 1)
+                m.d.sync += [tj.eq(tj + 1), b_start.eq(b_start + b_step)]
         with m.Else():
             with m.If(a_now):
                 m.d.sync += a_sent.eq(1)
