@@ -1,13 +1,19 @@
 """serrano's hardware blocks, one per module; the public names are re-exported here."""
 
+from rtl.accumulator import AccumulatorMemory, AccWrite
+from rtl.dma_engine import DmaEngine, NetWord
+from rtl.gemm_engine import GemmEngine
 from rtl.isa import Opcode
 from rtl.scratchpad import KvOp, KvRequest, Request, Response, Scratchpad, Status
 from rtl.sequencer import ErrorCode, Sequencer
 from rtl.tensor_core import OperandBeat, ResultRow, TensorCore
+from rtl.tile import Counters, Tile
+from rtl.vec_engine import VecEngine
 from rtl.vector_unit import VectorOp, VectorOpcode, VectorResult, VectorUnit
 
 __all__ = [
-    "ErrorCode", "KvOp", "KvRequest", "Opcode", "OperandBeat", "Request", "Response",
-    "ResultRow", "Scratchpad", "Sequencer", "Status", "TensorCore", "VectorOp", "VectorOpcode",
-    "VectorResult", "VectorUnit",
+    "AccWrite", "AccumulatorMemory", "Counters", "DmaEngine", "ErrorCode", "GemmEngine",
+    "KvOp", "KvRequest", "NetWord", "Opcode", "OperandBeat", "Request", "Response",
+    "ResultRow", "Scratchpad", "Sequencer", "Status", "TensorCore", "Tile", "VecEngine",
+    "VectorOp", "VectorOpcode", "VectorResult", "VectorUnit",
 ]
