@@ -23,6 +23,7 @@ from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, PNR_SEED, SynthError, run_fl
 COLUMNS = [
     ("generic_cells", "cells"),
     ("generic_transistors", "transistors"),
+    ("generic_memory_bits", "mem bits"),
     ("ecp5_lut4", "LUT4"),
     ("ecp5_ccu2c", "CCU2C"),
     ("ecp5_ff", "FF"),

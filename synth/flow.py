@@ -94,6 +94,8 @@ ECP5_85F_CAPACITY: dict[str, int] = {
 }
 # Cell types that are bookkeeping, not hardware.
 _NOT_HARDWARE = {"$scopeinfo"}
+#: Memory port cells of the generic netlist: part of a memory (``memory_bits``), not gates.
+_MEMORY_PORTS = {"$memrd", "$memrd_v2", "$memwr", "$memwr_v2", "$meminit", "$meminit_v2"}
 
 
 class SynthError(RuntimeError):
@@ -241,7 +243,7 @@ def parse_yosys_stat(path: Path, top: str | None = None) -> dict[str, Any]:
         return {
             t: int(n)
             for t, n in by_type.items()
-            if t not in _NOT_HARDWARE and t.lstrip("\\") not in module_names
+            if t not in _NOT_HARDWARE | _MEMORY_PORTS and t.lstrip("\\") not in module_names
         }
 
     by_type = leaf(section.get("num_cells_by_type", {}))
@@ -351,8 +353,13 @@ def format_critical_path(summary: Mapping[str, Any]) -> str:
 def synth_generic(
     rtlil_path: Path, top: str, workdir: Path, *, timeout: float | None = None
 ) -> dict[str, Any]:
-    """Yosys ``synth`` to generic gates; ``stat -json`` and a transistor estimate.
+    """Yosys ``synth`` to generic gates, memories kept as memories; ``stat -json`` and a
+    transistor estimate.
 
+    Memories (block RAMs on an FPGA, SRAM macros on a chip) are not turned into flip-flops
+    (``synth`` without its ``memory_map`` step): their bits are reported as
+    ``memory_bits`` and their ports are not counted in ``cells``. Mapping them to gates
+    would count a 4096-word scratchpad as 300 000 flip-flops and take Yosys hours on a tile.
     The transistor estimate is ``stat -tech cmos`` on a copy of the netlist that is
     flattened and whose flip-flops are legalised to plain ``$_DFF_P_`` (sync resets and
     enables become gates), so that every cell type has a CMOS cost.
@@ -363,7 +370,10 @@ def synth_generic(
     script = workdir / "generic.ys"
     script.write_text(
         f"read_rtlil {rtlil_path.name}\n"
-        f"synth -top {top}\n"
+        f"synth -top {top} -run :fine\n"
+        # synth's `fine` step without memory_map
+        "opt -fast -full\ntechmap\nopt -fast\nabc\nopt -fast\n"
+        "memory_unpack\n"  # memories as objects again, so that stat counts their bits
         f"tee -q -o {stat.name} stat -json\n"
         "flatten -noscopeinfo\n"
         "dfflegalize -cell $_DFF_P_ 01 -cell $_DFF_PP0_ 01 -cell $_DFF_PP1_ 01\n"
@@ -376,6 +386,8 @@ def synth_generic(
     )
     _expect([stat, cmos], workdir / "generic.log")
     result = parse_yosys_stat(stat, top)
+    result["memory_bits"] = int(json.loads(stat.read_text()).get("design", {})
+                                .get("num_memory_bits", 0))
     cmos_result = parse_yosys_stat(cmos, top)
     result["transistors"] = cmos_result["transistors"]
     result["transistors_lower_bound"] = cmos_result["transistors_lower_bound"]
@@ -543,10 +555,12 @@ def _run_steps(
         generic_cells=gen["cells"],
         generic_ffs=ffs,
         generic_transistors=gen["transistors"],
+        generic_memory_bits=gen["memory_bits"],
     )
     bound = " (lower bound)" if gen["transistors_lower_bound"] else ""
     say(
         f"{name}: yosys generic {gen['seconds']:.1f} s: {gen['cells']} cells, "
+        f"{gen['memory_bits']} memory bits, "
         f"~{gen['transistors']} transistors{bound}"
     )
 

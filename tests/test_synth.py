@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from amaranth import Module, Signal, signed
 from amaranth.hdl import Elaboratable
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 import synth
@@ -27,6 +27,7 @@ from synth.flow import (
     parse_nextpnr_report,
     parse_yosys_stat,
     run_flow,
+    synth_generic,
     warm_up,
     write_rtlil,
 )
@@ -113,6 +114,31 @@ def test_generic_metrics(tiny_run):
     cmos = parse_yosys_stat(workdir / "generic_cmos_stat.json", "tiny_mac")
     assert cmos["transistors"] == metrics["generic_transistors"]
     assert not cmos["transistors_lower_bound"]  # every legalised cell type has a cost
+
+
+class TinyRam(wiring.Component):
+    """A 64 x 16-bit memory with one write and one read port."""
+
+    def __init__(self):
+        super().__init__({"addr": In(6), "wdata": In(16), "we": In(1), "rdata": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = memory.Memory(shape=16, depth=64, init=[])
+        write, read = mem.write_port(), mem.read_port()
+        m.d.comb += [write.addr.eq(self.addr), write.data.eq(self.wdata), write.en.eq(self.we),
+                     read.addr.eq(self.addr), self.rdata.eq(read.data)]
+        return m
+
+
+def test_generic_keeps_memories_as_memory_bits(tmp_path):
+    warm_up()
+    rtlil_path = write_rtlil(TinyRam(), "tiny_ram", tmp_path)
+    result = synth_generic(rtlil_path, "tiny_ram", tmp_path)
+    assert result["memory_bits"] == 64 * 16
+    flops = sum(n for t, n in result["cells_by_type"].items() if "DFF" in t)
+    assert flops < 64  # the read address register at most, not 1024 bits of storage
+    assert not any(t.startswith("$mem") for t in result["cells_by_type"])
 
 
 def test_ecp5_metrics(tiny_run):
