@@ -72,8 +72,8 @@ class Flit(data.StructLayout):
     packet has both ``head`` and ``tail`` set.
 
     - ``head``, ``tail``: the packet's first and last flit.
-    - ``vc``: the virtual channel the flit travels on over the current link. Routers
-      rewrite it at every hop; at injection the local port's stream index is the VC.
+    - ``vc``: the packet's virtual channel, the same at every hop. At injection the
+      local port's stream index sets it (the field is ignored there).
     - ``cls``: the :class:`MessageClass`; it must match the VC (VCs ``[0, vcs/2)`` carry
       requests, ``[vcs/2, vcs)`` responses).
     - ``multicast``: deliver to every node of ``mask`` (bit ``y * k + x`` for node

@@ -9,7 +9,7 @@ from amaranth import Array, C, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from rtl.noc import Link, MessageClass, NocConfig, Port, branch_region, xy_route
+from rtl.noc import Link, NocConfig, Port, branch_region, xy_route
 
 __all__ = ["Router"]
 
@@ -23,25 +23,22 @@ Routing = Callable[[tuple[int, int], tuple[int, int]], Port]
 
 def round_robin(m: Module, requests: list, name: str) -> list[Signal]:
     """One grant among ``requests``; the last granted requester has the lowest priority
-    next time it competes (the pointer moves only on a grant)."""
-    grants = [Signal(name=f"{name}_grant{i}") for i in range(len(requests))]
-    if len(requests) == 1:
-        m.d.comb += grants[0].eq(requests[0])
-        return grants
-    last = Signal(range(len(requests)), name=f"{name}_last")
-    with m.Switch(last):
-        for start in range(len(requests)):
-            # The last case as Default: a complete case statement for any count.
-            with (m.Case(start) if start < len(requests) - 1 else m.Default()):
-                taken = C(0, 1)
-                for i in range(len(requests)):
-                    r = (start + 1 + i) % len(requests)
-                    m.d.comb += grants[r].eq(requests[r] & ~taken)
-                    taken = taken | requests[r]
-    for i, grant in enumerate(grants):
-        with m.If(grant):
-            m.d.sync += last.eq(i)
-    return grants
+    next time (the priority moves only on a grant). Built as two lowest-set-bit picks
+    (``x & -x``), linear in the number of requesters."""
+    count = len(requests)
+    request = Signal(count, name=f"{name}_request")
+    grant = Signal(count, name=f"{name}_grant")
+    above = Signal(count, name=f"{name}_above")  # requesters after the last granted one
+    m.d.comb += request.eq(Cat(*requests))
+    masked = request & above
+    pool = Signal(count, name=f"{name}_pool")
+    m.d.comb += [
+        pool.eq(Mux(masked.any(), masked, request)),
+        grant.eq(pool & (~pool + 1)[:count]),
+    ]
+    with m.If(grant.any()):
+        m.d.sync += above.eq(~(grant | (grant - 1)[:count]))
+    return [grant[i] for i in range(count)]
 
 
 class Router(wiring.Component):
@@ -56,14 +53,15 @@ class Router(wiring.Component):
 
     Flow control is credit-based wormhole over ``vcs`` virtual channels per link, each
     with a ``depth``-flit buffer at the receiver. VCs ``[0, vcs/2)`` carry requests,
-    ``[vcs/2, vcs)`` responses: a packet stays in its message class at every hop, so a
-    blocked class never stops the other. A head flit takes a free output VC of its
-    class (the lowest free one with a credit) and holds it until its tail flit has
-    passed; a single-flit packet takes a VC for one cycle only.
+    ``[vcs/2, vcs)`` responses. A packet keeps the VC it was injected on at every hop
+    (so it stays in its message class, a blocked class never stops the other, and
+    packets of one source, destination and VC arrive in order). A head flit takes its
+    VC on the output when no other packet holds it and holds it until its tail flit
+    has passed; a single-flit packet holds nothing.
 
     Allocation is separable and round-robin: every input VC requests the outputs its
-    head flit still needs (its route, or its allocated output for body flits) when the
-    output has a VC and a credit for it; every output grants one requesting input VC,
+    head flit still needs (its route, or its allocated output for body flits) when its
+    VC there is free (or its own) and has a credit; every output grants one input VC,
     round-robin. An input VC may win several outputs in one cycle (a multicast flit
     going out on several branches), and several VCs of one input port may win different
     outputs. A multicast flit leaves its buffer when every branch has taken it.
@@ -155,7 +153,7 @@ class Router(wiring.Component):
         super().__init__(members)
         #: Internal state, filled in by :meth:`elaborate` for the formal harness:
         #: ``credit[o][v]``, ``busy[o][v]``, ``count[p][v]`` (input buffer occupancy),
-        #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``cur_vc[p][v]``,
+        #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``sent[p][v]``,
         #: ``out_src[o]`` (input port * vcs + input VC of the flit in output register o).
         self.probe: dict[str, list] = {}
 
@@ -239,23 +237,12 @@ class Router(wiring.Component):
         ejects = [self._buffer(m, cfg.flit, f"eject_vc{v}") for v in range(vcs)]
         has_credit = [[(ejects[v]["count"] != depth) if o is Port.L else (credit[o][v] != 0)
                        for v in range(vcs)] for o in ports]
-        # Per output and class: the VC a head flit would take (lowest free with a credit).
-        free_ok = [[Signal(name=f"free_{o.name}_c{c}") for c in range(2)] for o in ports]
-        free_vc = [[Signal(range(vcs), name=f"freevc_{o.name}_c{c}") for c in range(2)]
-                   for o in ports]
-        for o in ports:
-            for c in range(2):
-                for v in reversed(cfg.class_vcs(MessageClass(c))):
-                    with m.If(~busy[o][v] & has_credit[o][v]):
-                        m.d.comb += [free_ok[o][c].eq(1), free_vc[o][c].eq(v)]
 
         # --- input VC state and requests ------------------------------------------------
         active = [[Signal(name=f"active_{p.name}{v}") for v in range(vcs)] for p in ports]
         dropping = [[Signal(name=f"dropping_{p.name}{v}") for v in range(vcs)] for p in ports]
         cur_route = [[Signal(5, name=f"curroute_{p.name}{v}") for v in range(vcs)]
                      for p in ports]
-        cur_vc = [[Signal(range(vcs), name=f"curvc_{p.name}{v}") for v in range(vcs)]
-                  for p in ports]
         sent = [[Signal(5, name=f"sent_{p.name}{v}") for v in range(vcs)] for p in ports]
         discard = [[Signal(name=f"discard_{p.name}{v}") for v in range(vcs)] for p in ports]
         drop_event = [[Signal(name=f"dropev_{p.name}{v}") for v in range(vcs)] for p in ports]
@@ -267,7 +254,6 @@ class Router(wiring.Component):
                 b = bufs[p][v]
                 head = b["r_data"]
                 valid = b["count"] != 0
-                c = cfg.vc_class(v).value
                 is_head = head.flit.head
                 with m.If(valid):
                     with m.If(dropping[p][v]):
@@ -275,11 +261,12 @@ class Router(wiring.Component):
                     with m.Elif(active[p][v]):
                         for o in ports:
                             m.d.comb += want[p][v][o].eq(
-                                cur_route[p][v][o] & Array(has_credit[o])[cur_vc[p][v]])
+                                cur_route[p][v][o] & has_credit[o][v])
                     with m.Elif(is_head & (head.route != 0)):
                         for o in ports:
                             m.d.comb += want[p][v][o].eq(
-                                head.route[o] & ~sent[p][v][o] & free_ok[o][c])
+                                head.route[o] & ~sent[p][v][o] & ~busy[o][v]
+                                & has_credit[o][v])
                     with m.Else():  # unroutable head, or a body/tail flit of no packet
                         m.d.comb += [discard[p][v].eq(1), drop_event[p][v].eq(1)]
                 with m.If(discard[p][v]):
@@ -296,7 +283,6 @@ class Router(wiring.Component):
             eligible = [(p, v) for p, v in sources if p is Port.L or p is not o]
             grants = round_robin(m, [want[p][v][o] for p, v in eligible], f"sw_{o.name}")
             flit = Signal(cfg.flit, name=f"xbar_{o.name}")
-            ovc = Signal(range(vcs), name=f"xbar_vc_{o.name}")
             src = Signal(range(len(sources)), name=f"xbar_src_{o.name}")
             region = branch_region(here, o, cfg.k)
             for (p, v), g in zip(eligible, grants, strict=True):
@@ -307,15 +293,12 @@ class Router(wiring.Component):
                         flit.eq(head),
                         flit.mask.eq(Mux(head.head & head.multicast, head.mask & region,
                                          head.mask)),
-                        ovc.eq(Mux(active[p][v], cur_vc[p][v],
-                                   free_vc[o][cfg.vc_class(v).value])),
                         src.eq(sources.index((p, v))),
                     ]
             fire = Cat(grants).any()
-            m.d.comb += flit.vc.eq(ovc)
             # Output VC holders: a head without a tail takes the VC, a tail frees it.
             for v in range(vcs):
-                with m.If(fire & (ovc == v)):
+                with m.If(fire & (flit.vc == v)):
                     with m.If(flit.tail):
                         m.d.sync += busy[o][v].eq(0)
                     with m.Elif(flit.head):
@@ -323,13 +306,13 @@ class Router(wiring.Component):
             if o is Port.L:
                 for v in range(vcs):
                     e = ejects[v]
-                    m.d.comb += [e["w_en"].eq(fire & (ovc == v)), e["w_data"].eq(flit)]
+                    m.d.comb += [e["w_en"].eq(fire & (flit.vc == v)), e["w_data"].eq(flit)]
             else:
                 out = self.link(o, incoming=False)
                 m.d.sync += [out_valid[o].eq(fire), out_flit[o].eq(flit), out_src[o].eq(src)]
                 m.d.comb += [out.valid.eq(out_valid[o]), out.flit.eq(out_flit[o])]
                 for v in range(vcs):
-                    spent = fire & (ovc == v)
+                    spent = fire & (flit.vc == v)
                     m.d.sync += credit[o][v].eq(credit[o][v] - spent + out.credit[v])
         for v in range(vcs):
             e, eject = ejects[v], self.eject[v]
@@ -353,9 +336,6 @@ class Router(wiring.Component):
                         m.d.sync += sent[p][v].eq(0)
                         with m.If(~head.flit.tail):  # a unicast packet opens: hold its output
                             m.d.sync += [active[p][v].eq(1), cur_route[p][v].eq(won)]
-                            for o in ports:
-                                with m.If(won[o]):
-                                    m.d.sync += cur_vc[p][v].eq(free_vc[o][cfg.vc_class(v).value])
                     with m.Else():
                         m.d.sync += sent[p][v].eq(done)
                 m.d.comb += bufs[p][v]["r_en"].eq(pops[p][v] | discard[p][v])
@@ -372,7 +352,7 @@ class Router(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         self.probe.update(credit=credit, busy=busy, active=active, cur_route=cur_route,
-                          cur_vc=cur_vc, pop=pops, out_src=out_src, sent=sent,
+                          pop=pops, out_src=out_src, sent=sent,
                           count=[[b["count"] for b in row] for row in bufs],
                           eject_count=[e["count"] for e in ejects])
         return m

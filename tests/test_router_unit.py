@@ -85,7 +85,7 @@ class Scoreboard:
             f"packet {pid} flit {index} on {port.name} out of order, lost or duplicated"
         self.got[pid, port] = index + 1
         assert (flit.head, flit.tail) == (index == 0, index == packet.length - 1)
-        assert cfg.vc_class(flit.vc) is cfg.vc_class(packet.vc), "flit left its class"
+        assert flit.vc == packet.vc, "flit left its VC"
         if packet.mask:
             region = branch_region((self.router.x, self.router.y), port, cfg.k)
             assert flit.mask == packet.mask & region, "multicast mask not cut to the branch"
