@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
-from amaranth.lib import stream, wiring
+from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
 from rtl.scratchpad import Request, Response, failed
-from rtl.vector_unit import VectorUnit
+from rtl.vector_unit import VectorOpcode, VectorUnit
 
 __all__ = ["VecEngine"]
 
@@ -19,6 +19,30 @@ __all__ = ["VecEngine"]
 OFFSET_BITS = 2 * COUNT_FIELD_BITS + 2
 #: Width of the lane-mask bounds after adding r * causal and subtracting j * N.
 BOUND_WORK_BITS = 16
+#: Width of an accumulator range end (base + a region's size) in the hazard check.
+RANGE_BITS = OFFSET_BITS
+#: Opcodes that read operand b, and operand c (unless ``c_imm``); every op but RECIP
+#: reads a (golden/tile_model.py, ``_USES_B`` and ``_USES_C``).
+USES_B = (VectorOpcode.RESCALE, VectorOpcode.ADD, VectorOpcode.MUL, VectorOpcode.SWIGLU)
+USES_C = (VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.RESCALE,
+          VectorOpcode.RECIP, VectorOpcode.SILU_LOAD, VectorOpcode.TOPK,
+          VectorOpcode.TOPK_INDEX)
+
+
+class _Flight(data.StructLayout):
+    """What the write-back and completion sides keep of an in-flight instruction."""
+
+    def __init__(self):
+        super().__init__({
+            "signal": SIGNAL,
+            "dst": unsigned(ADDR_BITS),
+            "dst_kind": VecDst,
+            "pack": VecPack,
+            "total": unsigned(ACC_ADDR_BITS),
+            "total_write": 1,
+            "rows": unsigned(COUNT_FIELD_BITS),
+            "beats": unsigned(COUNT_FIELD_BITS),
+        })
 
 
 class VecEngine(wiring.Component):
@@ -35,14 +59,38 @@ class VecEngine(wiring.Component):
     the N rows sharing an entry are written together, after those rows' results). It
     is the hardware of :meth:`golden.tile_model.TileModel._vec`.
 
-    Hazards: a command is taken only when the previous instruction has completely
-    finished (its ``done`` beat taken, so every accumulator write accepted and every
-    scratchpad write acknowledged). No hazard between instructions can exist, by
-    construction. Inside an instruction, operands are read about ``unit.latency`` beats
-    before their results are written: a beat must not read what an earlier beat of the
-    same instruction writes, and a TILE destination must not overlap the total entries
-    (the model refuses both); a beat reading and writing the same entry (in place) is
-    fine.
+    Instructions overlap: up to ``in_flight`` of them are in the engine at once. A
+    command waits in a pending register; it starts issuing beats as soon as the
+    previous instruction has issued its last one, unless it depends on an instruction
+    still in flight. Results are written in program order (one write-back side), and
+    each instruction's ``done`` beat comes once its writes are complete, in order.
+
+    Hazards
+    -------
+    - Between instructions, a conservative check on accumulator ranges: the pending
+      instruction waits while one of the ranges its opcode reads (``a`` unless RECIP,
+      ``b`` for RESCALE/ADD/MUL/SWIGLU, ``c`` for LOGIT/MAX/EXP/RESCALE/RECIP/SILU_LOAD/
+      TOPK/TOPK_INDEX unless ``c_imm``; a tile or a scalar region as the operand is)
+      overlaps a range an in-flight instruction has not finished writing (its TILE or
+      SCALAR destination, its row totals). Scratchpad destinations never conflict (the
+      engine reads only accumulator entries). An instruction's writes are finished when
+      its last result and its last totals were taken by ``acc_w``. The verdict (3 x 2
+      range compares per in-flight record) is registered; when no instruction is
+      unfinished there is nothing to check and the command starts at once.
+      Write-after-read and write-after-write need no check: every read of an earlier
+      instruction is issued before any beat of a later one, and writes are in order.
+    - The vector unit's slot state (running max and sums, 1/l, top-k lists, the SiLU
+      table) needs none either: the unit processes ops strictly in order and each piece
+      of state is read and updated at one pipeline stage (totals and top-k lists in the
+      last stage, the SiLU table at stage 0, which its read addresses too), so an op
+      sees every earlier op's update exactly as consecutive beats of one row already
+      do; the reciprocal is the exception and the unit interlocks it (no op is taken
+      while a RECIP is in its pipeline).
+    - Inside an instruction, operands are read about ``unit.latency`` beats before
+      their results are written: a beat must not read what an earlier beat of the same
+      instruction writes, and a TILE destination must not overlap the total entries
+      (the model refuses both); a beat reading and writing the same entry (in place) is
+      fine.
 
     Parameters
     ----------
@@ -54,34 +102,42 @@ class VecEngine(wiring.Component):
         Accumulator entries, a power of two up to ``2**ACC_ADDR_BITS``.
     addr_bits : int
         Scratchpad word address width.
+    in_flight : int
+        Instructions in the engine at once (issuing, in the vector unit, writing or
+        waiting for scratchpad acknowledgements): 2 to 16, a power of two.
 
     Ports
     -----
     cmd : stream in of :class:`VecArgs` (range-checked by the sequencer)
     done : stream out of :data:`rtl.isa.SIGNAL`, the instruction's ``signal``, one beat
-        per finished instruction
+        per finished instruction, in order
     a_addr/a_data, b_addr/b_data, c_addr/c_data : accumulator read ports (data the
         cycle after the address)
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     spad_req/spad_resp : a scratchpad port, writes only; every write's response is
         counted
-    busy : out, an instruction is in the engine
+    busy : out, an instruction is in the engine (pending or in flight)
     error : out, sticky: a scratchpad response with an error status
 
     Timing
     ------
-    One beat per cycle in steady state, stalling on the vector unit's ``ops`` (RECIP
-    interlock, results backing up) and on ``acc_w``/``spad_req`` backpressure. Row
-    totals are gathered per block of N rows (they share an entry) and written in one
-    ``acc_w`` cycle after the block's last result, which holds the next result for that
-    cycle. From taking a command to its ``done`` beat: ``rows·beats + overhead``
-    cycles without stalls (``overhead`` = the vector unit's latency + 3), plus
-    ceil(rows / N) with totals and the scratchpad's write latency (minus one) for SPAD
-    destinations; the next command is taken the cycle after ``done``.
+    One beat per cycle in steady state, across instructions too, stalling on the vector
+    unit's ``ops`` (RECIP interlock, results backing up), on ``acc_w``/``spad_req``
+    backpressure and on a dependency. Row totals are gathered per block of N rows (they
+    share an entry) and written in one ``acc_w`` cycle after the block's last result,
+    which holds the next result for that cycle. Into an idle engine, from taking a
+    command to its ``done`` beat: ``rows·beats + overhead`` cycles without stalls
+    (``overhead`` = the vector unit's latency + 4), plus ceil(rows / N) with totals and
+    the scratchpad's write latency (minus one) for SPAD destinations. The next command
+    is taken into the pending register while the previous one issues; an independent
+    one issues its first beat the cycle after the previous one's last (once it has been
+    pending two cycles), a dependent one starts the cycle after its producer's last
+    write was taken (two cycles after, if other instructions are still in flight).
     """
 
     def __init__(self, n: int = 8, slots: int = 4, acc_depth: int = 256,
-                 addr_bits: int = ADDR_BITS, max_top_k: int | None = None):
+                 addr_bits: int = ADDR_BITS, max_top_k: int | None = None,
+                 in_flight: int = 4):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"vector engine lanes must be a power of two from 2 to 32, not {n}")
         if not (isinstance(acc_depth, int) and 2 <= acc_depth <= 1 << ACC_ADDR_BITS
@@ -90,13 +146,16 @@ class VecEngine(wiring.Component):
                              f"not {acc_depth}")
         if not (isinstance(addr_bits, int) and 1 <= addr_bits <= ADDR_BITS):
             raise ValueError(f"addr_bits must be 1..{ADDR_BITS}, not {addr_bits}")
+        if in_flight not in (2, 4, 8, 16):
+            raise ValueError(f"in_flight must be a power of two from 2 to 16, not {in_flight}")
         self.n, self.slots, self.acc_depth, self.addr_bits = n, slots, acc_depth, addr_bits
+        self.in_flight = in_flight
         #: The vector unit inside (its parameters are checked here).
         self.unit = VectorUnit(n, slots, max_top_k)
-        #: Cycles from taking a command to its done beat, without stalls: the last beat
-        #: issues rows·beats cycles after the command; then the unit's latency, the
-        #: write, and the done beat.
-        self.overhead = self.unit.latency + 3
+        #: Cycles from taking a command into an idle engine to its done beat, without
+        #: stalls: the command starts the cycle after it is taken, its last beat issues
+        #: rows·beats cycles later; then the unit's latency, the write, and the done beat.
+        self.overhead = self.unit.latency + 4
         members = {
             "cmd": In(stream.Signature(VecArgs())),
             "done": Out(stream.Signature(SIGNAL)),
@@ -116,30 +175,102 @@ class VecEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n, log_n = self.n, exact_log2(self.n)
+        flights, log_f = self.in_flight, exact_log2(self.in_flight)
         m.submodules.unit = unit = self.unit
         ops, results = unit.ops, unit.results
 
-        ins = Signal(VecArgs(), name="ins")
-        busy = Signal()
-        accept = Signal()
-        m.d.comb += [
-            self.cmd.ready.eq(~busy),
-            accept.eq(self.cmd.valid & ~busy),
-            self.busy.eq(busy),
-        ]
+        # --- intake: the pending command, its accumulator ranges ----------------------
         cmd = self.cmd.payload
-        with m.If(accept):
-            m.d.sync += [ins.eq(cmd), busy.eq(1)]
-        # (beats - 1)·N: the extra tile-offset step from the last row of a block of N
-        # rows to the first of the next (C-tile layout).
-        block_step = Signal(OFFSET_BITS)
-        with m.If(accept):
-            m.d.sync += block_step.eq((cmd.beats - 1) << log_n)
+        pend = Signal(VecArgs(), name="pend")
+        pend_valid = Signal()
+        start = Signal()  # the pending command starts issuing (and is in flight)
+        load = Signal()
+        m.d.comb += [self.cmd.ready.eq(~pend_valid | start),
+                     load.eq(self.cmd.valid & self.cmd.ready)]
+        with m.If(load):
+            m.d.sync += [pend.eq(cmd), pend_valid.eq(1)]
+        with m.Elif(start):
+            m.d.sync += pend_valid.eq(0)
 
-        def walker(prefix: str, advance):
-            """Row-major (r, j) counters of one side (issue or write): lane = r mod N,
-            entry = r // N, tile = the C-tile offset; they restart on ``accept`` and
-            step on ``advance``. Returns a dict of the registers and ``last_*`` flags."""
+        # Ranges [lo, hi) of accumulator entries, registered at load: what the pending
+        # instruction reads (only the operands its opcode uses) and writes. An unused
+        # range is [0, 0), which overlaps nothing.
+        blocks = (cmd.rows + (n - 1)) >> log_n
+        tile_size = Signal(RANGE_BITS)
+        m.d.comb += tile_size.eq((blocks * cmd.beats) << log_n)
+
+        def range_reg(name, base, size, used):
+            """[lo, hi) = [base, base + size), or [0, 0) if not ``used``, registered."""
+            lo = Signal(RANGE_BITS, name=f"pend_{name}_lo")
+            hi = Signal(RANGE_BITS, name=f"pend_{name}_hi")
+            with m.If(load):
+                m.d.sync += [lo.eq(Mux(used, base, 0)), hi.eq(Mux(used, base + size, 0))]
+            return lo, hi
+
+        op_is = {code: cmd.op == code.value for code in VectorOpcode}
+        blocks_or_tile = {name: Mux(cmd[f"{name}_scalar"], blocks, tile_size) for name in "ab"}
+        pend_reads = [
+            range_reg("a", cmd.a, blocks_or_tile["a"], ~op_is[VectorOpcode.RECIP]),
+            range_reg("b", cmd.b, blocks_or_tile["b"],
+                      Cat(*(op_is[code] for code in USES_B)).any()),
+            range_reg("c", cmd.c, blocks,
+                      Cat(*(op_is[code] for code in USES_C)).any() & ~cmd.c_imm),
+        ]
+        to_entries = (cmd.dst_kind == VecDst.TILE) | (cmd.dst_kind == VecDst.SCALAR)
+        pend_writes = [
+            range_reg("dst", cmd.dst, Mux(cmd.dst_kind == VecDst.TILE, tile_size, blocks),
+                      to_entries),
+            range_reg("total", cmd.total, blocks, cmd.total_write),
+        ]
+
+        # --- in-flight instructions: a ring of records, started .. done in order -------
+        # tail: the next record to start; wptr: the next to write back; dptr: the oldest
+        # (next done). fin: its writes are finished (1 for a free record); acked: and its
+        # scratchpad writes acknowledged (its done beat may go).
+        tail, wptr, dptr = (Signal(log_f, name=x) for x in ("tail", "wptr", "dptr"))
+        count = Signal(range(flights + 1))  # records started, not yet done
+        queued = Signal(range(flights + 1))  # records started, not yet written back
+        flight = Array(Signal(_Flight(), name=f"flight{i}") for i in range(flights))
+        fin = Signal(flights, init=(1 << flights) - 1)
+        acked = Signal(flights)
+        remaining = [Signal(2 * COUNT_FIELD_BITS + 1, name=f"remaining{i}")
+                     for i in range(flights)]
+        flight_writes = [[Signal(RANGE_BITS, name=f"flight{i}_write{k}") for k in range(4)]
+                         for i in range(flights)]  # dst lo, hi, total lo, hi
+
+        # The hazard verdict on the pending command, registered: it reads a range that
+        # an unfinished in-flight record writes. ``checked``: the verdict was computed
+        # last cycle for this pending command with these records (records are added
+        # only by ``start``; finishing or leaving only clears a hazard).
+        hazard = Signal()
+        terms = []
+        for i in range(flights):
+            for r_lo, r_hi in pend_reads:
+                for w_lo, w_hi in (flight_writes[i][:2], flight_writes[i][2:]):
+                    terms.append(~fin[i] & (r_lo < w_hi) & (w_lo < r_hi))
+        m.d.comb += hazard.eq(Cat(*terms).any())
+        blocked, checked = Signal(), Signal()
+        m.d.sync += [blocked.eq(hazard), checked.eq(pend_valid & ~start & ~load)]
+        # Nothing unfinished in flight: no hazard, no need to wait for the verdict.
+        quiet = fin.all()
+
+        # --- issue: stage 0 (counters, read addresses) -> stage 1 (operands) -> ops --
+        ins = Signal(VecArgs(), name="ins")
+        s0_valid, s1_valid = Signal(), Signal()
+        s0_go, s0_last = Signal(), Signal()
+        m.d.comb += s0_go.eq(s0_valid & (~s1_valid | ops.ready))
+        room = count != flights
+        m.d.comb += start.eq(pend_valid & (quiet | (checked & ~blocked)) & room
+                             & (~s0_valid | s0_last))
+        with m.If(start):
+            m.d.sync += ins.eq(pend)
+
+        def walker(prefix: str, args, restart, advance, beats):
+            """Row-major (r, j) counters of one side (issue or write) over the rows x
+            beats of ``args``: lane = r mod N, entry = r // N, tile = the C-tile
+            offset; they restart on ``restart`` (with ``beats``, the instruction's,
+            for the block step) and step on ``advance``. Returns a dict of the
+            registers and ``last_*`` flags."""
             w = {
                 "r": Signal(COUNT_FIELD_BITS, name=f"{prefix}_r"),
                 "j": Signal(COUNT_FIELD_BITS, name=f"{prefix}_j"),
@@ -150,13 +281,17 @@ class VecEngine(wiring.Component):
                 "last_beat": Signal(name=f"{prefix}_last_beat"),
                 "last_row": Signal(name=f"{prefix}_last_row"),
             }
-            m.d.comb += [w["last_beat"].eq(w["j"] == ins.beats - 1),
-                         w["last_row"].eq(w["r"] == ins.rows - 1)]
+            # (beats - 1)·N: the extra tile-offset step from the last row of a block of
+            # N rows to the first of the next (C-tile layout).
+            block_step = Signal(OFFSET_BITS, name=f"{prefix}_block_step")
+            m.d.comb += [w["last_beat"].eq(w["j"] == args.beats - 1),
+                         w["last_row"].eq(w["r"] == args.rows - 1)]
             end_of_block = w["lane"] == n - 1
             next_row_start = w["row_start"] + 1 + Mux(end_of_block, block_step, 0)
-            with m.If(accept):
+            with m.If(restart):
                 m.d.sync += [w[k].eq(0) for k in ("r", "j", "lane", "entry", "tile",
                                                   "row_start")]
+                m.d.sync += block_step.eq((beats - 1) << log_n)
             with m.Elif(advance):
                 with m.If(w["last_beat"]):
                     m.d.sync += [
@@ -168,14 +303,11 @@ class VecEngine(wiring.Component):
                     m.d.sync += [w["j"].eq(w["j"] + 1), w["tile"].eq(w["tile"] + n)]
             return w
 
-        # --- issue: stage 0 (counters, read addresses) -> stage 1 (operands) -> ops --
-        s0_valid, s1_valid = Signal(), Signal()
-        s0_go = Signal()
-        m.d.comb += s0_go.eq(s0_valid & (~s1_valid | ops.ready))
-        rd = walker("rd", s0_go)
-        with m.If(accept):
+        rd = walker("rd", ins, start, s0_go, pend.beats)
+        m.d.comb += s0_last.eq(s0_go & rd["last_beat"] & rd["last_row"])
+        with m.If(start):
             m.d.sync += s0_valid.eq(1)
-        with m.Elif(s0_go & rd["last_beat"] & rd["last_row"]):
+        with m.Elif(s0_last):
             m.d.sync += s0_valid.eq(0)
 
         # Lane bounds relative to this beat: lane i is enabled iff lo_j <= i < hi_j
@@ -183,9 +315,9 @@ class VecEngine(wiring.Component):
         lo_r, hi_r = Signal(signed(BOUND_WORK_BITS)), Signal(signed(BOUND_WORK_BITS))
         lo_j, hi_j = Signal(signed(BOUND_WORK_BITS)), Signal(signed(BOUND_WORK_BITS))
         slot_r = Signal(COUNT_FIELD_BITS)
-        with m.If(accept):
-            m.d.sync += [lo_r.eq(cmd.lo), hi_r.eq(cmd.hi), lo_j.eq(cmd.lo), hi_j.eq(cmd.hi),
-                         slot_r.eq(cmd.slot)]
+        with m.If(start):
+            m.d.sync += [lo_r.eq(pend.lo), hi_r.eq(pend.hi), lo_j.eq(pend.lo),
+                         hi_j.eq(pend.hi), slot_r.eq(pend.slot)]
         with m.Elif(s0_go):
             with m.If(rd["last_beat"]):
                 m.d.sync += [lo_r.eq(lo_r + ins.causal), hi_r.eq(hi_r + ins.causal),
@@ -207,9 +339,13 @@ class VecEngine(wiring.Component):
         s1 = {name: Signal(range(self.acc_depth), name=f"s1_{name}_addr") for name in s0_addr}
         s1_lane, s1_first, s1_mask = Signal(log_n), Signal(), Signal(n)
         s1_slot = Signal(COUNT_FIELD_BITS)
+        # The op's fields travel with the beat: stage 0 may hold the next instruction.
+        s1_ins = Signal(VecArgs(), name="s1_ins")
         with m.If(s0_go):
             m.d.sync += [s1_valid.eq(1), s1_lane.eq(rd["lane"]), s1_first.eq(rd["j"] == 0),
                          s1_mask.eq(mask), s1_slot.eq(slot_r)]
+            m.d.sync += [s1_ins[name].eq(ins[name]) for name in (
+                "op", "c_imm", "imm", "mult", "shift", "sat", "a_scalar", "b_scalar")]
             m.d.sync += [s1[name].eq(addr) for name, addr in s0_addr.items()]
         with m.Elif(ops.ready):
             m.d.sync += s1_valid.eq(0)
@@ -221,33 +357,57 @@ class VecEngine(wiring.Component):
         op = ops.payload
         m.d.comb += [
             ops.valid.eq(s1_valid),
-            op.opcode.as_value().eq(ins.op),
-            op.c.eq(Mux(ins.c_imm, ins.imm, self.c_data[s1_lane])),
-            op.mult.eq(ins.mult), op.shift.eq(ins.shift), op.sat.eq(ins.sat),
+            op.opcode.as_value().eq(s1_ins.op),
+            op.c.eq(Mux(s1_ins.c_imm, s1_ins.imm, self.c_data[s1_lane])),
+            op.mult.eq(s1_ins.mult), op.shift.eq(s1_ins.shift), op.sat.eq(s1_ins.sat),
             op.mask.eq(s1_mask), op.slot.eq(s1_slot), op.first.eq(s1_first),
         ]
-        for name, scalar in (("a", ins.a_scalar), ("b", ins.b_scalar)):
+        for name, scalar in (("a", s1_ins.a_scalar), ("b", s1_ins.b_scalar)):
             entry = getattr(self, f"{name}_data")
             lanes = getattr(op, name)
             m.d.comb += lanes[0].eq(Mux(scalar, entry[s1_lane], entry[0]))
             for i in range(1, n):
                 m.d.comb += lanes[i].eq(Mux(scalar, 0, entry[i]))
 
+        # Starting records the instruction (at ``tail``) for the write and done sides.
+        with m.If(start):
+            m.d.sync += tail.eq(tail + 1)
+            for i in range(flights):
+                with m.If(tail == i):
+                    m.d.sync += [flight[i][name].eq(pend[name]) for name, _ in _Flight()]
+                    m.d.sync += fin[i].eq(0)
+                    m.d.sync += [x.eq(v) for x, v in zip(
+                        flight_writes[i], (*pend_writes[0], *pend_writes[1]), strict=True)]
+
         # --- write-back: one result -> a data write and/or the row total ------------
-        wr_go = Signal()
-        wr = walker("wr", wr_go)
+        # wins: the instruction being written back (loaded from its record when the
+        # previous one has written its last result); w_index: its record.
+        wins = Signal(_Flight(), name="wins")
+        w_busy = Signal()
+        w_index = Signal(log_f)
+        wr_go, w_load = Signal(), Signal()
+        nxt = flight[wptr]
+        wr = walker("wr", wins, w_load, wr_go, nxt.beats)
+        w_last = wr_go & wr["last_beat"] & wr["last_row"]
+        m.d.comb += w_load.eq((~w_busy | w_last) & (queued != 0))
+        m.d.sync += queued.eq(queued + start - w_load)
+        with m.If(w_load):
+            m.d.sync += [wins.eq(nxt), w_busy.eq(1), w_index.eq(wptr), wptr.eq(wptr + 1)]
+        with m.Elif(w_last):
+            m.d.sync += w_busy.eq(0)
+
         spad_row = Signal(ADDR_BITS)  # dst + r
         spad_ptr = Signal(ADDR_BITS)  # dst + j·rows + r
-        with m.If(accept):
-            m.d.sync += [spad_row.eq(cmd.dst), spad_ptr.eq(cmd.dst)]
+        with m.If(w_load):
+            m.d.sync += [spad_row.eq(nxt.dst), spad_ptr.eq(nxt.dst)]
         with m.Elif(wr_go):
             with m.If(wr["last_beat"]):
                 m.d.sync += [spad_row.eq(spad_row + 1), spad_ptr.eq(spad_row + 1)]
             with m.Else():
-                m.d.sync += spad_ptr.eq(spad_ptr + ins.rows)
+                m.d.sync += spad_ptr.eq(spad_ptr + wins.rows)
 
         res = results.payload
-        kind = ins.dst_kind
+        kind = wins.dst_kind
         to_acc = (kind == VecDst.TILE) | (kind == VecDst.SCALAR)
         to_spad = kind == VecDst.SPAD
         lane_bit = Signal(n)
@@ -255,13 +415,13 @@ class VecEngine(wiring.Component):
         # Row totals are gathered into one entry's lanes (N rows share a total entry)
         # and written together, so a row end costs no extra acc_w cycle: the buffer is
         # flushed after the last row of a block of N rows (or the instruction), ahead
-        # of the next data write.
+        # of the next data write (of this instruction or the next).
         tot_data = Signal(Entry(n), name="tot_data")
         tot_lanes = Signal(n, name="tot_lanes")
         tot_addr = Signal(range(self.acc_depth), name="tot_addr")
         flush = Signal(name="tot_flush")  # the buffer is complete, being written
         row_total = Signal(name="row_total")
-        m.d.comb += row_total.eq(ins.total_write & wr["last_beat"])
+        m.d.comb += row_total.eq(wins.total_write & wr["last_beat"])
 
         acc_data = results.valid & to_acc & ~flush
         write = self.acc_w.payload
@@ -269,18 +429,18 @@ class VecEngine(wiring.Component):
             m.d.comb += [write.addr.eq(tot_addr), write.data.eq(tot_data),
                          write.lanes.eq(tot_lanes)]
         with m.Elif(kind == VecDst.TILE):
-            m.d.comb += [write.addr.eq(ins.dst + wr["tile"]), write.data.eq(res.data),
+            m.d.comb += [write.addr.eq(wins.dst + wr["tile"]), write.data.eq(res.data),
                          write.lanes.eq((1 << n) - 1)]
         with m.Else():
-            m.d.comb += [write.addr.eq(ins.dst + wr["entry"]),
+            m.d.comb += [write.addr.eq(wins.dst + wr["entry"]),
                          write.data.eq(res.data[0].replicate(n)), write.lanes.eq(lane_bit)]
         m.d.comb += self.acc_w.valid.eq(flush | acc_data)
 
         packed = []
         for i in range(n):
             lane = res.data[i]
-            packed.append(Mux(ins.pack == VecPack.LIMB_HI, Cat(lane[7:14], 0),
-                              Mux(ins.pack == VecPack.LIMB_LO, Cat(lane[:7], 0), lane[:8])))
+            packed.append(Mux(wins.pack == VecPack.LIMB_HI, Cat(lane[7:14], 0),
+                              Mux(wins.pack == VecPack.LIMB_LO, Cat(lane[:7], 0), lane[:8])))
         req = self.spad_req.payload
         m.d.comb += [
             self.spad_req.valid.eq(results.valid & to_spad & ~flush),
@@ -295,34 +455,51 @@ class VecEngine(wiring.Component):
                 with m.If(lane_bit[i]):
                     m.d.sync += tot_data[i].eq(res.total)
             m.d.sync += [tot_lanes.eq(tot_lanes | lane_bit),
-                         tot_addr.eq(ins.total + wr["entry"]),
+                         tot_addr.eq(wins.total + wr["entry"]),
                          flush.eq((wr["lane"] == n - 1) | wr["last_row"])]
         with m.Elif(flush_fire):
             m.d.sync += [flush.eq(0), tot_lanes.eq(0)]
 
-        # --- completion: every result written, every scratchpad write acknowledged --
-        written = Signal()
-        with m.If(accept):
-            m.d.sync += written.eq(0)
-        with m.Elif(wr_go & wr["last_beat"] & wr["last_row"]):
-            m.d.sync += written.eq(1)
+        # --- completion: writes finished, scratchpad writes acknowledged, in order ----
         outstanding = Signal(2 * COUNT_FIELD_BITS + 1)
+        outstanding_next = Signal.like(outstanding)
         req_fire = self.spad_req.valid & self.spad_req.ready
-        m.d.comb += self.spad_resp.ready.eq(1)
-        m.d.sync += outstanding.eq(outstanding + req_fire - self.spad_resp.valid)
-        status = self.spad_resp.payload.status
-        bad = failed(status)
-        with m.If(self.spad_resp.valid & bad):
+        ack = self.spad_resp.valid
+        m.d.comb += [self.spad_resp.ready.eq(1),
+                     outstanding_next.eq(outstanding + req_fire - ack)]
+        m.d.sync += outstanding.eq(outstanding_next)
+        with m.If(ack & failed(self.spad_resp.payload.status)):
             m.d.sync += self.error.eq(1)
 
-        done_valid = Signal()
-        m.d.comb += [self.done.valid.eq(done_valid), self.done.payload.eq(ins.signal)]
-        # Done once every result and total is written and no scratchpad write is
-        # unacknowledged; when the last write is an accumulator write, the cycle after.
-        last_write = wr_go & wr["last_beat"] & wr["last_row"]
-        with m.If(busy & ~done_valid & (outstanding == 0)
-                  & ((written & (~flush | flush_fire)) | (last_write & ~req_fire & ~row_total))):
-            m.d.sync += done_valid.eq(1)
-        with m.If(self.done.valid & self.done.ready):
-            m.d.sync += [done_valid.eq(0), busy.eq(0), written.eq(0)]
+        # An instruction's writes finish with its last result, or with the flush of its
+        # last totals after it (``fin_pending``, for record ``fin_index``). From then,
+        # ``remaining`` counts the acknowledgements still due for it and everything
+        # before it (responses come in order).
+        fin_pending = Signal()
+        fin_index = Signal(log_f)
+        finish, finish_index = Signal(), Signal(log_f)
+        with m.If(w_last & row_total):
+            m.d.sync += [fin_pending.eq(1), fin_index.eq(w_index)]
+        with m.Elif(flush_fire & fin_pending):
+            m.d.sync += fin_pending.eq(0)
+        m.d.comb += [finish.eq((w_last & ~row_total) | (flush_fire & fin_pending)),
+                     finish_index.eq(Mux(fin_pending, fin_index, w_index))]
+
+        done_fire = self.done.valid & self.done.ready
+        m.d.comb += [self.done.valid.eq(acked.bit_select(dptr, 1)),
+                     self.done.payload.eq(flight[dptr].signal)]
+        for i in range(flights):
+            with m.If(finish & (finish_index == i)):
+                m.d.sync += [fin[i].eq(1), remaining[i].eq(outstanding_next),
+                             acked[i].eq(outstanding_next == 0)]
+            with m.Elif(ack & (remaining[i] != 0)):
+                m.d.sync += remaining[i].eq(remaining[i] - 1)
+                with m.If(fin[i] & (remaining[i] == 1)):
+                    m.d.sync += acked[i].eq(1)
+            with m.If(done_fire & (dptr == i)):
+                m.d.sync += acked[i].eq(0)
+        with m.If(done_fire):
+            m.d.sync += dptr.eq(dptr + 1)
+        m.d.sync += count.eq(count + start - done_fire)
+        m.d.comb += self.busy.eq(pend_valid | (count != 0))
         return m

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
+from compiler.hazards import accesses
 from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier
 from golden.moe import silu_output_scale, silu_table
@@ -23,7 +24,7 @@ from golden.softmax import normalise_output, online_softmax_pv
 from golden.tile_model import TileModel, VecDst, VecPack, lanes_word, word_lanes
 from golden.vector_model import VectorOpcode as OP
 from rtl.accumulator import LANE_BITS, AccWrite
-from rtl.isa import VecArgs
+from rtl.isa import Opcode, VecArgs
 from rtl.isa import VecDst as IsaVecDst
 from rtl.isa import VecPack as IsaVecPack
 from rtl.scratchpad import Request, Response
@@ -348,6 +349,205 @@ def test_random_instructions_match_the_model(seed, n, stalls):
     check_same(ref, hw, dones, program)
     kinds = {(f["op"], f["dst_kind"]) for name, f in program if name == "VEC"}
     assert {op for op, _ in kinds} == set(range(15))
+
+
+# --- overlapping instructions ------------------------------------------------------------
+
+
+def _region(base, size):
+    return set(range(base, base + size))
+
+
+class _Batch:
+    """Accumulator regions of one batch of dependent instructions: fresh ones (values
+    LOADed before the batch) and the recent destinations later operands may read."""
+
+    def __init__(self, rng, n):
+        self.rng, self.n = rng, n
+        self.loads, self.recent, self.free = {}, [], 0
+
+    def fresh(self, size, low, high):
+        base, self.free = self.free, self.free + size
+        for e in range(base, base + size):
+            self.loads[e] = self.rng.integers(low, high, self.n)
+        return base
+
+    def operand(self, size, writes, low=-(1 << 47), high=1 << 47, reuse=True):
+        """One of the last four destinations, if it keeps clear of the instruction's own
+        ``writes``; else a fresh region of values in [low, high)."""
+        if reuse and self.recent and self.rng.random() < 0.85:
+            base = self.recent[-int(self.rng.integers(1, min(4, len(self.recent)) + 1))]
+            if not _region(base, size) & writes:
+                return base
+        return self.fresh(size, low, high)
+
+
+def dependent_program(seed, n, slots, count, acc_depth):
+    """``count`` VEC instructions in batches issued back to back (a LOAD of fresh operands
+    before each batch), whose operands are often what recent instructions wrote: their
+    TILE or SCALAR destinations and row totals (RAW dependencies at distances 1 to 4,
+    some in place), else fresh regions; operands an op does not read (b of a SUM, c with
+    an immediate) point at recent destinations too. The ops keep every result in every
+    op's domain when chained (ADD, MAX, SUM, RESCALE with an immediate alpha, SILU,
+    TOPK), and carry vector-unit slot state from one instruction to the next: RECIP then
+    DIV, SILU_LOAD then SILU, reductions whose totals a later non-reducing op with
+    ``total_write`` reports."""
+    rng = np.random.default_rng(seed)
+    codes = (OP.ADD, OP.MAX, OP.SUM, OP.RESCALE, OP.SILU, OP.TOPK, OP.TOPK_INDEX, OP.RECIP,
+             OP.DIV, OP.SILU_LOAD)
+    spad_ring = Ring(256)
+    program, batch, mem = [], [], _Batch(rng, n)
+    for _ in range(count):
+        code = OP(rng.choice(codes))
+        rows = int(rng.integers(1, slots + 1))
+        one_beat = code in (OP.TOPK, OP.TOPK_INDEX, OP.RECIP, OP.SILU_LOAD)
+        beats = 1 if one_beat else int(rng.integers(1, 4))
+        blocks = -(-rows // n)
+        tile = blocks * beats * n
+        if mem.free + 4 * (tile + blocks) > acc_depth:  # the next batch, in fresh memory
+            program += [("LOAD", {"acc": mem.loads})] + batch
+            batch, mem = [], _Batch(rng, n)
+        kind = int(rng.choice(4, p=[0.4, 0.3, 0.15, 0.15]))
+        f = {"op": int(code), "rows": rows, "beats": beats, "dst_kind": kind,
+             "slot": int(rng.integers(0, slots - rows + 1)), "pack": int(rng.integers(3)),
+             "total_write": int(rng.random() < 0.5),
+             "a_scalar": int(rng.random() < 0.25), "b_scalar": int(rng.random() < 0.25),
+             "signal": {"enable": int(rng.integers(2)), "semaphore": int(rng.integers(16))}}
+        if rng.random() < 0.5:
+            f.update(lo=0, hi=beats * n, causal=0)
+        else:
+            lo = int(rng.integers(-2, beats * n + 1))
+            f.update(lo=lo, hi=int(rng.integers(lo - 1, beats * n + 3)),
+                     causal=int(rng.integers(2)))
+        writes = set()
+        if kind in (VecDst.TILE, VecDst.SCALAR):
+            size = tile if kind == VecDst.TILE else blocks
+            f["dst"] = mem.fresh(size, 0, 1)
+            writes |= _region(f["dst"], size)
+        elif kind == VecDst.SPAD:
+            f["dst"] = spad_ring.take(rows * beats)
+        if f["total_write"]:
+            f["total"] = mem.fresh(blocks, 0, 1)
+            writes |= _region(f["total"], blocks)
+        sizes = {name: blocks if f[f"{name}_scalar"] else tile for name in "ab"}
+        if code == OP.DIV:  # |a| times 1/l must fit 63 bits
+            f["a"] = mem.operand(sizes["a"], writes, -(1 << 30), 1 << 30, reuse=False)
+            f.update(shift=int(rng.choice([15, 16])), sat=int(rng.integers(2)))
+        elif kind == VecDst.TILE and code in (OP.ADD, OP.SILU) and rng.random() < 0.3:
+            f.update(a=f["dst"], a_scalar=0)  # in place
+        else:
+            f["a"] = mem.operand(sizes["a"], writes)
+        if code == OP.ADD and f["a"] == f.get("dst") and not f["a_scalar"]:
+            f.update(b=f["a"], b_scalar=0)  # dst = a + a, in place
+        else:
+            f["b"] = mem.operand(sizes["b"], writes)
+        if code == OP.RESCALE or (code in (OP.TOPK, OP.TOPK_INDEX) and rng.random() < 0.5):
+            high = (1 << T) + 1 if code == OP.RESCALE else 1000  # alpha <= 1.0
+            f.update(c_imm=1, imm=int(rng.integers(0, high)),
+                     c=mem.recent[-1] if mem.recent else 0)  # not read
+        elif code == OP.RECIP:  # a divisor l >= 1
+            f["c"] = mem.fresh(blocks, 1, 1 << NUMERICS.attn_sum_bits)
+        else:
+            f["c"] = mem.operand(blocks, writes)
+        mem.recent += [f[name] for name in ("dst", "total") if name in f
+                       and (name == "total" or kind in (VecDst.TILE, VecDst.SCALAR))]
+        batch.append(("VEC", f))
+    return program + [("LOAD", {"acc": mem.loads})] + batch
+
+
+def _dependencies(program, n, distance):
+    """How many VEC instructions read (with an operand their op uses) what one of the
+    ``distance`` VEC instructions before them writes in the accumulator, within a batch."""
+    found, window = 0, []
+    for name, f in program:
+        if name == "LOAD":
+            window = []
+            continue
+        reads, writes = accesses(Opcode.VEC, f, n)
+        found += any(reads & earlier for earlier in window)
+        window = (window + [{x for x in writes if x >= 1 << 20}])[-distance:]
+    return found
+
+
+@pytest.mark.parametrize(("seed", "n", "stalls"), [(11, 4, False), (12, 4, True), (11, 8, True)])
+def test_random_dependent_instructions_match_the_model(seed, n, stalls):
+    """Back-to-back instructions with random RAW dependencies (on destinations and
+    totals, at distances 1 to 4) and slot state carried between them, with random
+    backpressure everywhere: bit-exact with the model, done beats in order."""
+    slots = {4: 6, 8: 4}[n]
+    program = dependent_program(seed, n, slots, count=48, acc_depth=1024)
+    assert _dependencies(program, n, 1) >= 6 and _dependencies(program, n, 4) >= 15
+    stall = 0.3 if stalls else 0.0
+    ref, hw, dones, *_ = run_engine(
+        program, n=n, slots=slots, acc_depth=1024, spad_words=256, seed=seed,
+        acc_stall=stall, spad_stall=stall, done_stall=stall, idle=stall / 3,
+        resp_delay=(1, 6) if stalls else (2, 2))
+    check_same(ref, hw, dones, program)
+
+
+def _chain(n, rows, beats, sources, **extra):
+    """ADD instructions: instruction i reads ``sources[i]`` (a and b), writes 64·(i+1)."""
+    return [("VEC", {"op": int(OP.ADD), "a": src, "b": src, "rows": rows, "beats": beats,
+                     "lo": 0, "hi": beats * n, "dst": 64 * (i + 1), "dst_kind": VecDst.TILE,
+                     **extra}) for i, src in enumerate(sources)]
+
+
+def test_independent_instructions_overlap():
+    """Independent instructions issue back to back: the span from the first command to
+    the last done beat is the beats of all of them plus one overhead, not a sum of
+    overheads; every destination kind, with totals."""
+    n, rows, beats = 4, 4, 3
+    load = ("LOAD", {"acc": {e: np.arange(n) + e for e in range(0, 512, 7)}})
+    program = [load, *_chain(n, rows, beats, [0, 256, 320, 384])]
+    for i, (kind, total) in enumerate(((VecDst.SCALAR, 0), (VecDst.SPAD, 1),
+                                       (VecDst.NONE, 1)), 2):
+        program[i][1].update(dst_kind=kind, total=500 + i, total_write=total,
+                             op=int(OP.SUM if total else OP.ADD))
+    ref, hw, dones, _, dut, accepted, finished, _ = run_engine(
+        program, n=n, acc_depth=512, resp_delay=(2, 2))
+    check_same(ref, hw, dones, program)
+    span = finished[-1] - accepted[0]
+    beats_total = 4 * rows * beats
+    assert span <= beats_total + 2 + dut.overhead + 2, (span, accepted, finished)
+    assert span < 4 * (rows * beats + dut.overhead), (span, accepted, finished)
+    assert finished == sorted(finished)
+
+
+def test_dependent_instructions_wait_for_their_operands():
+    """A chain of instructions each reading (a, b, c, as tile or scalar) what an earlier
+    one wrote — the one before, or two before with an independent one between — gets the
+    model's results; an operand the op does not read (b of a SUM) does not hold it."""
+    n, rows, beats = 4, 4, 2
+    load = ("LOAD", {"acc": {e: np.arange(n) * 3 + e for e in range(0, 512)}})
+    span = {}
+    for case, sources in (("chain", [0, 64, 128, 192]), ("skip", [0, 400, 64, 128])):
+        program = [load, *_chain(n, rows, beats, sources)]
+        ref, hw, dones, _, dut, accepted, finished, _ = run_engine(
+            program, n=n, acc_depth=512)
+        check_same(ref, hw, dones, program)
+        span[case] = finished[-1] - accepted[0]
+    # Through totals, scalar destinations and c; and b of a SUM pointing at the
+    # previous destination.
+    program = [
+        load,
+        ("VEC", {"op": int(OP.MAX), "a": 0, "c": 40, "rows": rows, "beats": beats, "lo": 0,
+                 "hi": beats * n, "dst_kind": VecDst.NONE, "total": 300, "total_write": 1}),
+        ("VEC", {"op": int(OP.ADD), "a": 300, "a_scalar": 1, "b": 41, "b_scalar": 1,
+                 "rows": rows, "beats": 1, "lo": 0, "hi": 1, "dst": 301,
+                 "dst_kind": VecDst.SCALAR}),
+        ("VEC", {"op": int(OP.MAX), "a": 100, "c": 301, "rows": rows, "beats": beats,
+                 "lo": 0, "hi": beats * n, "dst": 200, "dst_kind": VecDst.TILE}),
+        ("VEC", {"op": int(OP.SUM), "a": 120, "b": 200, "rows": rows, "beats": beats,
+                 "lo": 0, "hi": beats * n, "dst_kind": VecDst.SCALAR, "dst": 302}),
+    ]
+    ref, hw, dones, _, dut, accepted, finished, _ = run_engine(program, n=n, acc_depth=512)
+    check_same(ref, hw, dones, program)
+    gaps = [b - a for a, b in zip(finished, finished[1:], strict=False)]
+    assert gaps[-1] == rows * beats, gaps  # the SUM did not wait for the MAX before it
+    assert min(gaps[:2]) > dut.overhead, gaps  # the others did
+    one = rows * beats + dut.overhead
+    assert span["chain"] >= 4 * one - 4, span  # every instruction waited
+    assert span["skip"] < span["chain"], span  # the independent one overlapped
 
 
 # --- online softmax ---------------------------------------------------------------------
