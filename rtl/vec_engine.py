@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
@@ -59,10 +59,11 @@ class VecEngine(wiring.Component):
     the N rows sharing an entry are written together, after those rows' results). It
     is the hardware of :meth:`golden.tile_model.TileModel._vec`.
 
-    Instructions overlap: up to ``in_flight`` of them are in the engine at once. A
-    command waits in a pending register; it starts issuing beats as soon as the
-    previous instruction has issued its last one, unless it depends on an instruction
-    still in flight. Results are written in program order (one write-back side), and
+    Instructions overlap: up to ``in_flight`` of them are in the engine at once. Commands
+    are queued (``queue`` of them, so the sequencer can dispatch ahead, e.g. to the GEMM
+    engine), then wait in a pending register; a pending instruction starts issuing beats
+    as soon as the previous one has issued its last, unless it depends on an
+    instruction still in flight. Results are written in program order (one write-back side), and
     each instruction's ``done`` beat comes once its writes are complete, in order.
 
     Hazards
@@ -105,6 +106,8 @@ class VecEngine(wiring.Component):
     in_flight : int
         Instructions in the engine at once (issuing, in the vector unit, writing or
         waiting for scratchpad acknowledgements): 2 to 16, a power of two.
+    queue : int
+        Commands queued ahead of the pending one: 2 to 64.
 
     Ports
     -----
@@ -116,7 +119,7 @@ class VecEngine(wiring.Component):
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     spad_req/spad_resp : a scratchpad port, writes only; every write's response is
         counted
-    busy : out, an instruction is in the engine (pending or in flight)
+    busy : out, an instruction is in the engine (queued, pending or in flight)
     error : out, sticky: a scratchpad response with an error status
 
     Timing
@@ -127,17 +130,18 @@ class VecEngine(wiring.Component):
     share an entry) and written in one ``acc_w`` cycle after the block's last result,
     which holds the next result for that cycle. Into an idle engine, from taking a
     command to its ``done`` beat: ``rows·beats + overhead`` cycles without stalls
-    (``overhead`` = the vector unit's latency + 4), plus ceil(rows / N) with totals and
-    the scratchpad's write latency (minus one) for SPAD destinations. The next command
-    is taken into the pending register while the previous one issues; an independent
-    one issues its first beat the cycle after the previous one's last (once it has been
-    pending two cycles), a dependent one starts the cycle after its producer's last
-    write was taken (two cycles after, if other instructions are still in flight).
+    (``overhead`` = the vector unit's latency + 6: two cycles through the queue),
+    plus ceil(rows / N) with totals and the scratchpad's write latency (minus one) for
+    SPAD destinations. Commands are taken while the queue has room; an independent
+    instruction issues its first beat the cycle after the previous one's last (once it
+    has been pending two cycles), a dependent one starts the cycle after its producer's
+    last write was taken (two cycles after, if other instructions are still in
+    flight).
     """
 
     def __init__(self, n: int = 8, slots: int = 4, acc_depth: int = 256,
                  addr_bits: int = ADDR_BITS, max_top_k: int | None = None,
-                 in_flight: int = 4):
+                 in_flight: int = 4, queue: int = 8):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"vector engine lanes must be a power of two from 2 to 32, not {n}")
         if not (isinstance(acc_depth, int) and 2 <= acc_depth <= 1 << ACC_ADDR_BITS
@@ -149,13 +153,16 @@ class VecEngine(wiring.Component):
         if in_flight not in (2, 4, 8, 16):
             raise ValueError(f"in_flight must be a power of two from 2 to 16, not {in_flight}")
         self.n, self.slots, self.acc_depth, self.addr_bits = n, slots, acc_depth, addr_bits
-        self.in_flight = in_flight
+        if not (isinstance(queue, int) and 2 <= queue <= 64):
+            raise ValueError(f"queue must be 2..64 commands, not {queue}")
+        self.in_flight, self.queue = in_flight, queue
         #: The vector unit inside (its parameters are checked here).
         self.unit = VectorUnit(n, slots, max_top_k)
         #: Cycles from taking a command into an idle engine to its done beat, without
-        #: stalls: the command starts the cycle after it is taken, its last beat issues
-        #: rows·beats cycles later; then the unit's latency, the write, and the done beat.
-        self.overhead = self.unit.latency + 4
+        #: stalls: the command is pending two cycles after it is taken (the queue) and
+        #: starts the next; its last beat issues rows·beats cycles later; then the
+        #: unit's latency, the write, and the done beat.
+        self.overhead = self.unit.latency + 6
         members = {
             "cmd": In(stream.Signature(VecArgs())),
             "done": Out(stream.Signature(SIGNAL)),
@@ -179,14 +186,18 @@ class VecEngine(wiring.Component):
         m.submodules.unit = unit = self.unit
         ops, results = unit.ops, unit.results
 
-        # --- intake: the pending command, its accumulator ranges ----------------------
-        cmd = self.cmd.payload
+        # --- intake: the command queue, the pending command, its accumulator ranges ---
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=VecArgs().size,
+                                                           depth=self.queue)
+        m.d.comb += [self.cmd.ready.eq(queue.w_rdy), queue.w_en.eq(self.cmd.valid),
+                     queue.w_data.eq(self.cmd.payload)]
+        cmd = Signal(VecArgs(), name="queued")
+        m.d.comb += cmd.eq(queue.r_data)
         pend = Signal(VecArgs(), name="pend")
         pend_valid = Signal()
         start = Signal()  # the pending command starts issuing (and is in flight)
         load = Signal()
-        m.d.comb += [self.cmd.ready.eq(~pend_valid | start),
-                     load.eq(self.cmd.valid & self.cmd.ready)]
+        m.d.comb += [load.eq(queue.r_rdy & (~pend_valid | start)), queue.r_en.eq(load)]
         with m.If(load):
             m.d.sync += [pend.eq(cmd), pend_valid.eq(1)]
         with m.Elif(start):
@@ -501,5 +512,5 @@ class VecEngine(wiring.Component):
         with m.If(done_fire):
             m.d.sync += dptr.eq(dptr + 1)
         m.d.sync += count.eq(count + start - done_fire)
-        m.d.comb += self.busy.eq(pend_valid | (count != 0))
+        m.d.comb += self.busy.eq((queue.level != 0) | pend_valid | (count != 0))
         return m
