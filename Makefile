@@ -13,7 +13,7 @@ SIM    ?= verilator
 export SIM
 
 .DEFAULT_GOAL := help
-.PHONY: help sim test bench synth lint clean
+.PHONY: help sim test bench synth formal lint clean
 
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
@@ -40,6 +40,9 @@ bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 
 synth: $(STAMP) ## Yosys + nextpnr-ecp5 area and Fmax: print a table, write build/synth.json
 	$(BIN)/python -m synth $(ARGS)
+
+formal: $(STAMP) ## SymbiYosys proofs on the router: files and traces under build/formal/
+	$(BIN)/python -m formal $(ARGS)
 
 lint: $(STAMP) ## ruff, and Verilator --lint-only on every generated top
 	$(BIN)/ruff check .

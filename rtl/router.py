@@ -154,7 +154,8 @@ class Router(wiring.Component):
         #: Internal state, filled in by :meth:`elaborate` for the formal harness:
         #: ``credit[o][v]``, ``busy[o][v]``, ``count[p][v]`` (input buffer occupancy),
         #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``sent[p][v]``,
-        #: ``out_src[o]`` (input port * vcs + input VC of the flit in output register o).
+        #: ``discard[p][v]`` (dropping the head of a buffer), ``out_src[o]`` (input
+        #: port * vcs + input VC of the flit in output register o).
         self.probe: dict[str, list] = {}
 
     def link(self, port: Port, incoming: bool):
@@ -291,6 +292,7 @@ class Router(wiring.Component):
                 with m.If(g):
                     m.d.comb += [
                         flit.eq(head),
+                        flit.vc.eq(v),
                         flit.mask.eq(Mux(head.head & head.multicast, head.mask & region,
                                          head.mask)),
                         src.eq(sources.index((p, v))),
@@ -352,7 +354,7 @@ class Router(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         self.probe.update(credit=credit, busy=busy, active=active, cur_route=cur_route,
-                          pop=pops, out_src=out_src, sent=sent,
+                          pop=pops, discard=discard, out_src=out_src, sent=sent,
                           count=[[b["count"] for b in row] for row in bufs],
                           eject_count=[e["count"] for e in ejects])
         return m

@@ -78,6 +78,13 @@ DESIGNS: dict[str, Factory] = {
     "tile": rtl_design("rtl.tile", "Tile", n=8, banks=8, depth=512, page_size=16,
                        token_words=4, num_pages=32, sequences=4, max_pages=16,
                        program_depth=512),
+    # The network: a router inside a 4 x 4 mesh with 64-bit payloads, in two VC/buffer
+    # configurations (same buffer bits per port), and a 2 x 2 mesh of the first.
+    "router_v2_d4": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+                               vcs=2, depth=4),
+    "router_v4_d2": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+                               vcs=4, depth=2),
+    "mesh_2x2": rtl_design("rtl.mesh", "Mesh", k=2, payload_bits=64, vcs=2, depth=4),
 }
 
 
