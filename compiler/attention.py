@@ -23,6 +23,7 @@ per key block and the semaphore protocol; in short:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import numpy as np
 
@@ -115,6 +116,10 @@ class _Inexpressible(Exception):
 
 class _AccumulatorFull(ValueError):
     """The buffers of chunks of this many rows do not fit the accumulator memory."""
+
+
+class _ScratchpadFull(ValueError):
+    """The regions do not fit the scratchpad outside the KV region."""
 
 
 @dataclass
@@ -252,26 +257,31 @@ class _SpadAllocator:
                 self.used += words
                 return lo
         room = sum(hi - lo for lo, hi in self.free)
-        raise ValueError(f"scratchpad full: {what} needs {words} words; "
+        raise _ScratchpadFull(f"scratchpad full: {what} needs {words} words; "
                          f"{self.used} words already taken, {room} left outside the KV "
                          f"region ({self.config.kv_words} words at {self.config.kv_start})")
 
 
 @dataclass
 class _Map:
-    """Addresses of every buffer (scratchpad words and accumulator entries)."""
+    """Addresses of every buffer (scratchpad words and accumulator entries). Buffers of
+    one key block are indexed [lane][round parity] (``lanes`` x 2); P·V is [lane][parity]
+    or, when the accumulator is short, one per lane ([lane][0] for both parities); acc
+    and l are one per lane."""
 
-    p_hi: tuple[int, int] = (0, 0)
-    p_lo: tuple[int, int] = (0, 0)
+    lanes: int = 1
+    pv_double: bool = True
+    p_hi: list[list[int]] = field(default_factory=list)
+    p_lo: list[list[int]] = field(default_factory=list)
     identity: int = 0
     digits: list[int] = field(default_factory=list)
-    scores: tuple[int, int] = (0, 0)
-    pv: tuple[int, int] = (0, 0)
-    acc: int = 0
-    m: tuple[int, int] = (0, 0)
-    alpha: tuple[int, int] = (0, 0)
-    psum: tuple[int, int] = (0, 0)
-    l: int = 0  # noqa: E741 - the denominator's name in golden and the papers
+    scores: list[list[int]] = field(default_factory=list)
+    pv: list[list[int]] = field(default_factory=list)
+    acc: list[int] = field(default_factory=list)
+    m: list[list[int]] = field(default_factory=list)
+    alpha: list[list[int]] = field(default_factory=list)
+    psum: list[list[int]] = field(default_factory=list)
+    l: list[int] = field(default_factory=list)  # noqa: E741 - the denominator's name in golden
     sinks: int = 0
     sink_rows: list[np.ndarray] = field(default_factory=list)
     spad_words: int = 0
@@ -298,16 +308,26 @@ def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
     return digits[::-1]
 
 
-def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk]) -> _Map:
+def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
+                lanes: int, pv_double: bool) -> _Map:
     n, rmax = config.n, max(c.rows for c in chunks)
     nb, dq, dvc = _ceil(layer.page_size, n), _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
-    mp, spad = _Map(), _SpadAllocator(config)
+    mp, spad = _Map(lanes=lanes, pv_double=pv_double), _SpadAllocator(config)
     for c in chunks:
         c.q_addr = spad.take(dq * c.rows, "the queries")
     for c in chunks:
         c.out_addr = spad.take(dvc * c.rows, "the outputs")
-    mp.p_hi = (spad.take(nb * rmax, "P (high limb)"), spad.take(nb * rmax, "P (high limb)"))
-    mp.p_lo = (spad.take(nb * rmax, "P (low limb)"), spad.take(nb * rmax, "P (low limb)"))
+
+    def per_block(take, size: int, what: str, double: bool = True) -> list[list[int]]:
+        """[lane][parity] regions (one per lane, used for both parities, if not double)."""
+        regions = []
+        for _ in range(lanes):
+            first = take(size, what)
+            regions.append([first, take(size, what) if double else first])
+        return regions
+
+    mp.p_hi = per_block(spad.take, nb * rmax, "P (high limb)")
+    mp.p_lo = per_block(spad.take, nb * rmax, "P (low limb)")
 
     entries = 0
 
@@ -320,13 +340,13 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk])
         return base
 
     tile_rows, scalar = _ceil(rmax, n) * n, _ceil(rmax, n)
-    mp.scores = (take(tile_rows * nb, "scores"), take(tile_rows * nb, "scores"))
-    mp.pv = (take(tile_rows * dvc, "P·V"), take(tile_rows * dvc, "P·V"))
-    mp.acc = take(tile_rows * dvc, "the output accumulator")
-    mp.m = (take(scalar, "the running max"), take(scalar, "the running max"))
-    mp.alpha = (take(scalar, "alpha"), take(scalar, "alpha"))
-    mp.psum = (take(scalar, "sum P"), take(scalar, "sum P"))
-    mp.l = take(scalar, "the denominator")
+    mp.scores = per_block(take, tile_rows * nb, "scores")
+    mp.pv = per_block(take, tile_rows * dvc, "P·V", pv_double)
+    mp.acc = [take(tile_rows * dvc, "the output accumulator") for _ in range(lanes)]
+    mp.m = per_block(take, scalar, "the running max")
+    mp.alpha = per_block(take, scalar, "alpha")
+    mp.psum = per_block(take, scalar, "sum P")
+    mp.l = [take(scalar, "the denominator") for _ in range(lanes)]
     if layer.sinks is not None:
         # One scalar region per distinct row pattern of sink logits (the initial max).
         seen: dict[tuple[int, ...], int] = {}
@@ -381,6 +401,11 @@ class _Emitter:
                 fields[key] = getattr(fields[key], "value", fields[key])
         self.ops.append((Opcode.VEC, fields))
 
+    def signal_last_vec(self, semaphore: int) -> None:
+        """Make the last VEC instruction so far signal ``semaphore`` when it finishes."""
+        op, fields = next(x for x in reversed(self.ops) if x[0] == Opcode.VEC)
+        fields["signal"] = {"enable": 1, "semaphore": semaphore}
+
     def wait(self, semaphore: int) -> None:
         self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": 1}))
 
@@ -406,90 +431,136 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
             e.gemm(a=mp.identity, b=base, c=mp.sinks, m=count, k=count, p=n, a_rows=1,
                    b_rows=0, accumulate=int(i > 0), acc_shift=LIMB_BITS if i else 0)
 
-    steps = [(c, s, k == 0, k == len(c.steps) - 1)
-             for c in chunks for k, s in enumerate(c.steps)]
-    state = {"m": None}  # where the running max of the current chunk is
+    lane_steps = _lane_steps(chunks, mp.lanes)
+    rounds = max(len(steps) for steps in lane_steps)
+    members = [[g for g, steps in enumerate(lane_steps) if r < len(steps)]
+               for r in range(rounds)]
+    running_max: list[int | None] = [None] * mp.lanes  # each lane's current m entry
 
-    def scores_gemm(i: int) -> None:
-        c, s, _, _ = steps[i]
-        e.gemm(a=c.q_addr, b=page_base(c.kv_head, 0, s.block), c=mp.scores[i % 2], m=c.rows,
-               k=layer.head_dim, p=ps, a_rows=1, b_rows=1, signal=SEM_SCORES)
+    def scores_gemm(g: int, r: int) -> None:
+        c, s, _, _ = lane_steps[g][r]
+        e.gemm(a=c.q_addr, b=page_base(c.kv_head, 0, s.block), c=mp.scores[g][r % 2],
+               m=c.rows, k=layer.head_dim, p=ps, a_rows=1, b_rows=1, signal=SEM_SCORES)
 
-    def softmax_ops(i: int) -> None:
-        c, s, first, _ = steps[i]
-        r, buf = c.rows, i % 2
+    def softmax_ops(g: int, r: int) -> list:
+        """Ops 2-5 of the block as emitters; the first waits for its scores."""
+        c, s, first, _ = lane_steps[g][r]
+        rows, buf = c.rows, r % 2
         bounds = {"lo": s.lo, "hi": s.hi, "causal": s.causal}
-        m_new = mp.m[buf]
+        m_new, scores = mp.m[g][buf], mp.scores[g][buf]
         # m_old: the sink logits (an entry) or -inf (an immediate) at a chunk's start.
-        m_old = (None if layer.sinks is None else c.sink_entry) if first else state["m"]
-        # 1. logits in place of the scores; the running max from m_old into m_new.
-        e.vec(VOP.LOGIT, r, nb, mp.scores[buf],
-              **({"imm": NEG_INF} if m_old is None else {"c": m_old}),
-              mult=layer.logit_mult, shift=layer.logit_shift, dst=mp.scores[buf],
-              dst_kind=VecDst.TILE, total=m_new, total_write=1, **bounds)
-        # 2. alpha = exp2(m_old - m_new) in Q1.15 (not needed when the state is empty:
-        #    the first RESCALE then ignores it).
-        if m_old is not None:
-            e.vec(VOP.EXP, r, 1, m_old, a_scalar=1, c=m_new, shift=NUMERICS.exp_table_frac_bits,
-                  dst=mp.alpha[buf], dst_kind=VecDst.SCALAR, lo=0, hi=1)
-        # 3. P = exp2(x - m_new) in Q0.14, saturated; its high then low 7-bit limb into
-        #    the scratchpad in the a_rows layout; sum P from the first pass.
-        for pack, dst in ((VecPack.LIMB_HI, mp.p_hi[buf]), (VecPack.LIMB_LO, mp.p_lo[buf])):
+        m_old = (None if layer.sinks is None else c.sink_entry) if first else running_max[g]
+        running_max[g] = m_new
+
+        def logit() -> None:
+            # 1. logits in place of the scores; the running max from m_old into m_new.
+            e.wait(SEM_SCORES)
+            e.vec(VOP.LOGIT, rows, nb, scores,
+                  **({"imm": NEG_INF} if m_old is None else {"c": m_old}),
+                  mult=layer.logit_mult, shift=layer.logit_shift, dst=scores,
+                  dst_kind=VecDst.TILE, total=m_new, total_write=1, **bounds)
+
+        def alpha() -> None:
+            # 2. alpha = exp2(m_old - m_new) in Q1.15 (not needed when the state is
+            #    empty: the first RESCALE then ignores it).
+            e.vec(VOP.EXP, rows, 1, m_old, a_scalar=1, c=m_new,
+                  shift=NUMERICS.exp_table_frac_bits, dst=mp.alpha[g][buf],
+                  dst_kind=VecDst.SCALAR, lo=0, hi=1)
+
+        def p_limb(pack: VecPack, dst: int) -> None:
+            # 3. P = exp2(x - m_new) in Q0.14, saturated; its high then low 7-bit limb
+            #    into the scratchpad in the a_rows layout; sum P from the first pass.
             hi = pack == VecPack.LIMB_HI
-            e.vec(VOP.EXP, r, nb, mp.scores[buf], c=m_new, shift=NUMERICS.attn_p_bits, sat=1,
-                  dst=dst, dst_kind=VecDst.SPAD, pack=pack, total=mp.psum[buf],
-                  total_write=int(hi), signal=None if hi else SEM_P, **bounds)
-        state["m"] = m_new
+            e.vec(VOP.EXP, rows, nb, scores, c=m_new, shift=NUMERICS.attn_p_bits, sat=1,
+                  dst=dst, dst_kind=VecDst.SPAD, pack=pack, total=mp.psum[g][buf],
+                  total_write=int(hi), **bounds)
 
-    def pv_gemms(i: int) -> None:
-        c, s, _, _ = steps[i]
+        return [logit, *([alpha] if m_old is not None else []),
+                lambda: p_limb(VecPack.LIMB_HI, mp.p_hi[g][buf]),
+                lambda: p_limb(VecPack.LIMB_LO, mp.p_lo[g][buf])]
+
+    def pv_gemms(g: int, r: int, signal: bool) -> None:
+        c, s, _, _ = lane_steps[g][r]
         v_page = page_base(c.kv_head, 1, s.block)
-        for limb, a in enumerate((mp.p_hi[i % 2], mp.p_lo[i % 2])):
-            e.gemm(a=a, b=v_page, c=mp.pv[i % 2], m=c.rows, k=ps, p=layer.v_head_dim,
+        for limb, a in enumerate((mp.p_hi[g][r % 2], mp.p_lo[g][r % 2])):
+            e.gemm(a=a, b=v_page, c=mp.pv[g][r % 2], m=c.rows, k=ps, p=layer.v_head_dim,
                    a_rows=1, b_rows=0, accumulate=limb, acc_shift=LIMB_BITS * limb,
-                   signal=SEM_PV if limb else None)
+                   signal=SEM_PV if limb and signal else None)
 
-    def rescale(i: int) -> None:
-        c, _, first, last = steps[i]
-        r, buf = c.rows, i % 2
+    def rescale_ops(g: int, r: int) -> list:
+        """Ops 8-9 of the block (and a chunk's end) as emitters."""
+        c, _, first, last = lane_steps[g][r]
+        rows, buf, acc, ell = c.rows, r % 2, mp.acc[g], mp.l[g]
+        pv, alpha, psum = mp.pv[g][buf], mp.alpha[g][buf], mp.psum[g][buf]
         if first:  # acc = P·V; l = l0·alpha + sum P (l0 = the sink's 2^14 - 1, or 0)
-            e.vec(VOP.RESCALE, r, dvc, mp.pv[buf], imm=0, dst=mp.acc, dst_kind=VecDst.TILE,
-                  lo=0, hi=dvc * n)
             l0 = 0 if layer.sinks is None else p_max
-            e.vec(VOP.RESCALE, r, 1, mp.alpha[buf] if l0 else mp.psum[buf], a_scalar=1,
-                  b=mp.psum[buf], b_scalar=1, imm=l0, dst=mp.l, dst_kind=VecDst.SCALAR,
-                  lo=0, hi=1)
+            ops = [lambda: e.vec(VOP.RESCALE, rows, dvc, pv, imm=0, dst=acc,
+                                 dst_kind=VecDst.TILE, lo=0, hi=dvc * n),
+                   lambda: e.vec(VOP.RESCALE, rows, 1, alpha if l0 else psum, a_scalar=1,
+                                 b=psum, b_scalar=1, imm=l0, dst=ell,
+                                 dst_kind=VecDst.SCALAR, lo=0, hi=1)]
         else:  # acc = acc·alpha + P·V; l = l·alpha + sum P (in place)
-            e.vec(VOP.RESCALE, r, dvc, mp.acc, b=mp.pv[buf], b_scalar=0, c=mp.alpha[buf],
-                  dst=mp.acc, dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
-            e.vec(VOP.RESCALE, r, 1, mp.l, a_scalar=1, b=mp.psum[buf], b_scalar=1,
-                  c=mp.alpha[buf], dst=mp.l, dst_kind=VecDst.SCALAR, lo=0, hi=1)
+            ops = [lambda: e.vec(VOP.RESCALE, rows, dvc, acc, b=pv, b_scalar=0, c=alpha,
+                                 dst=acc, dst_kind=VecDst.TILE, lo=0, hi=dvc * n),
+                   lambda: e.vec(VOP.RESCALE, rows, 1, ell, a_scalar=1, b=psum, b_scalar=1,
+                                 c=alpha, dst=ell, dst_kind=VecDst.SCALAR, lo=0, hi=1)]
         if last:  # o = acc / l in Q.16, then int8 into the scratchpad
-            e.vec(VOP.RECIP, r, 1, mp.l, a_scalar=1, c=mp.l, dst_kind=VecDst.NONE, lo=0, hi=1)
-            e.vec(VOP.DIV, r, dvc, mp.acc, shift=NUMERICS.attn_out_frac_bits, dst=mp.acc,
-                  dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
-            e.vec(VOP.REQUANT, r, dvc, mp.acc, mult=layer.out_mult, shift=layer.out_shift,
-                  dst=c.out_addr, dst_kind=VecDst.SPAD, pack=VecPack.BYTE, lo=0,
-                  hi=layer.v_head_dim)
 
-    # The pipeline (docs/compiler.md, "Semaphores"): per step i, in program order,
-    #   GEMM S(i+1) | WAIT S(i); VEC softmax(i) | WAIT PV(i-1); VEC rescale(i-1)
-    #   | WAIT P(i); GEMM PV(i)
-    scores_gemm(0)
-    for i in range(len(steps)):
-        if i + 1 < len(steps):
-            scores_gemm(i + 1)
-        e.wait(SEM_SCORES)
-        softmax_ops(i)
-        if i:
+            def divide() -> None:
+                # 1/l goes through the rows' slots, which every lane uses: RECIP and its
+                # DIV stay adjacent.
+                e.vec(VOP.RECIP, rows, 1, ell, a_scalar=1, c=ell, dst_kind=VecDst.NONE,
+                      lo=0, hi=1)
+                e.vec(VOP.DIV, rows, dvc, acc, shift=NUMERICS.attn_out_frac_bits, dst=acc,
+                      dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
+
+            ops += [divide,
+                    lambda: e.vec(VOP.REQUANT, rows, dvc, acc, mult=layer.out_mult,
+                                  shift=layer.out_shift, dst=c.out_addr, dst_kind=VecDst.SPAD,
+                                  pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
+        return ops
+
+    def interleaved(per_lane: list[list]) -> None:
+        """The lanes' ops alternately (consecutive VEC instructions independent)."""
+        for ops in zip_longest(*per_lane):
+            for op in ops:
+                if op is not None:
+                    op()
+
+    # The pipeline (docs/compiler.md, "Semaphores"): per round r, in program order,
+    #   VEC softmax(r) | GEMM S(r+1) | WAIT PV(r-1); VEC rescale(r-1) | WAIT P; GEMM PV(r)
+    # each over the round's lanes, alternating. P is signalled by the last VEC before
+    # the WAIT: the last softmax op, or with one P·V buffer per lane the last rescale op.
+    for g in members[0]:
+        scores_gemm(g, 0)
+    for r in range(rounds):
+        interleaved([softmax_ops(g, r) for g in members[r]])
+        if not (r and not mp.pv_double):
+            e.signal_last_vec(SEM_P)
+        for g in members[r + 1] if r + 1 < rounds else []:
+            scores_gemm(g, r + 1)
+        if r:
             e.wait(SEM_PV)
-            rescale(i - 1)
+            interleaved([rescale_ops(g, r - 1) for g in members[r - 1]])
+            if not mp.pv_double:
+                e.signal_last_vec(SEM_P)
         e.wait(SEM_P)
-        pv_gemms(i)
+        for g in members[r]:
+            pv_gemms(g, r, signal=g == members[r][-1])
     e.wait(SEM_PV)
-    rescale(len(steps) - 1)
+    interleaved([rescale_ops(g, rounds - 1) for g in members[-1]])
     e.halt()
     return e.ops
+
+
+def _lane_steps(chunks: list[_Chunk], lanes: int) -> list[list[tuple]]:
+    """Each lane's key blocks (chunk, step, first, last), chunks given in order to the
+    lane with the fewest blocks so far."""
+    steps: list[list[tuple]] = [[] for _ in range(lanes)]
+    for c in chunks:
+        g = min(range(lanes), key=lambda x: len(steps[x]))
+        steps[g] += [(c, s, k == 0, k == len(c.steps) - 1) for k, s in enumerate(c.steps)]
+    return [x for x in steps if x]
 
 
 # --- the builders ---------------------------------------------------------------------------
@@ -538,14 +609,23 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     n = config.n
     dq, dvc = _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
     rows = _check_fit(config, layer)
-    while True:
+    mp = None
+    while mp is None:
         chunks = plan(rows)
-        try:
-            mp = _memory_map(config, layer, chunks)
-            break
-        except _AccumulatorFull as error:
+        # Two lanes (chunks interleaved block by block) if there are two chunks and
+        # their buffers fit, P·V double-buffered or one per lane; else one lane.
+        layouts = [(2, True), (2, False)] if len(chunks) > 1 else []
+        for lanes, pv_double in layouts + [(1, True)]:
+            try:
+                mp = _memory_map(config, layer, chunks, lanes, pv_double)
+                break
+            except (_AccumulatorFull, _ScratchpadFull) as error:
+                if lanes == 1 and isinstance(error, _ScratchpadFull):
+                    raise
+                failure = error
+        if mp is None:
             if _fewer_rows(rows, n) < 1:
-                raise ValueError(f"{error} (with chunks of a single query row)") from None
+                raise ValueError(f"{failure} (with chunks of a single query row)") from None
             rows = _fewer_rows(rows, n)
     # A dry run with any valid page address gives the program length before any KV page
     # is taken from the allocator.
@@ -593,7 +673,8 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
 
     steps = sum(len(c.steps) for c in chunks)
     summary = summarise(config, ops, mp.spad_words, mp.acc_entries,
-                        {"chunks": len(chunks), "key_blocks": steps,
+                        {"chunks": len(chunks), "key_blocks": steps, "lanes": mp.lanes,
+                         "pv_double": int(mp.pv_double),
                          "rows_per_chunk": max(c.rows for c in chunks),
                          "causal_chunks": sum(any(s.causal for s in c.steps) for c in chunks)})
     return TileProgram(config, kind, encode_ops(ops), ops, writes, kv, kv.map_requests(),

@@ -67,7 +67,7 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
             reads |= region(f["b"], f.get("b_scalar", 0))
         if code in _USES_C and not f.get("c_imm"):
             reads |= region(f["c"], 1)
-        kind = f.get("dst_kind", 0)
+        kind = VecDst(f.get("dst_kind", 0))  # an int (encoded fields) or the enum
         if kind == VecDst.TILE:
             writes |= region(f["dst"], 0)
         elif kind == VecDst.SCALAR:

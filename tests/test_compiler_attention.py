@@ -24,12 +24,14 @@ from compiler import (
     run_on_model,
 )
 from compiler.attention import SEM_P, SEM_PV, SEM_SCORES
+from compiler.hazards import accesses
 from golden.attention import AttentionScales, _multipliers, attention_decode, attention_prefill
 from golden.exp import quantize_log2_logit
 from golden.kv_cache import PagedKVCache, build_cache
 from golden.numerics import NUMERICS
+from golden.vector_model import VectorOpcode as VOP
 from golden.workloads import generate
-from rtl.isa import Opcode
+from rtl.isa import Opcode, VecDst
 
 TINY_CONTEXTS = (1, 4, 5, 13)
 GPT_OSS_CONTEXTS = (77, 1030)
@@ -156,7 +158,9 @@ def test_shapes_against_golden(shape):
     expected = attention_prefill(q, k, v, scales, window=window, sinks=sink_logits,
                                  block_keys=ps)
     np.testing.assert_array_equal(_run(program), expected)
-    assert program.summary.notes["rows_per_chunk"] <= slots
+    notes = program.summary.notes
+    assert notes["rows_per_chunk"] <= slots
+    assert (notes["lanes"], notes["pv_double"]) == (min(2, notes["chunks"]), 1)
     for context in (1, tokens):
         cache, table = build_cache([k[:context]], [v[:context]], ps, rng=rng)
         expected = attention_decode(q[context - 1:context], cache, table, np.array([context]),
@@ -218,7 +222,11 @@ def test_summary_counts(tiny, gpt_oss):
     assert steps == 2 * 65
     digits = s.instructions["GEMM"] - 3 * steps  # the sink constants' GEMMs
     assert 1 <= digits <= 3
-    assert s.instructions["WAIT"] == 3 * steps
+    # The two KV heads' chunks run as two lanes, block by block: a WAIT for each scores
+    # GEMM, one for P and one for P·V per round of two blocks. Their P·V buffers are
+    # one per lane (two per lane would not fit 256 accumulator entries).
+    assert (s.notes["lanes"], s.notes["pv_double"]) == (2, 0)
+    assert s.instructions["WAIT"] == steps + 2 * (steps // 2)
     assert s.vec_ops["LOGIT"] == steps and s.vec_ops["EXP"] == 3 * steps
     assert s.vec_ops["RECIP"] == s.vec_ops["REQUANT"] == kvh
     assert s.length == len(program.instructions) <= cfg.program_depth
@@ -253,6 +261,32 @@ def test_every_wait_is_needed(tiny):
         del broken[j]
         with pytest.raises(ValueError, match="no WAIT orders them"):
             check_synchronisation(broken, cfg.n)
+
+
+def test_consecutive_vec_instructions_are_independent(gpt_oss):
+    """Two lanes interleaved: no VEC instruction reads what the VEC instruction just
+    before it writes (the VEC engine would wait for its whole pipeline), in decode and
+    in prefill."""
+    cfg = _config(gpt_oss)
+    for program in (decode_from_workload(cfg, gpt_oss, 1, 0),
+                    prefill_from_workload(cfg, gpt_oss, 1)):
+        vecs = [accesses(op, f, cfg.n) for op, f in program.ops if op == Opcode.VEC]
+        assert len(vecs) > 60
+        assert not [j for j in range(1, len(vecs)) if vecs[j][0] & vecs[j - 1][1]]
+
+
+@pytest.mark.parametrize("kind", list(VecDst))
+def test_vec_destinations_are_accesses(kind):
+    """A VEC's destination counts as written whether dst_kind is the enum or its value
+    (programs carry values)."""
+    fields = {"op": int(VOP.ADD), "rows": 3, "beats": 2, "a": 0, "b": 0, "dst": 100,
+              "total": 200, "total_write": 1}
+    want = {VecDst.TILE: set(range(100, 116)), VecDst.SCALAR: {100},
+            VecDst.SPAD: set(range(100, 106)), VecDst.NONE: set()}[kind]
+    want = {x if kind == VecDst.SPAD else x + (1 << 20) for x in want} | {200 + (1 << 20)}
+    for value in (kind, kind.value):
+        _, writes = accesses(Opcode.VEC, {**fields, "dst_kind": value}, 8)
+        assert writes == want
 
 
 def test_unbalanced_or_deadlocked_semaphores_are_refused(tiny):
