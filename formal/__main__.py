@@ -57,12 +57,13 @@ def tool(name: str, package: str) -> str:
 
 def write(name: str, solver: str) -> Path:
     """Write proof ``name``'s RTLIL and .sby file; return its directory."""
-    properties, mode, depth, _ = PROOFS[name]
+    proof = PROOFS[name]
     directory = BUILD / name
     directory.mkdir(parents=True, exist_ok=True)
-    harness = RouterHarness(properties)
+    harness = RouterHarness(proof.properties, **dict(proof.params))
     (directory / "design.il").write_text(rtlil.convert(harness, name="top"))
-    (directory / f"{name}.sby").write_text(SBY.format(mode=mode, depth=depth, solver=solver))
+    (directory / f"{name}.sby").write_text(SBY.format(mode=proof.mode, depth=proof.depth,
+                                                             solver=solver))
     return directory
 
 
@@ -93,17 +94,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="SMT solver (default: yices)")
     parser.add_argument("--list", action="store_true", help="list the proofs")
     args = parser.parse_args(argv)
-    names = args.only or [n for n, (*_, quick) in PROOFS.items() if quick or not args.quick]
+    names = args.only or [n for n, p in PROOFS.items() if p.quick or not args.quick]
     if args.list:
-        for name, (properties, mode, depth, quick) in PROOFS.items():
-            shown = ", ".join(properties)
-            print(f"{name:12} {mode:6} depth {depth:3}  {shown:12} {'quick' if quick else ''}")
+        for name, p in PROOFS.items():
+            shown = ", ".join(p.properties)
+            params = ", ".join(f"{k}={v}" for k, v in p.params)
+            print(f"{name:14} {p.mode:6} depth {p.depth:3}  {shown}"
+                  f"{'  (' + params + ')' if params else ''}{'  quick' if p.quick else ''}")
         return 0
     failed = []
     for name in names:
-        _, mode, depth, _ = PROOFS[name]
+        proof = PROOFS[name]
         passed, seconds, log = run(name, args.solver)
-        print(f"{name:12} {mode:6} depth {depth:3}  {'PASS' if passed else 'FAIL'}  "
+        print(f"{name:14} {proof.mode:6} depth {proof.depth:3}  {'PASS' if passed else 'FAIL'}  "
               f"{seconds:6.1f} s  {log}", flush=True)
         if not passed:
             failed.append(name)

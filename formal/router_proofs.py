@@ -3,9 +3,10 @@ inputs are free (the solver picks them every cycle), with assumptions that model
 well-behaved neighbours and assertions for each property.
 
 The router proved is the centre of a 3 x 3 mesh (all four neighbours exist) with 2 VCs,
-2-flit buffers and 4-bit payloads: every mechanism at its smallest size.
+2-flit buffers and 2-bit payloads: every mechanism at its smallest size; two more
+proofs use 4 VCs with 3-flit buffers and 1-flit buffers.
 
-Properties (each a separate proof, see :data:`PROOFS`):
+Properties (see :data:`PROOFS` for the proofs that check them):
 
 - ``credits``: every credit counter equals the buffer slots its neighbour has free
   (credits + flits in the neighbour's buffer or on the link == depth), so it can never
@@ -14,22 +15,33 @@ Properties (each a separate proof, see :data:`PROOFS`):
 - ``ownership``: once a head flit of a multi-flit packet has left through an output
   VC, every flit on that output VC comes from the same input VC until the tail flit;
   no other packet's flit interleaves. Strengthened by the router's own holder state.
-- ``delivery``: one chosen flit entering through the west link (a single-flit
-  packet whose payload no other flit carries) leaves exactly once, on the output XY
-  routing names, the cycle after it reaches the head of its buffer, unchanged; it
-  never appears anywhere else or a second time.
+- ``delivery``: one chosen flit entering through the west link (a routable
+  single-flit packet whose payload no other flit carries) is never discarded; the
+  cycle after it leaves its buffer it is in the output register XY routing names,
+  unchanged; it never appears on another output, on the local port, or a second time
+  (no loss, no duplication, no corruption). That it does leave (liveness) is not
+  proved here: the simulations' watchdogs check it.
+- ``reachable`` (covers): the tracked flit does arrive, a multi-flit packet does pass a
+  held output, credits do run out, a packet is dropped, a multicast leaves on two
+  outputs at once: the assumptions do not make the proofs vacuous.
+
+The assertions are proved by k-induction (unbounded), with invariants that tie the
+harness's view to the router's state (buffer pointers and occupancy, holders, per-input
+packet state, where the tracked flit sits and that no other flit carries its payload).
 """
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, ResetSignal, Signal
-from amaranth.hdl import Assert, Assume, Fragment
+from dataclasses import dataclass
+
+from amaranth import Array, Cat, Module, Mux, ResetSignal, Signal
+from amaranth.hdl import Assert, Assume, Cover, Fragment
 from amaranth.lib import wiring
 
 from rtl.noc import Port
 from rtl.router import LINK_PORTS, Router
 
-__all__ = ["PARAMS", "PROOFS", "RouterHarness"]
+__all__ = ["PARAMS", "PROOFS", "Proof", "RouterHarness"]
 
 #: The router under proof.
 PARAMS = {"x": 1, "y": 1, "k": 3, "payload_bits": 2, "vcs": 2, "depth": 2}
@@ -40,7 +52,7 @@ class RouterHarness(wiring.Component):
     models as assumptions, and the assertions of ``properties``."""
 
     def __init__(self, properties: tuple[str, ...], **params):
-        unknown = set(properties) - {"credits", "ownership", "delivery"}
+        unknown = set(properties) - {"credits", "ownership", "delivery", "reachable"}
         if unknown:
             raise ValueError(f"unknown properties {sorted(unknown)}")
         self.properties = properties
@@ -73,6 +85,8 @@ class RouterHarness(wiring.Component):
             self._ownership(m, cfg, probe)
         if "delivery" in self.properties:
             self._delivery(m, cfg, probe)
+        if "reachable" in self.properties:
+            self._reachable(m, cfg, probe)
         return m
 
     def _neighbours(self, m, cfg, probe):
@@ -109,16 +123,20 @@ class RouterHarness(wiring.Component):
                     Assert(count <= depth),
                     Assert(self.up[port, v] + count + incoming.credit[v] == depth),
                 ]
-        for v in range(cfg.vcs):
-            m.d.comb += [Assert(probe["count"][Port.L][v] <= depth),
-                         Assert(probe["eject_count"][v] <= depth)]
+        # Every buffer's pointers agree with its occupancy.
+        for buffer in probe["buffers"]:
+            end = buffer["r_ptr"] + buffer["count"]
+            m.d.comb += [Assert(buffer["count"] <= depth), Assert(buffer["r_ptr"] < depth),
+                         Assert(buffer["w_ptr"] < depth),
+                         Assert(Mux(end >= depth, end - depth, end) == buffer["w_ptr"])]
 
     def _ownership(self, m, cfg, probe):
         vcs = cfg.vcs
+        self.held = {}
         for o in LINK_PORTS:
             out = self.link(o, False)
             for v in range(vcs):
-                held = Signal(name=f"held_{o.name}{v}")
+                held = self.held[o, v] = Signal(name=f"held_{o.name}{v}")
                 owner = Signal(range(5 * vcs), name=f"owner_{o.name}{v}")
                 sending = out.valid & (out.flit.vc == v)
                 src = probe["out_src"][o]
@@ -147,6 +165,17 @@ class RouterHarness(wiring.Component):
                                 if o is Port.L or o is not p]).any()  # never a U-turn
                 m.d.comb += Assert(~probe["active"][p][v] | one_hot)
                 m.d.comb += Assert(~probe["active"][p][v] | (probe["sent"][p][v] == 0))
+                m.d.comb += Assert(~(probe["active"][p][v] & probe["dropping"][p][v]))
+                # Only a single-flit packet (a multicast) has several outputs, and only
+                # it is ever part-sent.
+                for slot in probe["slots"][p][v]:
+                    several = (slot.route & (slot.route - 1)[:5]) != 0
+                    m.d.comb += Assert(~several | slot.flit.tail)
+                head, sent = probe["head"][p][v], probe["sent"][p][v]
+                m.d.comb += Assert((sent == 0) | (
+                    ~probe["active"][p][v] & ~probe["dropping"][p][v]
+                    & (probe["count"][p][v] != 0) & head.flit.head
+                    & head.flit.tail & ((sent & ~head.route) == 0) & (sent != head.route)))
 
     def _delivery(self, m, cfg, probe):
         router, vcs = self.router, cfg.vcs
@@ -170,8 +199,8 @@ class RouterHarness(wiring.Component):
         class_ok = Cat(*[(flit.vc == v) & (flit.cls.as_value() == cfg.vc_class(v).value)
                          for v in range(vcs)]).any()
         good = flit.head & flit.tail & ~flit.multicast & (expected != 0) & class_ok
-        seen = Signal()
-        tracked, left, arrive = Signal(), Signal(), Signal()
+        tracked, left = Signal(name="tracked"), Signal(name="left")
+        arrive = self.arrive = Signal(name="arrive")
         tvc = Signal(range(vcs))
         route = Signal(5)
         ahead = Signal(range(cfg.depth + 1))
@@ -182,7 +211,7 @@ class RouterHarness(wiring.Component):
             with m.If(west.valid & (flit.vc == v)):
                 m.d.sync += framing[v].eq(~flit.tail & (framing[v] | flit.head))
         inside = Cat(*[framing[v] & (flit.vc == v) for v in range(vcs)]).any()
-        m.d.comb += Assume(~enters | (~seen & good & ~inside))
+        m.d.comb += Assume(~enters | (~tracked & good & ~inside))
         for port in LINK_PORTS:
             if port is not Port.W:
                 link = self.link(port, True)
@@ -193,7 +222,7 @@ class RouterHarness(wiring.Component):
         reads = [probe["pop"][Port.W][v] | probe["discard"][Port.W][v] for v in range(vcs)]
         counts = [probe["count"][Port.W][v] for v in range(vcs)]
         with m.If(enters):
-            m.d.sync += [seen.eq(1), tracked.eq(1), tvc.eq(flit.vc), route.eq(expected)]
+            m.d.sync += [tracked.eq(1), tvc.eq(flit.vc), route.eq(expected)]
             with m.Switch(flit.vc):
                 for v in range(vcs):
                     with m.Case(v):
@@ -219,10 +248,74 @@ class RouterHarness(wiring.Component):
             m.d.comb += Assert(~(self.eject[v].valid
                                  & (self.eject[v].payload.payload == payload)))
 
+        # Invariants for induction: where the tracked flit is, and that it is the only
+        # flit with its payload anywhere in the router.
+        m.d.comb += [Assert(~left | tracked), Assert(~arrive | left),
+                     Assert(~tracked | Cat(*[route == 1 << o for o in LINK_PORTS
+                                              if o is not Port.W]).any())]
+        depth = cfg.depth
+        for index, buffer in enumerate(probe["buffers"]):
+            p, v = divmod(index, vcs)  # input buffers first; p == 5: the ejection buffers
+            r_ptr, count = buffer["r_ptr"], buffer["count"]
+            here = (p == Port.W) & tracked & ~left & (tvc == v)
+            for i, slot in enumerate(buffer["slots"]):
+                position = Mux(r_ptr <= i, i - r_ptr, i + depth - r_ptr)
+                in_use = position < count
+                entry = slot.flit if p < 5 else slot
+                if p == Port.W:
+                    at = here & (position == ahead)
+                    m.d.comb += Assert(~at | (entry.head & entry.tail & (slot.route == route)
+                                              & (entry.payload == payload)))
+                    m.d.comb += Assert(~(in_use & (entry.payload == payload)) | at)
+                else:
+                    m.d.comb += Assert(~(in_use & (entry.payload == payload)))
+            if p == Port.W:
+                # The packets ahead of the tracked flit end before it.
+                open_ = [probe["active"][p][v] | probe["dropping"][p][v]]
+                slots = Array(buffer["slots"])
+                for j in range(depth):
+                    at = r_ptr + j
+                    ahead_flit = slots[Mux(at >= depth, at - depth, at)].flit
+                    open_.append(~ahead_flit.tail & (open_[-1] | ahead_flit.head))
+                m.d.comb += Assert(~here | ~Array(open_)[ahead])
+                # The router's packet state after its buffered flits is the upstream's.
+                m.d.comb += Assert(Array(open_)[count] == framing[v])
 
-#: name -> (properties, sby mode, depth, quick): ``quick`` proofs also run in `make test`.
+    def _reachable(self, m, cfg, probe):
+        """Covers: the assumptions leave the interesting behaviour possible (the proofs
+        are not vacuous)."""
+        east, south = self.out_e, self.out_s
+        m.d.comb += [
+            Cover(self.arrive),
+            Cover(east.valid & east.flit.tail & ~east.flit.head & self.held[Port.E, 0]),
+            Cover(probe["credit"][Port.E][0] == 0),
+            Cover(self.dropped != 0),
+            Cover(east.valid & south.valid & east.flit.multicast & south.flit.multicast
+                  & (east.flit.payload == south.flit.payload)),
+        ]
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One SymbiYosys task: the harness's property groups, the sby mode and depth,
+    router parameters over :data:`PARAMS`, and whether `make test` runs it."""
+
+    properties: tuple[str, ...]
+    mode: str
+    depth: int
+    quick: bool = False
+    params: tuple[tuple[str, object], ...] = ()
+
+
+ALL = ("credits", "ownership", "delivery")
+
+#: The proofs ``make formal`` runs. Each property's induction needs the invariants of
+#: the ones before it (a buffer never overfilled, a held output's owner), so the later
+#: proofs assert those too.
 PROOFS = {
-    "credits": (("credits",), "prove", 4, True),
-    "ownership": (("ownership",), "bmc", 10, False),
-    "delivery": (("delivery",), "bmc", 10, False),
+    "router": Proof(ALL, "prove", 4, quick=True),
+    "router_vc4_d3": Proof(ALL, "prove", 4, params=(("vcs", 4), ("depth", 3))),
+    "router_d1": Proof(ALL, "prove", 4, params=(("depth", 1),)),
+    "credits": Proof(("credits",), "prove", 4),
+    "reachable": Proof(ALL + ("reachable",), "cover", 10),
 }

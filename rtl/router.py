@@ -68,7 +68,8 @@ class Router(wiring.Component):
 
     Packets that cannot be routed are dropped whole and counted: a head flit to a node
     outside the mesh, a multicast with an empty mask or more than one flit, a flit whose
-    ``cls`` is not its VC's class, or a body/tail flit with no packet open on its VC.
+    ``cls`` is not its VC's class; and, each on its own, a body or tail flit with no
+    packet open on its VC.
     They return their credits like any other flit, so a drop never wedges the router.
 
     Parameters
@@ -154,7 +155,10 @@ class Router(wiring.Component):
         #: Internal state, filled in by :meth:`elaborate` for the formal harness:
         #: ``credit[o][v]``, ``busy[o][v]``, ``count[p][v]`` (input buffer occupancy),
         #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``sent[p][v]``,
-        #: ``discard[p][v]`` (dropping the head of a buffer), ``out_src[o]`` (input
+        #: ``discard[p][v]`` (dropping the head of a buffer), ``dropping[p][v]`` (inside a
+        #: dropped packet), ``head[p][v]`` and
+        #: ``slots[p][v]`` (buffer entries: flit and route), ``buffers`` (every buffer's
+        #: ``count``, ``r_ptr``, ``w_ptr``), ``out_src[o]`` (input
         #: port * vcs + input VC of the flit in output register o).
         self.probe: dict[str, list] = {}
 
@@ -198,7 +202,8 @@ class Router(wiring.Component):
         with m.If(r_en):
             m.d.sync += r_ptr.eq(Mux(r_ptr == depth - 1, 0, r_ptr + 1))
         m.d.sync += count.eq(count + w_en - r_en)
-        return {"w_en": w_en, "w_data": w_data, "r_en": r_en, "r_data": r_data, "count": count}
+        return {"w_en": w_en, "w_data": w_data, "r_en": r_en, "r_data": r_data, "count": count,
+                "slots": list(slots), "r_ptr": r_ptr, "w_ptr": w_ptr}
 
     def elaborate(self, platform):
         m = Module()
@@ -257,8 +262,9 @@ class Router(wiring.Component):
                 valid = b["count"] != 0
                 is_head = head.flit.head
                 with m.If(valid):
-                    with m.If(dropping[p][v]):
+                    with m.If(dropping[p][v]):  # the rest of a dropped packet
                         m.d.comb += discard[p][v].eq(1)
+                        m.d.sync += dropping[p][v].eq(~head.flit.tail)
                     with m.Elif(active[p][v]):
                         for o in ports:
                             m.d.comb += want[p][v][o].eq(
@@ -270,8 +276,7 @@ class Router(wiring.Component):
                                 & has_credit[o][v])
                     with m.Else():  # unroutable head, or a body/tail flit of no packet
                         m.d.comb += [discard[p][v].eq(1), drop_event[p][v].eq(1)]
-                with m.If(discard[p][v]):
-                    m.d.sync += dropping[p][v].eq(~head.flit.tail)
+                        m.d.sync += dropping[p][v].eq(is_head & ~head.flit.tail)
 
         # --- switch allocation: one round-robin arbiter per output ----------------------
         sources = [(p, v) for p in ports for v in range(vcs)]
@@ -354,7 +359,11 @@ class Router(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         self.probe.update(credit=credit, busy=busy, active=active, cur_route=cur_route,
-                          pop=pops, discard=discard, out_src=out_src, sent=sent,
+                          pop=pops, discard=discard, dropping=dropping, out_src=out_src,
+                          sent=sent,
                           count=[[b["count"] for b in row] for row in bufs],
-                          eject_count=[e["count"] for e in ejects])
+                          head=[[b["r_data"] for b in row] for row in bufs],
+                          slots=[[b["slots"] for b in row] for row in bufs],
+                          eject_count=[e["count"] for e in ejects],
+                          buffers=[b for row in bufs for b in row] + ejects)
         return m

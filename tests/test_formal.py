@@ -1,5 +1,5 @@
-"""The quick formal proofs on the router (``python -m formal --quick``; ``make formal``
-runs them all)."""
+"""The quick formal proof on the router (``python -m formal --quick``: credits,
+output ownership and delivery by k-induction); ``make formal`` runs them all."""
 
 from __future__ import annotations
 

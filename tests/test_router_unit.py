@@ -30,11 +30,13 @@ class Packet:
     cls: MessageClass | None = None  # None: the VC's class
     multicast: bool = False
     start: int = 0  # not offered before this cycle
+    headless: bool = False  # its first flit is not a head (a broken packet)
 
     def flits(self, config: NocConfig) -> list[dict]:
         cls = config.vc_class(self.vc) if self.cls is None else self.cls
         return [{
-            "head": i == 0, "tail": i == self.length - 1, "vc": self.vc, "cls": cls,
+            "head": i == 0 and not self.headless, "tail": i == self.length - 1,
+            "vc": self.vc, "cls": cls,
             "multicast": self.multicast or bool(self.mask), "mask": self.mask,
             "dst": {"x": self.dst[0], "y": self.dst[1]},
             "payload": self.pid << INDEX_BITS | i,
@@ -45,7 +47,7 @@ def expected_ports(router: Router, packet: Packet) -> set[Port]:
     """Where ``packet`` leaves ``router``: nothing when it must be dropped."""
     cfg, here = router.config, (router.x, router.y)
     cls = cfg.vc_class(packet.vc) if packet.cls is None else packet.cls
-    if cls is not cfg.vc_class(packet.vc):
+    if cls is not cfg.vc_class(packet.vc) or packet.headless:
         return set()
     if packet.multicast or packet.mask:
         if packet.length != 1:
@@ -317,10 +319,11 @@ def test_unroutable_packets_are_dropped_and_counted():
         Packet(4, Port.L, vc=0, dst=(2, 1), cls=MessageClass.RESPONSE),  # wrong class
         Packet(5, Port.W, vc=1, length=4, dst=(0, 1)),        # a U-turn back west
     ]
+    headless = Packet(6, Port.L, vc=1, length=2, dst=(2, 1), headless=True)  # 2 drops
     good = [Packet(10 + i, Port.L if i % 2 else Port.W, vc=i % 2, length=2, dst=(2, 2))
             for i in range(6)]
-    result = run(bad[:3] + good[:3] + bad[3:] + good[3:], seed=9, stall=0.2)
-    assert result["dropped"] == len(bad)
+    result = run(bad[:3] + good[:3] + bad[3:] + [headless] + good[3:], seed=9, stall=0.2)
+    assert result["dropped"] == len(bad) + 2
     assert result["error"] == 1
 
 
