@@ -59,12 +59,16 @@ class Router(wiring.Component):
     VC on the output when no other packet holds it and holds it until its tail flit
     has passed; a single-flit packet holds nothing.
 
-    Allocation is separable and round-robin: every input VC requests the outputs its
-    head flit still needs (its route, or its allocated output for body flits) when its
-    VC there is free (or its own) and has a credit; every output grants one input VC,
-    round-robin. An input VC may win several outputs in one cycle (a multicast flit
-    going out on several branches), and several VCs of one input port may win different
-    outputs. A multicast flit leaves its buffer when every branch has taken it.
+    Allocation is round-robin at every output. VC allocation is a check, since a packet
+    keeps its VC: a head flit may go when its VC on the output is free, a body flit
+    when the VC is its own. Switch allocation: every input VC requests the outputs its
+    flit still needs (its route, or its held output for body flits) when that VC has a
+    credit there, and every output grants one requester, round-robin. Every VC of an
+    input port requests on its own (the buffers are registers, read in parallel), so
+    one arbiter per output replaces the input stage of a separable allocator: several
+    VCs of one input may win different outputs in one cycle, and an input VC may win
+    several outputs (a multicast flit going out on several branches). A multicast flit
+    leaves its buffer when every branch has taken it.
 
     Packets that cannot be routed are dropped whole and counted: a head flit to a node
     outside the mesh, a multicast with an empty mask or more than one flit, a flit whose
@@ -153,13 +157,14 @@ class Router(wiring.Component):
         members |= {"dropped": Out(COUNTER_BITS), "error": Out(1)}
         super().__init__(members)
         #: Internal state, filled in by :meth:`elaborate` for the formal harness:
-        #: ``credit[o][v]``, ``busy[o][v]``, ``count[p][v]`` (input buffer occupancy),
+        #: ``credit[o][v]`` (link outputs), ``busy[o][v]``, ``count[p][v]`` (input buffer
+        #: occupancy),
         #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``sent[p][v]``,
         #: ``discard[p][v]`` (dropping the head of a buffer), ``dropping[p][v]`` (inside a
         #: dropped packet), ``head[p][v]`` and
         #: ``slots[p][v]`` (buffer entries: flit and route), ``buffers`` (every buffer's
         #: ``count``, ``r_ptr``, ``w_ptr``), ``out_src[o]`` (input
-        #: port * vcs + input VC of the flit in output register o).
+        #: port * vcs + input VC of the flit in output register o, link outputs).
         self.probe: dict[str, list] = {}
 
     def link(self, port: Port, incoming: bool):
@@ -237,8 +242,8 @@ class Router(wiring.Component):
                 ]
 
         # --- output state: credits (links) or ejection buffer room (local), VC holders ---
-        credit = [[Signal(range(depth + 1), init=depth, name=f"credit_{o.name}{v}")
-                   for v in range(vcs)] for o in ports]
+        credit = {o: [Signal(range(depth + 1), init=depth, name=f"credit_{o.name}{v}")
+                      for v in range(vcs)] for o in LINK_PORTS}
         busy = [[Signal(name=f"busy_{o.name}{v}") for v in range(vcs)] for o in ports]
         ejects = [self._buffer(m, cfg.flit, f"eject_vc{v}") for v in range(vcs)]
         has_credit = [[(ejects[v]["count"] != depth) if o is Port.L else (credit[o][v] != 0)
@@ -281,9 +286,9 @@ class Router(wiring.Component):
         # --- switch allocation: one round-robin arbiter per output ----------------------
         sources = [(p, v) for p in ports for v in range(vcs)]
         grant = {}  # (o, p, v) -> grant signal
-        out_valid = [Signal(name=f"out_valid_{o.name}") for o in ports]
-        out_flit = [Signal(cfg.flit, name=f"out_flit_{o.name}") for o in ports]
-        out_src = [Signal(range(len(sources)), name=f"out_src_{o.name}") for o in ports]
+        out_valid = {o: Signal(name=f"out_valid_{o.name}") for o in LINK_PORTS}
+        out_flit = {o: Signal(cfg.flit, name=f"out_flit_{o.name}") for o in LINK_PORTS}
+        out_src = {o: Signal(range(len(sources)), name=f"out_src_{o.name}") for o in LINK_PORTS}
         for o in ports:
             # No U-turns: a link output never serves its own input.
             eligible = [(p, v) for p, v in sources if p is Port.L or p is not o]
