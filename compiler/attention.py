@@ -487,8 +487,8 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                    a_rows=1, b_rows=0, accumulate=limb, acc_shift=LIMB_BITS * limb,
                    signal=SEM_PV if limb and signal else None)
 
-    def rescale_ops(g: int, r: int) -> list:
-        """Ops 8-9 of the block (and a chunk's end) as emitters."""
+    def rescale_ops(g: int, r: int) -> tuple[list, list]:
+        """Ops 8-9 of the block, and the chunk's end (if it is the last), as emitters."""
         c, _, first, last = lane_steps[g][r]
         rows, buf, acc, ell = c.rows, r % 2, mp.acc[g], mp.l[g]
         pv, alpha, psum = mp.pv[g][buf], mp.alpha[g][buf], mp.psum[g][buf]
@@ -504,6 +504,7 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                                  dst=acc, dst_kind=VecDst.TILE, lo=0, hi=dvc * n),
                    lambda: e.vec(VOP.RESCALE, rows, 1, ell, a_scalar=1, b=psum, b_scalar=1,
                                  c=alpha, dst=ell, dst_kind=VecDst.SCALAR, lo=0, hi=1)]
+        end = []
         if last:  # o = acc / l in Q.16, then int8 into the scratchpad
 
             def divide() -> None:
@@ -514,11 +515,11 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 e.vec(VOP.DIV, rows, dvc, acc, shift=NUMERICS.attn_out_frac_bits, dst=acc,
                       dst_kind=VecDst.TILE, lo=0, hi=dvc * n)
 
-            ops += [divide,
-                    lambda: e.vec(VOP.REQUANT, rows, dvc, acc, mult=layer.out_mult,
-                                  shift=layer.out_shift, dst=c.out_addr, dst_kind=VecDst.SPAD,
-                                  pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
-        return ops
+            end = [divide,
+                   lambda: e.vec(VOP.REQUANT, rows, dvc, acc, mult=layer.out_mult,
+                                 shift=layer.out_shift, dst=c.out_addr, dst_kind=VecDst.SPAD,
+                                 pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
+        return ops, end
 
     def interleaved(per_lane: list[list]) -> None:
         """The lanes' ops alternately (consecutive VEC instructions independent)."""
@@ -527,10 +528,19 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 if op is not None:
                     op()
 
+    def rescale(r: int, signal: bool) -> None:
+        """Round r's ops 8-9, then its chunk ends, over its lanes, alternating; with
+        ``signal``, the last op 8-9 signals P (the lanes' P·V buffers are read)."""
+        ops, ends = zip(*(rescale_ops(g, r) for g in members[r]), strict=True)
+        interleaved(list(ops))
+        if signal:
+            e.signal_last_vec(SEM_P)
+        interleaved(list(ends))
+
     # The pipeline (docs/compiler.md, "Semaphores"): per round r, in program order,
     #   VEC softmax(r) | GEMM S(r+1) | WAIT PV(r-1); VEC rescale(r-1) | WAIT P; GEMM PV(r)
-    # each over the round's lanes, alternating. P is signalled by the last VEC before
-    # the WAIT: the last softmax op, or with one P·V buffer per lane the last rescale op.
+    # each over the round's lanes, alternating. P is signalled by the last softmax op,
+    # or with one P·V buffer per lane by the last op 8-9 of rescale(r-1).
     for g in members[0]:
         scores_gemm(g, 0)
     for r in range(rounds):
@@ -541,14 +551,12 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
             scores_gemm(g, r + 1)
         if r:
             e.wait(SEM_PV)
-            interleaved([rescale_ops(g, r - 1) for g in members[r - 1]])
-            if not mp.pv_double:
-                e.signal_last_vec(SEM_P)
+            rescale(r - 1, signal=not mp.pv_double)
         e.wait(SEM_P)
         for g in members[r]:
             pv_gemms(g, r, signal=g == members[r][-1])
     e.wait(SEM_PV)
-    interleaved([rescale_ops(g, rounds - 1) for g in members[-1]])
+    rescale(rounds - 1, signal=False)
     e.halt()
     return e.ops
 
