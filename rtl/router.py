@@ -41,6 +41,14 @@ def round_robin(m: Module, requests: list, name: str) -> list[Signal]:
     return [grant[i] for i in range(count)]
 
 
+def _or_tree(values: list):
+    """The OR of ``values``, as a balanced tree."""
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
 class Router(wiring.Component):
     """A five-port mesh router (local, N, E, S, W) at position (``x``, ``y``) of a
     ``k`` x ``k`` mesh.
@@ -293,24 +301,29 @@ class Router(wiring.Component):
             # No U-turns: a link output never serves its own input.
             eligible = [(p, v) for p, v in sources if p is Port.L or p is not o]
             grants = round_robin(m, [want[p][v][o] for p, v in eligible], f"sw_{o.name}")
+            chosen = list(zip(eligible, grants, strict=True))
+            for (p, v), g in chosen:
+                grant[o, p, v] = g
+            # The crossbar: grants are one-hot, so an AND-OR tree (no priority chain).
             flit = Signal(cfg.flit, name=f"xbar_{o.name}")
             src = Signal(range(len(sources)), name=f"xbar_src_{o.name}")
+            picked = [Mux(g, bufs[p][v]["r_data"].flit.as_value(), 0) for (p, v), g in chosen]
+            m.d.comb += [
+                flit.eq(_or_tree(picked)),
+                flit.vc.eq(_or_tree([Mux(g, v, 0) for (_, v), g in chosen])),
+                src.eq(_or_tree([Mux(g, sources.index(pv), 0) for pv, g in chosen])),
+            ]
             region = branch_region(here, o, cfg.k)
-            for (p, v), g in zip(eligible, grants, strict=True):
-                grant[o, p, v] = g
-                head = bufs[p][v]["r_data"].flit
-                with m.If(g):
-                    m.d.comb += [
-                        flit.eq(head),
-                        flit.vc.eq(v),
-                        flit.mask.eq(Mux(head.head & head.multicast, head.mask & region,
-                                         head.mask)),
-                        src.eq(sources.index((p, v))),
-                    ]
-            fire = Cat(grants).any()
+            out_data = Signal(cfg.flit, name=f"xbar_cut_{o.name}")
+            m.d.comb += [out_data.eq(flit),
+                         out_data.mask.eq(Mux(flit.head & flit.multicast, flit.mask & region,
+                                              flit.mask))]
+            # Per VC, straight from the grants (the VC of a source is fixed).
+            fires = [Cat(*[g for (_, w), g in chosen if w == v]).any()
+                     for v in range(vcs)]
             # Output VC holders: a head without a tail takes the VC, a tail frees it.
             for v in range(vcs):
-                with m.If(fire & (flit.vc == v)):
+                with m.If(fires[v]):
                     with m.If(flit.tail):
                         m.d.sync += busy[o][v].eq(0)
                     with m.Elif(flit.head):
@@ -318,14 +331,14 @@ class Router(wiring.Component):
             if o is Port.L:
                 for v in range(vcs):
                     e = ejects[v]
-                    m.d.comb += [e["w_en"].eq(fire & (flit.vc == v)), e["w_data"].eq(flit)]
+                    m.d.comb += [e["w_en"].eq(fires[v]), e["w_data"].eq(out_data)]
             else:
                 out = self.link(o, incoming=False)
-                m.d.sync += [out_valid[o].eq(fire), out_flit[o].eq(flit), out_src[o].eq(src)]
+                m.d.sync += [out_valid[o].eq(Cat(*grants).any()), out_flit[o].eq(out_data),
+                             out_src[o].eq(src)]
                 m.d.comb += [out.valid.eq(out_valid[o]), out.flit.eq(out_flit[o])]
                 for v in range(vcs):
-                    spent = fire & (flit.vc == v)
-                    m.d.sync += credit[o][v].eq(credit[o][v] - spent + out.credit[v])
+                    m.d.sync += credit[o][v].eq(credit[o][v] - fires[v] + out.credit[v])
         for v in range(vcs):
             e, eject = ejects[v], self.eject[v]
             m.d.comb += [eject.valid.eq(e["count"] != 0), eject.payload.eq(e["r_data"]),
