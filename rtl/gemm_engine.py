@@ -83,23 +83,6 @@ class OperandStreamer(wiring.Component):
         remaining = Signal(DIM_BITS + 1)  # words (normal) or chunks (rows) left to issue
         issuing = Signal()
 
-        m.d.comb += [
-            self.fetch.ready.eq(~issuing & descs.w_rdy),
-            descs.w_en.eq(self.fetch.valid & self.fetch.ready),
-            descs.w_data.eq(Cat(self.fetch.payload.k, self.fetch.payload.rows)),
-        ]
-        with m.If(self.fetch.valid & self.fetch.ready):
-            p = self.fetch.payload
-            m.d.sync += [
-                f.eq(p),
-                issuing.eq(1),
-                addr.eq(p.start),
-                chunk_base.eq(p.start),
-                row.eq(p.block << log_n),
-                lane.eq(0),
-                remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
-            ]
-
         zero_word = f.rows & (row >= f.extent)
         m.d.comb += [
             self.req.payload.addr.eq(addr),
@@ -126,6 +109,27 @@ class OperandStreamer(wiring.Component):
             with m.Else():
                 m.d.sync += [lane.eq(lane + 1), row.eq(row + 1), addr.eq(addr + 1)]
 
+        # The next fetch is taken in the cycle the current one issues its last word, so
+        # fetches follow each other without a bubble (these assignments win over the
+        # step's above).
+        last_word = step & (remaining == 1) & (~f.rows | (lane == n - 1))
+        m.d.comb += [
+            self.fetch.ready.eq((~issuing | last_word) & descs.w_rdy),
+            descs.w_en.eq(self.fetch.valid & self.fetch.ready),
+            descs.w_data.eq(Cat(self.fetch.payload.k, self.fetch.payload.rows)),
+        ]
+        with m.If(self.fetch.valid & self.fetch.ready):
+            p = self.fetch.payload
+            m.d.sync += [
+                f.eq(p),
+                issuing.eq(1),
+                addr.eq(p.start),
+                chunk_base.eq(p.start),
+                row.eq(p.block << log_n),
+                lane.eq(0),
+                remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
+            ]
+
         # --- consume side ----------------------------------------------------------
         desc = Signal(desc_layout)
         m.d.comb += desc.eq(descs.r_data)
@@ -150,10 +154,7 @@ class OperandStreamer(wiring.Component):
         consuming = Signal()  # a descriptor is being consumed
         latched = Signal(desc_layout)  # the descriptor being consumed
 
-        with m.If(~consuming & descs.r_rdy):
-            m.d.comb += descs.r_en.eq(1)
-            m.d.sync += [consuming.eq(1), latched.eq(desc), words_left.eq(desc.k),
-                         fill_row.eq(0)]
+        ending = Signal()  # the descriptor being consumed takes its last word
 
 
         drain_beat = Signal(OperandBeat(n))
@@ -181,6 +182,7 @@ class OperandStreamer(wiring.Component):
             with m.If(have_word & self.beats.ready):
                 m.d.sync += words_left.eq(words_left - 1)
                 with m.If(words_left == 1):
+                    m.d.comb += ending.eq(1)
                     m.d.sync += consuming.eq(0)
         with m.Else():
             m.d.comb += [self.beats.valid.eq(drain_valid), self.beats.payload.eq(drain_beat)]
@@ -216,7 +218,16 @@ class OperandStreamer(wiring.Component):
                 m.d.sync += [fill_sel.eq(~fill_sel), fill_row.eq(0),
                              words_left.eq(Mux(last_chunk, 0, words_left - n))]
                 with m.If(last_chunk):
+                    m.d.comb += ending.eq(1)
                     m.d.sync += consuming.eq(0)
+
+        # The next descriptor is latched when none is being consumed, or in the cycle the
+        # current one ends, so fetches stream back to back (after the blocks above, so
+        # these assignments win).
+        with m.If((~consuming | ending) & descs.r_rdy):
+            m.d.comb += descs.r_en.eq(1)
+            m.d.sync += [consuming.eq(1), latched.eq(desc), words_left.eq(desc.k),
+                         fill_row.eq(0)]
         return m
 
 
@@ -233,9 +244,11 @@ class GemmEngine(wiring.Component):
     bubble in the tensor core. Each finished GEMM is reported on ``done`` (its
     ``signal``) after its last row is written.
 
-    Accumulating GEMMs read the old entry first: two cycles per row (a read, then the
-    write), the next row's read only after the previous row's write, so a row never
-    reads an entry that is still being written.
+    Accumulating GEMMs read the old entry a cycle before writing it, the next row's
+    entry while a row is written (rows of one GEMM are distinct entries): one row per
+    cycle, plus a cycle at the start of each GEMM, whose first read comes after the
+    previous GEMM's last write (so a GEMM accumulating onto the one before it reads
+    that one's results).
 
     Ports
     -----
@@ -361,7 +374,13 @@ class GemmEngine(wiring.Component):
         m.d.comb += addr.eq(wb.c + row_count)
         primed = Signal()  # accumulate: acc_data holds entry `addr` (read last cycle)
         done_valid = Signal()
-        m.d.comb += [self.acc_addr.eq(addr), self.done.valid.eq(done_valid)]
+        last_row = Signal()
+        m.d.comb += last_row.eq(row_count == wb.rows - 1)
+        # While a row is written, the next row's entry is read (a different entry), so an
+        # accumulating GEMM writes a row per cycle; the first row of a GEMM is read a
+        # cycle ahead of its write, after the previous GEMM's last write.
+        m.d.comb += [self.acc_addr.eq(Mux(core.c.ready & ~last_row, addr + 1, addr)),
+                     self.done.valid.eq(done_valid)]
         with m.If(self.done.ready):
             m.d.sync += done_valid.eq(0)
 
@@ -382,8 +401,8 @@ class GemmEngine(wiring.Component):
         with m.If(wbq.r_rdy & core.c.valid & wb.accumulate & ~primed):
             m.d.sync += primed.eq(1)
         with m.If(core.c.ready):
-            m.d.sync += [primed.eq(0), row_count.eq(row_count + 1)]
-            with m.If(row_count == wb.rows - 1):
+            m.d.sync += [primed.eq(wb.accumulate & ~last_row), row_count.eq(row_count + 1)]
+            with m.If(last_row):
                 m.d.comb += wbq.r_en.eq(1)
                 m.d.sync += [row_count.eq(0), done_valid.eq(1),
                              self.done.payload.eq(wb.signal)]

@@ -189,7 +189,8 @@ def test_layouts(a_rows, b_rows):
         c += len(want)
 
 
-def test_accumulate_with_shift_combines_limbs():
+@pytest.mark.parametrize("stall", [0.0, 0.3])  # 0: rows written back to back
+def test_accumulate_with_shift_combines_limbs(stall):
     n = 4
     rng = np.random.default_rng(7)
     p_full = rng.integers(0, 1 << 14, (3, 8))
@@ -200,7 +201,7 @@ def test_accumulate_with_shift_combines_limbs():
         {"A": lo, "B": v, "a": 100, "b": 200, "c": 16, "a_rows": 1, "accumulate": 1,
          "acc_shift": 7, "signal": {"enable": 1, "semaphore": 3}},
     ]
-    acc, dones, _ = run(n, gemms, seed=3)
+    acc, dones, _ = run(n, gemms, seed=3, stall=stall)
     want = reference(p_full, v.astype(np.int64), n)
     np.testing.assert_array_equal(acc[16:16 + len(want)], want)
     assert dones == [(0, 0), (1, 3)]
