@@ -253,9 +253,9 @@ def _make_variable(variable: str, value: str | None):
 @functools.cache
 def _design_sources_digest() -> str:
     """A digest of every Python source a design's Verilog can depend on: rtl/, golden/
-    (numerics, tables) and the stream harness."""
+    (numerics, tables), the stream harness and the traffic bench."""
     files = sorted([*(ROOT / "rtl").rglob("*.py"), *(ROOT / "golden").rglob("*.py"),
-                    ROOT / "tb" / "harness.py"])
+                    ROOT / "tb" / "harness.py", ROOT / "tb" / "traffic.py"])
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode())
