@@ -116,8 +116,9 @@ class Router(wiring.Component):
     ----------------------
     - One router cycle per hop: a flit written into an input buffer at the end of cycle
       t is routed, allocated and crosses the switch in cycle t + 1 into the output
-      register (the route was computed as it was written: lookahead routing, off the
-      allocation path); the output register drives the link in cycle t + 2 and the next
+      register (the route was computed as the flit was written, during the link
+      cycle, and stored with it: off the allocation path, as lookahead routing would
+      put it); the output register drives the link in cycle t + 2 and the next
       router's buffer takes it at the end of that cycle. **2 cycles per hop, link
       included**, at zero load.
     - Injection to delivery at zero load: a flit accepted on ``inject`` in cycle t is
