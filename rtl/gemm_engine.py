@@ -239,10 +239,11 @@ class GemmEngine(wiring.Component):
 
     Output tiles are computed in row-tile-major order, k beats each; their rows land in
     consecutive entries from ``c`` (the C-tile layout of :class:`rtl.isa.GemmArgs`), so
-    the writeback only counts. A command is taken while the previous one is still
-    writing back (the feeder moves on at once), so GEMMs follow each other without a
-    bubble in the tensor core. Each finished GEMM is reported on ``done`` (its
-    ``signal``) after its last row is written.
+    the writeback only counts. Commands wait in a queue of ``queue`` (so the sequencer
+    dispatches past them); one starts while the previous one is still writing back
+    (the feeder moves on at once), so GEMMs follow each other without a bubble in the
+    tensor core. Each finished GEMM is reported on ``done`` (its ``signal``) after its
+    last row is written, in order.
 
     Accumulating GEMMs read the old entry a cycle before writing it, the next row's
     entry while a row is written (rows of one GEMM are distinct entries): one row per
@@ -257,14 +258,17 @@ class GemmEngine(wiring.Component):
     a_req/a_resp, b_req/b_resp : scratchpad ports (reads only)
     acc_addr, acc_data : an accumulator read port (data the cycle after the address)
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
-    busy : out, a GEMM is in the engine (for utilisation counters)
+    busy : out, a GEMM is in the engine, queued or running (for utilisation counters)
     beat : out, the tensor core takes an operand beat this cycle (N² MACs)
     error : out, sticky: a scratchpad error status or a tensor-core operand mismatch
     """
 
-    def __init__(self, n: int = 8, acc_depth: int = 256, addr_bits: int = 16):
+    def __init__(self, n: int = 8, acc_depth: int = 256, addr_bits: int = 16, queue: int = 4):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"GEMM engine size must be a power of two from 2 to 32, not {n}")
+        if not isinstance(queue, int) or not 1 <= queue <= 64:
+            raise ValueError(f"queue must be 1..64 commands, not {queue!r}")
+        self.queue = queue
         if not 2 <= acc_depth <= 1 << ACC_ADDR_BITS or acc_depth & (acc_depth - 1):
             raise ValueError(f"acc_depth must be a power of two, 2..{1 << ACC_ADDR_BITS}, "
                              f"not {acc_depth}")
@@ -320,9 +324,17 @@ class GemmEngine(wiring.Component):
         def blocks(size):
             return (size + (n - 1)) >> log_n
 
-        m.d.comb += self.cmd.ready.eq(~feeding & ~setup & wbq.w_rdy)
-        with m.If(self.cmd.valid & self.cmd.ready):
-            p = self.cmd.payload
+        # Commands wait in a queue, so the sequencer can dispatch past a GEMM that waits
+        # for the one before it (to the vector engine, say).
+        m.submodules.cmdq = cmdq = fifo.SyncFIFOBuffered(width=GemmArgs().size,
+                                                         depth=self.queue)
+        m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
+                     self.cmd.ready.eq(cmdq.w_rdy)]
+        queued = Signal(GemmArgs())
+        m.d.comb += [queued.eq(cmdq.r_data),
+                     cmdq.r_en.eq(cmdq.r_rdy & ~feeding & ~setup & wbq.w_rdy)]
+        with m.If(cmdq.r_en):
+            p = queued
             m.d.sync += [cmd.eq(p), setup.eq(1), ti.eq(0), tj.eq(0),
                          row_tiles.eq(blocks(p.m)), col_tiles.eq(blocks(p.p))]
         wb_entry = Signal(wb_layout)
@@ -407,7 +419,7 @@ class GemmEngine(wiring.Component):
                 m.d.sync += [row_count.eq(0), done_valid.eq(1),
                              self.done.payload.eq(wb.signal)]
 
-        m.d.comb += [self.busy.eq(feeding | setup | wbq.r_rdy),
+        m.d.comb += [self.busy.eq(cmdq.r_rdy | feeding | setup | wbq.r_rdy),
                      self.beat.eq(core.a.valid & core.a.ready)]
         with m.If(core.error | fetch_a.error | fetch_b.error):
             m.d.sync += self.error.eq(1)

@@ -212,3 +212,5 @@ def test_impossible_parameters_are_refused():
         GemmEngine(6)
     with pytest.raises(ValueError, match="acc_depth"):
         GemmEngine(8, acc_depth=100)
+    with pytest.raises(ValueError, match="queue"):
+        GemmEngine(8, queue=0)
