@@ -8,6 +8,7 @@ from __future__ import annotations
 FIRST = (
     "tests/test_tile.py::test_gpt_oss",
     "tests/test_tile.py::test_tiny",
+    "tests/test_noc_traffic.py::test_every_pattern",
 )
 
 
