@@ -4,6 +4,10 @@ from rtl.accumulator import AccumulatorMemory, AccWrite
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
 from rtl.isa import Opcode
+from rtl.mesh import Mesh
+from rtl.network_interface import NetPayload, NetworkInterface, PacketKind
+from rtl.noc import Flit, Link, MessageClass, NocConfig, Port
+from rtl.router import Router
 from rtl.scratchpad import KvOp, KvRequest, Request, Response, Scratchpad, Status
 from rtl.sequencer import ErrorCode, Sequencer
 from rtl.tensor_core import OperandBeat, ResultRow, TensorCore
@@ -12,8 +16,10 @@ from rtl.vec_engine import VecEngine
 from rtl.vector_unit import VectorOp, VectorOpcode, VectorResult, VectorUnit
 
 __all__ = [
-    "AccWrite", "AccumulatorMemory", "Counters", "DmaEngine", "ErrorCode", "GemmEngine",
-    "KvOp", "KvRequest", "NetWord", "Opcode", "OperandBeat", "Request", "Response",
-    "ResultRow", "Scratchpad", "Sequencer", "Status", "TensorCore", "Tile", "VecEngine",
-    "VectorOp", "VectorOpcode", "VectorResult", "VectorUnit",
+    "AccWrite", "AccumulatorMemory", "Counters", "DmaEngine", "ErrorCode", "Flit",
+    "GemmEngine", "KvOp", "KvRequest", "Link", "Mesh", "MessageClass", "NetPayload",
+    "NetWord", "NetworkInterface", "NocConfig", "Opcode", "OperandBeat", "PacketKind", "Port",
+    "Request", "Response", "ResultRow", "Router", "Scratchpad", "Sequencer", "Status",
+    "TensorCore", "Tile", "VecEngine", "VectorOp", "VectorOpcode", "VectorResult",
+    "VectorUnit",
 ]
