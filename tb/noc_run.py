@@ -29,7 +29,7 @@ ACCEPTED_SHARE = 0.95
 LATENCY_FACTOR = 3.0
 
 
-#: Packets per node per cycle for the correctness runs on 4 x 4: below every pattern's
+#: Packets per node per cycle for the correctness runs (3 x 3, 4 x 4): below every pattern's
 #: saturation even with 10 % sink stalls, so no source queue overflows; in neighbour
 #: traffic the node next to the east edge takes packets from both sides.
 CHECK_LOADS = {"uniform": 0.3, "transpose": 0.12, "bit_complement": 0.12, "tornado": 0.2,

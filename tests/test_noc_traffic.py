@@ -1,8 +1,8 @@
 """The mesh under synthetic traffic (Verilator; generators and checking sinks in hardware,
-tb/traffic.py): every pattern, 10 000 packets on 4 x 4 with random stalls at the local
-ports (50 000 in `make bench`), none lost, duplicated, reordered or corrupted, no
-deadlock; the zero-load latency the router documents; and the checks themselves catching
-a corrupted flit."""
+tb/traffic.py): every pattern, 10 000 packets on 3 x 3 with random stalls at the local
+ports (`make bench` runs 50 000 per pattern on 4 x 4; 3 x 3 keeps this suite's build
+small), none lost, duplicated, reordered or corrupted, no deadlock; the zero-load
+latency the router documents; and the checks themselves catching a corrupted flit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 from tb.noc_run import check_complete, correctness_runs, figures, simulate
 from tb.traffic import TrafficBench
 
-K = 4
+K = 3
 #: Packets per pattern here; `make bench` runs 50 000 per pattern with the same checks.
 PACKETS = 10_000
 
@@ -22,13 +22,14 @@ def test_every_pattern_delivers_every_packet_exactly_once():
 
 
 def test_zero_load_latency_is_two_cycles_per_hop():
-    """Neighbour traffic (1 hop) and bit-complement (6 hops from a corner of 4 x 4)
-    at 0.5 % load: latency = constant + 2 x hops."""
+    """Neighbour traffic (1 hop) and bit-complement (up to 4 hops on 3 x 3, the centre
+    silent) at 0.5 % load: latency = constant + 2 x hops."""
     near, far = (figures(r)["latency"] for r in simulate(K, runs=[
         dict(pattern=p, load=0.005, measure=6000) for p in ("neighbour", "bit_complement")
     ])["runs"])
-    hops = sum(abs(K - 1 - 2 * x) + abs(K - 1 - 2 * y) for x in range(K) for y in range(K))
-    assert (far - near) / (hops / K**2 - 1) == pytest.approx(2.0, abs=0.1)
+    hops = [abs(K - 1 - 2 * x) + abs(K - 1 - 2 * y) for x in range(K) for y in range(K)]
+    far_hops = sum(hops) / sum(1 for h in hops if h)  # over the nodes that send
+    assert (far - near) / (far_hops - 1) == pytest.approx(2.0, abs=0.1)
 
 
 def test_a_corrupted_flit_is_caught():
