@@ -186,6 +186,7 @@ class NetworkInterface(wiring.Component):
                 payload.signal.eq(word.signal & word.last),
                 payload.semaphore.eq(word.semaphore),
                 new.payload.eq(payload), new.head.eq(head),
+                new.tail.eq(0), new.vc.eq(vc),  # (the tail is decided when it is sent)
                 new.cls.eq(MessageClass.REQUEST), new.multicast.eq(~single), new.mask.eq(mask),
                 new.dst.eq(dst),
             ]

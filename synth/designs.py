@@ -85,6 +85,9 @@ DESIGNS: dict[str, Factory] = {
     "router_v4_d2": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
                                vcs=4, depth=2),
     "mesh_2x2": rtl_design("rtl.mesh", "Mesh", k=2, payload_bits=64, vcs=2, depth=4),
+    # The network interface of a tile of a 4 x 4 mesh (87-bit flit payloads at N = 8).
+    "network_interface": rtl_design("rtl.network_interface", "NetworkInterface", n=8, x=1,
+                                    y=1, k=4, vcs=2, max_packet=8),
 }
 
 
