@@ -119,6 +119,10 @@ class TileModel:
         self.semaphores = [0] * SEMAPHORES
         self.halted = False
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
+        #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
+        #: the DMA's fields and the source words (``golden.chip_model.ChipModel`` sets it).
+        #: None: such a DMA raises NotImplementedError (one tile, no network).
+        self.network = None
 
     # --- running ----------------------------------------------------------------------
 
@@ -129,6 +133,16 @@ class TileModel:
             if not self.step(opcode, fields):
                 return count
         return len(instructions)
+
+    def would_block(self, opcode, fields: dict | None = None) -> bool:
+        """True if ``step`` of this instruction would have to wait: a WAIT whose semaphore
+        holds less than its count (nothing changes; a chip model retries it later)."""
+        if getattr(opcode, "name", opcode) != "WAIT":
+            return False
+        fields = fields or {}
+        sem, count = fields.get("semaphore", 0), fields.get("count", 0)
+        self._check_semaphore(sem)
+        return self.semaphores[sem] < count
 
     def step(self, opcode, fields: dict | None = None) -> bool:
         """Execute one instruction; False after HALT."""
@@ -328,13 +342,28 @@ class TileModel:
         here = 1 << (y * 8 + x)
         if f["tiles"] == 0:
             raise ValueError("DMA to no tile (tiles = 0)")
-        if f["tiles"] != here:
+        if f["tiles"] != here and self.network is None:
             raise NotImplementedError(
                 f"DMA to tiles {f['tiles']:#x}: only a copy to this tile ({here:#x}) is "
-                f"modelled; transfers to other tiles need the network (NoC), not built yet")
+                f"modelled; transfers to other tiles need the network (NoC): run the tile "
+                f"in golden.chip_model.ChipModel")
         length = f["length"]
         self._spad_region("DMA src", f["src"], length)
-        self._spad_region("DMA dst", f["dst"], length)
-        self.spad[f["dst"]:f["dst"] + length] = self.spad[f["src"]:f["src"] + length]
-        if f["remote_signal"]:
-            self._add(f["remote_semaphore"], 1, "DMA remote signal")
+        words = self.spad[f["src"]:f["src"] + length]
+        if f["tiles"] != here:
+            self.network(self, f, words)
+            return
+        self.check_receive(f["dst"], length)
+        self.receive(f["dst"], words, f["remote_signal"], f["remote_semaphore"])
+
+    def check_receive(self, dst: int, length: int) -> None:
+        """Refuse (ValueError) DMA words that would run past this tile's scratchpad."""
+        self._spad_region("DMA dst", dst, length)
+
+    def receive(self, dst: int, words, remote_signal: int = 0, semaphore: int = 0) -> None:
+        """DMA words landing here at ``dst``; then the remote signal, if any."""
+        words = list(words)
+        self.check_receive(dst, len(words))
+        self.spad[dst:dst + len(words)] = words
+        if remote_signal:
+            self._add(semaphore, 1, "DMA remote signal")
