@@ -1,0 +1,816 @@
+"""The MoE half of a decoder layer on a k x k chip of tiles, bit-exact with golden.
+
+:func:`build_moe` (or :func:`moe_from_workload`) maps one MoE layer
+(``golden.moe.moe_layer``: router GEMM, top-k, gating softmax, SwiGLU experts, shared
+experts, combine) onto ``k * k`` tiles and returns a :class:`MoeChipProgram`: one
+:class:`compiler.program.TileProgram` per tile (ops, instruction words, the scratchpad
+words the host writes), where the output is and a reader, and a summary. docs/moe_mapping.md
+explains the mapping; in short:
+
+- **Home tile** (0, 0) holds the T tokens, the router and the gating constants; it
+  multicasts the tokens to every other tile (one DMA), computes the router logits, the
+  top-k and the gates, and does the weighted combine and the final requantisation.
+- **Experts** are spread round-robin: expert e (routed, then shared ones numbered after
+  them) runs on tile ``e mod k²``; its weights and its SiLU table live there. Each tile
+  computes its experts' SwiGLU FFN on **all** T tokens and sends each expert's int8 output
+  back to the home tile (one DMA per expert, a remote semaphore per DMA).
+- **Dense-masked routing.** Programs are static (no data-dependent branch or address), so
+  an expert tile cannot know which tokens picked its experts. Every expert computes
+  every token, and the combine multiplies each expert's output by a gate that is exactly
+  0 when the token did not pick it; the integer sum, hence the output, equals golden's
+  (:func:`dense_masked_reference` is the NumPy form of this argument, tested against
+  ``moe_layer``). The summary reports the MACs executed and those a sparse dispatch needs.
+
+The gate matrix G (T x E, Q0.15, 0 off the top-k) is built on the vector unit without any
+data-dependent address: router logits L (int32) are made distinct and ordered by
+``v = (L << 8) + c8(e, t)`` (an accumulate GEMM adds ``c8 = (E-1-e) + 2**cb·(t mod B)``,
+so ties go to the lower expert like golden ``topk``); TOPK over v gives each token's k
+largest v; their low bytes (the c8 of the chosen experts) are the addresses of SILU_LOAD,
+which writes a 1 into those entries of the vector unit's 256-entry SiLU table — the one
+indexed write the ISA has — and a SILU lookup of every v then yields the 0/1 selection
+mask in expert order (entries cleared again afterwards; B tokens share the table at once).
+Then ``x' = log2-logit(L) + HUGE·sel``, MAX, EXP (shift 15), RECIP, DIV (sat) over all E
+lanes is golden's softmax over the top k (the unselected EXPs are exactly 0), and one
+1-lane SUM per expert turns G's column into the per-token scalar that RESCALE multiplies
+the expert's output with: ``comb += ((y << 15)·G[:, e] + 2**14) >> 15`` is exact.
+
+Engines are synchronised by an emitter that inserts the WAITs each cross-engine access
+needs (``compiler.hazards`` rules; :func:`check_chip_synchronisation` verifies them).
+Semaphores: 0 GEMM, 1 VEC, 2 DMA (local completions), 3 tokens arrived (expert tiles),
+4 an expert's output arrived (home).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.config import TileConfig
+from compiler.hazards import accesses, check_synchronisation
+from compiler.kv import pack_word
+from compiler.program import Op, TileProgram, encode_ops, summarise
+from golden.exp import LOG2E, NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
+from golden.gemm import quantize_multiplier, requantize, wrap
+from golden.moe import MoEScales, MoEWeights, expert_ffn, router_logits, silu_table, topk
+from golden.numerics import NUMERICS
+from golden.reciprocal import divide
+from golden.vector_model import VectorOpcode as VOP
+from golden.vector_model import default_max_top_k
+from rtl.isa import Opcode, VecDst, VecPack
+
+__all__ = [
+    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "build_moe",
+    "check_chip_synchronisation", "dense_masked_reference", "moe_from_workload",
+    "moe_tile_config", "run_on_chip_model",
+]
+
+#: Local completion semaphores (one per engine) and the two arrival semaphores.
+SEM_GEMM, SEM_VEC, SEM_DMA = 0, 1, 2
+SEM_TOKENS, SEM_RESULTS = 3, 4
+_ENGINE_SEM = {Opcode.GEMM: SEM_GEMM, Opcode.VEC: SEM_VEC, Opcode.DMA: SEM_DMA}
+#: Largest DMA length (12-bit field) and GEMM dimension.
+MAX_DMA = (1 << 12) - 1
+MAX_GEMM_DIM = (1 << 12) - 1
+#: Largest rows/beats of a VEC (7-bit fields; the docs use 1..64).
+MAX_COUNT = 64
+#: exp2_neg(d, 15) is exactly 0 once d >= (15 + 2) << 10 (numerics.md, exp2).
+EXP_ZERO_DISTANCE = (NUMERICS.gate_frac_bits + 2) << NUMERICS.exp_frac_bits
+#: The left shift LOGIT may apply (the vector unit's limit).
+MAX_LEFT = NUMERICS.logit_max_left_shift
+G_BITS = NUMERICS.gate_frac_bits
+SILU_ENTRIES = 256
+
+
+def _ceil(x: int, n: int) -> int:
+    return -(-x // n)
+
+
+def moe_tile_config(**overrides) -> TileConfig:
+    """A tile for MoE: the whole 64 Ki-word scratchpad for weights and activations (the
+    KV region shrunk to one page at the top), other fields as :class:`TileConfig`."""
+    return TileConfig(**{"spad_words": 1 << 16, "num_pages": 1, "kv_sequences": 1,
+                         "max_pages": 1, **overrides})
+
+
+# --- the layer's integer parameters ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoeLayer:
+    """What the programs need from ``golden.moe``: shapes, the integer multipliers of every
+    requantisation ``(mult, shift)``, the router's log2-logit multiplier and the SiLU
+    tables (one per expert, routed then shared)."""
+
+    hidden: int
+    ffn: int
+    experts: int
+    shared: int
+    top_k: int
+    logit: tuple[int, int]
+    gate: tuple[tuple[int, int], ...]
+    up: tuple[tuple[int, int], ...]
+    swiglu: tuple[tuple[int, int], ...]
+    down: tuple[tuple[int, int], ...]
+    out: tuple[int, int]
+    silu: np.ndarray = field(repr=False)
+
+    @property
+    def total(self) -> int:
+        """Routed plus shared experts."""
+        return self.experts + self.shared
+
+    @classmethod
+    def from_golden(cls, weights: MoEWeights, scales: MoEScales, top_k: int) -> MoeLayer:
+        e_all = weights.experts + weights.num_shared
+        for name in ("w_gate", "w_up", "w_down", "gate_act", "up_act", "silu_act",
+                     "hidden_act"):
+            if np.shape(getattr(scales, name)) != (e_all,):
+                raise ValueError(f"scale {name} must hold {e_all} per-expert values")
+        if not 1 <= top_k <= weights.experts:
+            raise ValueError(f"top_k {top_k} must be between 1 and the {weights.experts} "
+                             f"experts")
+        q = quantize_multiplier
+        sx = scales.x
+        gate = tuple(q(sx * scales.w_gate[e] / scales.gate_act[e]) for e in range(e_all))
+        up = tuple(q(sx * scales.w_up[e] / scales.up_act[e]) for e in range(e_all))
+        swiglu = tuple(q(scales.silu_act[e] * scales.up_act[e] / scales.hidden_act[e])
+                       for e in range(e_all))
+        down = tuple(q(scales.hidden_act[e] * scales.w_down[e] / scales.expert_out)
+                     for e in range(e_all))
+        silu = np.stack([silu_table(scales.gate_act[e], scales.silu_act[e])
+                         for e in range(e_all)])
+        logit = logit_multiplier(sx * scales.router * LOG2E * (1 << NUMERICS.exp_frac_bits))
+        out = q(scales.expert_out / scales.out / (1 << G_BITS))
+        return cls(weights.hidden, weights.ffn, weights.experts, weights.num_shared, top_k,
+                   logit, gate, up, swiglu, down, out, silu)
+
+
+def _code_bits(experts: int) -> int:
+    """Bits of the expert code in the low byte of an encoded logit."""
+    return max(1, (experts - 1).bit_length())
+
+
+def _huge(router: np.ndarray, logit: tuple[int, int]) -> int:
+    """A bound above the spread of any token's log2-domain router logits plus the
+    distance at which exp2 is 0: adding it to the selected logits pushes every
+    unselected exp to exactly 0 (static: from the router weights alone)."""
+    bound = int((np.abs(router.astype(np.int64)).sum(axis=0) * 128).max())
+    x_bound = int(to_log2_domain(np.int64(bound), *logit)) + 1
+    return 2 * x_bound + EXP_ZERO_DISTANCE + 1
+
+
+def _encoding(experts: int, tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(A2 (T, 2), B2 (2, E), cb): ``A2 @ B2`` = c8 = (E-1-e) + 2**cb·(t mod B), all int8."""
+    cb = _code_bits(experts)
+    batch = SILU_ENTRIES >> cb
+    step = min(1 << cb, 64)
+    a2 = np.stack([np.ones(tokens, np.int64),
+                   (np.arange(tokens) % batch) * ((1 << cb) // step)], axis=1)
+    b2 = np.stack([experts - 1 - np.arange(experts), np.full(experts, step)])
+    return a2, b2, cb
+
+
+def dense_masked_reference(x: np.ndarray, weights: MoEWeights, scales: MoEScales,
+                           top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chip's arithmetic in NumPy: (int8 output, dense gates G (T, E) Q0.15).
+
+    Encoded logits, top-k by value, the 0/1 mask, ``x' = x + HUGE·sel``, softmax over all
+    E lanes, and the combine over every expert with G (0 off the top-k). Equal to
+    ``moe_layer(...).out`` (tests check it on every workload and on forced ties)."""
+    layer = MoeLayer.from_golden(weights, scales, top_k)
+    logits = router_logits(x, weights)
+    tokens, experts = logits.shape
+    a2, b2, _ = _encoding(experts, tokens)
+    v = (logits.astype(np.int64) << 8) + a2 @ b2
+    kth = -np.sort(-v, axis=1)[:, top_k - 1:top_k]
+    sel = (v >= kth).astype(np.int64)
+    xs = to_log2_domain(logits, *layer.logit) + _huge(weights.router, layer.logit) * sel
+    p = exp2_neg(xs.max(axis=1, keepdims=True) - xs, G_BITS)
+    gates = np.minimum(divide(p, p.sum(axis=1, keepdims=True), G_BITS), (1 << G_BITS) - 1)
+    acc = np.zeros(x.shape, np.int64)
+    for e in range(layer.total):
+        y = expert_ffn(x, e, weights, scales).astype(np.int64)
+        acc += (gates[:, e:e + 1] if e < experts else 1 << G_BITS) * y
+    return requantize(wrap(acc, NUMERICS.acc_bits), *layer.out), gates
+
+
+# --- the emitter: engine operations with the WAITs they need ---------------------------------
+
+class _Emitter:
+    """(Opcode, fields) instructions. Before each GEMM/VEC/DMA it finds the earlier
+    operations of other engines that touch the same words or entries (``hazards.accesses``)
+    and are not known to have finished, turns on their completion signal and WAITs for
+    them — the protocol ``compiler.hazards.check_synchronisation`` checks."""
+
+    _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
+
+    def __init__(self, n: int):
+        self.n = n
+        self.ops: list[Op] = []
+        self.known = {e: -1 for e in self._ENGINES}  # last op index known finished
+        self.snapshot: dict[int, dict] = {}
+        self.signalled = {e: [] for e in self._ENGINES}  # signalling ops, not yet waited
+        self.last_write: dict[int, int] = {}
+        self.readers: dict[int, dict] = {}
+
+    def _wait_for(self, index: int) -> None:
+        engine = self.ops[index][0]
+        pending = self.signalled[engine]
+        if index not in pending:
+            self.ops[index][1]["signal"] = {"enable": 1, "semaphore": _ENGINE_SEM[engine]}
+            pending.append(index)
+            pending.sort()
+        count = sum(1 for i in pending if i <= index)
+        self.signalled[engine] = [i for i in pending if i > index]
+        self.ops.append((Opcode.WAIT, {"semaphore": _ENGINE_SEM[engine], "count": count}))
+        for e, i in self.snapshot[index].items():
+            self.known[e] = max(self.known[e], i)
+        self.known[engine] = max(self.known[engine], index)
+
+    def engine(self, op: Opcode, fields: dict) -> int:
+        reads, writes = accesses(op, fields, self.n)
+        need: dict[Opcode, int] = {}
+
+        def depends(i: int) -> None:
+            e = self.ops[i][0]
+            if e != op and self.known[e] < i:
+                need[e] = max(need.get(e, -1), i)
+
+        for address in reads:
+            if address in self.last_write:
+                depends(self.last_write[address])
+        for address in writes:
+            if address in self.last_write:
+                depends(self.last_write[address])
+            for i in self.readers.get(address, {}).values():
+                depends(i)
+        for e in self._ENGINES:
+            if e in need and self.known[e] < need[e]:
+                self._wait_for(need[e])
+        j = len(self.ops)
+        self.ops.append((op, fields))
+        self.snapshot[j] = dict(self.known)
+        for address in reads:
+            self.readers.setdefault(address, {})[op] = j
+        for address in writes:
+            self.last_write[address] = j
+            self.readers.pop(address, None)
+        return j
+
+    def gemm(self, **fields) -> None:
+        self.engine(Opcode.GEMM, fields)
+
+    def vec(self, op: VOP, rows: int, beats: int, a: int, *, b: int | None = None,
+            c: int | None = None, imm: int | None = None, dst_kind: VecDst = VecDst.NONE,
+            pack: VecPack = VecPack.BYTE, **fields) -> None:
+        fields.update(op=int(op), rows=rows, beats=beats, a=a, b=a if b is None else b,
+                      dst_kind=dst_kind.value, pack=pack.value)
+        fields.setdefault("b_scalar", fields.get("a_scalar", 0))
+        if imm is not None:
+            fields.update(c_imm=1, imm=imm)
+        elif c is not None:
+            fields["c"] = c
+        self.engine(Opcode.VEC, fields)
+
+    def dma(self, **fields) -> None:
+        self.engine(Opcode.DMA, fields)
+
+    def wait_arrivals(self, semaphore: int, count: int) -> None:
+        """WAIT for ``count`` remote signals (words another tile sent have landed)."""
+        if count:
+            self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": count}))
+
+    def halt(self) -> list[Op]:
+        for engine in self._ENGINES:
+            if self.signalled[engine]:
+                self._wait_for(self.signalled[engine][-1])
+        self.ops.append((Opcode.HALT, {}))
+        return self.ops
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+class _Bump:
+    """Consecutive regions of one memory, refused past ``limit`` with a clear message."""
+
+    def __init__(self, start: int, limit: int, memory: str, tile: str):
+        self.next, self.limit, self.memory, self.tile = start, limit, memory, tile
+        self.uses: list[tuple[str, int]] = []
+
+    def take(self, size: int, what: str) -> int:
+        base = self.next
+        self.next += size
+        self.uses.append((what, size))
+        if self.next > self.limit:
+            largest = Counter()
+            for name, words in self.uses:
+                largest[name] += words
+            detail = ", ".join(f"{k} {v}" for k, v in largest.most_common(3))
+            raise ValueError(f"{self.tile}: the {self.memory} is too small: {what} needs "
+                             f"{size} more at {base}, past the {self.limit} it has (largest "
+                             f"uses: {detail})")
+        return base
+
+
+@dataclass
+class _Words:
+    """Scratchpad words the host writes on one tile."""
+
+    n: int
+    writes: dict[int, int] = field(default_factory=dict)
+
+    def put(self, base: int, rows) -> None:
+        """Words ``base + i`` from int8 lane values ``rows[i]`` (up to N each; as
+        ``compiler.kv.pack_word``, vectorised)."""
+        rows = [np.asarray(row, np.int64) for row in rows]
+        lanes = np.zeros((len(rows), self.n), np.int64)
+        for i, row in enumerate(rows):
+            if row.size > self.n:
+                pack_word(row, self.n)  # raises: too many lanes
+            lanes[i, :row.size] = row
+        if lanes.size and (lanes.min() < -128 or lanes.max() > 127):
+            raise ValueError("a lane value is not int8")
+        data = lanes.astype(np.int8).view(np.uint8)
+        for i in range(len(rows)):
+            word = int.from_bytes(data[i].tobytes(), "little")
+            if word:
+                self.writes[base + i] = word
+
+
+def _column_layout(matrix: np.ndarray, n: int) -> list[np.ndarray]:
+    """GEMM ``b_rows = 0`` words of a (K, P) matrix: block t, row kk = ``B[kk, tN:tN+N]``."""
+    k, p = matrix.shape
+    words = []
+    for t in range(_ceil(p, n)):
+        words += list(matrix[:, t * n:(t + 1) * n])
+    return words
+
+
+def _token_layout(x: np.ndarray, n: int) -> list[np.ndarray]:
+    """GEMM ``a_rows = 0`` words of (T, K) rows: block b, column kk = ``x[bN:bN+N, kk]``."""
+    t, k = x.shape
+    words = []
+    for b in range(_ceil(t, n)):
+        words += list(x[b * n:(b + 1) * n].T)
+    return words
+
+
+def _int8(values) -> np.ndarray:
+    """0..255 byte values as int8 lanes (what SILU_LOAD's ``c & 255`` reads back)."""
+    return ((np.asarray(values, np.int64) + 128) & 255) - 128
+
+
+# --- the chip program ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoeChipProgram:
+    """Per-tile programs of one MoE layer (see the module docstring).
+
+    ``tiles[i]``: the :class:`TileProgram` of tile (i % k, i // k) — ``ops``,
+    ``instructions`` (256-bit words from pc 0), ``spad_writes`` ({address: word} the host
+    writes before ``start``; weights, tokens, constants), ``summary``. ``home``: the tile
+    index that holds the tokens and the output; ``output_words`` (home scratchpad
+    addresses) and ``read_output(words)`` (home's scratchpad as a sequence or a function
+    address -> word) give the int8 (T, hidden) result. ``expert_tile[e]``: where expert e
+    runs. ``summary``: see :func:`build_moe`.
+    """
+
+    config: TileConfig
+    k: int
+    home: int
+    tiles: list[TileProgram]
+    expert_tile: tuple[int, ...]
+    output_words: list[int]
+    output_shape: tuple[int, int]
+    summary: dict
+    _reader: Callable[[Callable[[int], int]], np.ndarray] = field(repr=False)
+
+    def read_output(self, words) -> np.ndarray:
+        read = words if callable(words) else words.__getitem__
+        return self._reader(read)
+
+
+def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
+              top_k: int, x: np.ndarray) -> MoeChipProgram:
+    """Compile the MoE layer ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a
+    ``k`` x ``k`` chip of ``config`` tiles; ``x`` the int8 tokens (T, hidden).
+
+    ``summary`` (a dict): ``macs_executed`` (every GEMM on every tile), ``macs_sparse``
+    (what a sparse dispatch needs: the router, top_k routed experts and the shared ones per
+    token), ``dense_over_sparse`` (their ratio), ``expert_macs_dense`` /
+    ``expert_macs_sparse`` (the expert FFNs alone), ``network_words_sent`` (DMA words
+    injected; a multicast counts once), ``network_words_delivered`` (per destination),
+    ``network_words_sparse`` (a sparse dispatch of this batch's routing: each token to the
+    tiles of its experts, each result back), ``instructions`` (per tile),
+    ``instructions_by_opcode`` (per tile), ``experts_per_tile``, ``tokens``.
+    ValueError before anything is built if the mesh, the tile or the shapes cannot run it.
+    """
+    n = config.n
+    layer = MoeLayer.from_golden(weights, scales, top_k)
+    x = np.asarray(x)
+    if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
+        raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
+                         f"{x.dtype}")
+    if not isinstance(k, int) or not 1 <= k <= 8:
+        raise ValueError(f"the mesh side k must be 1..8, not {k!r}")
+    tokens, hidden, ffn, experts = x.shape[0], layer.hidden, layer.ffn, layer.experts
+    tiles = k * k
+    max_top_k = default_max_top_k(n)
+    problems = []
+    if top_k > max_top_k:
+        problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
+                        f"{max_top_k} entries (N = {n})")
+    if experts > 128:
+        problems.append(f"{experts} routed experts: the encoded logits hold at most 128 "
+                        f"expert codes in a byte")
+    rows_max = min(n, tokens)
+    if config.slots < max(rows_max, top_k):
+        problems.append(f"the vector unit has {config.slots} slots; a token block needs "
+                        f"{max(rows_max, top_k)} (min(N, tokens) and top_k)")
+    for name, dim in (("hidden", hidden), ("ffn", ffn), ("experts", experts)):
+        if dim > MAX_GEMM_DIM:
+            problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
+        if _ceil(dim, n) > MAX_COUNT:
+            problems.append(f"{name} {dim} needs {_ceil(dim, n)} beats of {n} lanes; a VEC "
+                            f"has at most {MAX_COUNT}")
+    huge = _huge(weights.router, layer.logit)
+    # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
+    sel_mult = _ceil(huge, (1 << MAX_LEFT) * 127)
+    sel_value = _ceil(huge, (1 << MAX_LEFT) * sel_mult)
+    if sel_mult >= 1 << NUMERICS.requant_mult_bits or huge >= 1 << 44:
+        problems.append(f"the router logits' spread needs an offset of {huge}, beyond the "
+                        f"lanes' range")
+    if problems:
+        raise ValueError("cannot map this MoE layer: " + "; ".join(problems))
+
+    expert_tile = tuple(e % tiles for e in range(layer.total))
+    home = 0
+    tb = _ceil(tokens, n)  # token blocks of N rows
+    hc, fc, ec = _ceil(hidden, n), _ceil(ffn, n), _ceil(experts, n)
+    block_rows = [min(n, tokens - b * n) for b in range(tb)]
+    r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
+    q_entries = _ceil(SILU_ENTRIES, r_load)  # accumulator entries of a table
+    q_words = _ceil(q_entries, n) * n
+
+    # -- scratchpad: global regions (same address on every tile), then each tile's own ---
+    limit = config.kv_start
+    glob = _Bump(0, limit, "scratchpad", "every tile")
+    x_addr = glob.take(tb * hidden, "tokens")
+    y_stride = tb * hc * n
+    y_addr = [glob.take(y_stride, f"expert{e} output") for e in range(layer.total)]
+    out_addr = glob.take(y_stride, "output")
+    spad = [_Bump(glob.next, limit, "scratchpad", f"tile {t} ({t % k}, {t // k})")
+            for t in range(tiles)]
+    words = [_Words(n) for _ in range(tiles)]
+    words[home].put(x_addr, _token_layout(x, n))
+
+    ident, iota, w_addr, tbl_addr, h_addr = {}, {}, {}, {}, {}
+    identity = np.eye(n, dtype=np.int64)
+    iota_rows = np.zeros((q_words, n), np.int64)
+    for q in range(q_entries):
+        values = np.arange(q * r_load, min((q + 1) * r_load, SILU_ENTRIES))
+        iota_rows[q, :len(values)] = _int8(values)
+    for t in range(tiles):
+        mine = [e for e in range(layer.total) if expert_tile[e] == t]
+        if not mine and t != home:
+            continue
+        ident[t] = spad[t].take(n, "identity")
+        words[t].put(ident[t], identity)
+        iota[t] = spad[t].take(q_words, "table-index constants")
+        words[t].put(iota[t], iota_rows)
+        h_addr[t] = spad[t].take(fc * n, "SwiGLU activations")
+        for e in mine:
+            wg = spad[t].take(fc * hidden, f"expert{e} gate weights")
+            wu = spad[t].take(fc * hidden, f"expert{e} up weights")
+            wd = spad[t].take(hc * ffn, f"expert{e} down weights")
+            w_addr[e] = (wg, wu, wd)
+            words[t].put(wg, _column_layout(weights.w_gate[e], n))
+            words[t].put(wu, _column_layout(weights.w_up[e], n))
+            words[t].put(wd, _column_layout(weights.w_down[e], n))
+            tbl_addr[e] = spad[t].take(q_words, f"expert{e} SiLU table")
+            table = np.zeros((q_words, n), np.int64)
+            for q in range(q_entries):
+                part = layer.silu[e][q * r_load:(q + 1) * r_load]
+                table[q, :len(part)] = part
+            words[t].put(tbl_addr[e], table)
+    # Home: the router, the encoding constants, the accumulator constants.
+    router_addr = spad[home].take(ec * hidden, "router weights")
+    words[home].put(router_addr, _column_layout(weights.router, n))
+    a2, b2, cb = _encoding(experts, tokens)
+    enc_a = spad[home].take(tb * 2, "encoding constants")
+    words[home].put(enc_a, _token_layout(a2, n))
+    enc_b = spad[home].take(ec * 2, "encoding constants")
+    words[home].put(enc_b, _column_layout(b2, n))
+    const_addr = spad[home].take(2 * n, "accumulator constants")
+    consts = np.zeros((2 * n, n), np.int64)
+    consts[1] = sel_value
+    consts[n:] = -128
+    words[home].put(const_addr, consts)
+
+    # -- accumulator -------------------------------------------------------------------------
+    def acc_plan(t: int) -> dict:
+        """Entries of tile t's phases (they follow one another, so they overlap)."""
+        bump = _Bump(0, config.acc_depth, "accumulator memory", f"tile {t}")
+        plan = {"iota": bump.take(q_words, "table-index entries"),
+                "table": bump.take(q_words, "SiLU table entries")}
+        if t == home:
+            plan["zero"] = bump.take(n, "constants")  # zero row, SV row
+            plan["m128"] = bump.take(n, "constants")
+        base = bump.next
+        # FFN phase: g, u (y overlays them once h is out); y in column chunks.
+        ffn_bump = _Bump(base, config.acc_depth, "accumulator memory", f"tile {t}")
+        plan["g"] = ffn_bump.take(fc * n, "FFN gate")
+        plan["u"] = ffn_bump.take(fc * n, "FFN up")
+        room = config.acc_depth - plan["g"]
+        plan["y_tiles"] = min(hc, room // n)
+        if plan["y_tiles"] < 1:
+            ffn_bump.take(n, "FFN output")
+        if t == home:
+            gate_bump = _Bump(base, config.acc_depth, "accumulator memory", f"tile {t}")
+            plan["r"] = gate_bump.take(ec * n, "router logits")
+            plan["v"] = gate_bump.take(ec * n, "encoded logits")
+            plan["s"] = gate_bump.take(ec * n, "top-k / selection")
+            plan["k128"] = gate_bump.take(n, "top-k addresses")
+            plan["max"] = gate_bump.take(1, "row max")
+            plan["sum"] = gate_bump.take(1, "row sum")
+            plan["gates"] = gate_bump.take(experts, "gate scalars")
+            # The combine overlays r/v/s (dead by then): comb + y in column chunks.
+            room = plan["gates"] - base
+            plan["c_tiles"] = min(hc, room // (2 * n))
+            if plan["c_tiles"] < 1:
+                gate_bump.take(2 * n, "combine buffers")
+            plan["comb"] = base
+            plan["yacc"] = base + plan["c_tiles"] * n
+        return plan
+
+    plans = [acc_plan(t) for t in range(tiles)]
+
+    # -- programs ---------------------------------------------------------------------------
+    emitters = [_Emitter(n) for _ in range(tiles)]
+    dmas_to_home = 0
+
+    def load_words(e: _Emitter, src: int, entry: int, count: int, t: int) -> None:
+        """count words (a multiple of N) into count consecutive entries: I · words."""
+        e.gemm(a=ident[t], b=src, c=entry, m=n, k=n, p=count, a_rows=1, b_rows=0)
+
+    def load_table(e: _Emitter, plan: dict, value_entry: int | None, t: int) -> None:
+        """Write the 256-entry SiLU table: from plan["table"] entries, or one value entry
+        (a_scalar: lane r of value_entry) into every slot."""
+        for q in range(q_entries):
+            rows = min(r_load, SILU_ENTRIES - q * r_load)
+            a = plan["table"] + q if value_entry is None else value_entry
+            e.vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q, lo=0, hi=1)
+
+    def expert_ffn_ops(e: _Emitter, t: int, ex: int) -> None:
+        plan = plans[t]
+        wg, wu, wd = w_addr[ex]
+        load_words(e, tbl_addr[ex], plan["table"], q_words, t)
+        load_table(e, plan, None, t)
+        gm, gs = layer.gate[ex]
+        um, us = layer.up[ex]
+        hm, hs = layer.swiglu[ex]
+        dm, ds = layer.down[ex]
+        chunk = plan["y_tiles"]
+        for b, rows in enumerate(block_rows):
+            xa = x_addr + b * hidden
+            e.gemm(a=xa, b=wg, c=plan["g"], m=rows, k=hidden, p=ffn, a_rows=0, b_rows=0)
+            e.gemm(a=xa, b=wu, c=plan["u"], m=rows, k=hidden, p=ffn, a_rows=0, b_rows=0)
+            e.vec(VOP.REQUANT, rows, fc, plan["g"], mult=gm, shift=gs, dst=plan["g"],
+                  dst_kind=VecDst.TILE, lo=0, hi=fc * n)
+            e.vec(VOP.REQUANT, rows, fc, plan["u"], mult=um, shift=us, dst=plan["u"],
+                  dst_kind=VecDst.TILE, lo=0, hi=fc * n)
+            e.vec(VOP.SWIGLU, rows, fc, plan["g"], b=plan["u"], mult=hm, shift=hs, sat=1,
+                  dst=h_addr[t], dst_kind=VecDst.SPAD, lo=0, hi=fc * n)
+            for j0 in range(0, hc, chunk):
+                width = min(chunk, hc - j0)
+                cols = min(width * n, hidden - j0 * n)
+                e.gemm(a=h_addr[t], b=wd + j0 * ffn, c=plan["g"], m=rows, k=ffn, p=cols,
+                       a_rows=1, b_rows=0)
+                e.vec(VOP.REQUANT, rows, width, plan["g"], mult=dm, shift=ds,
+                      dst=y_addr[ex] + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD,
+                      lo=0, hi=width * n)
+
+    # Home multicasts the tokens; expert tiles wait for them.
+    others = [t for t in range(tiles) if t != home and any(expert_tile[e] == t
+                                                           for e in range(layer.total))]
+    if others:
+        mask = sum(1 << ((t // k) * 8 + t % k) for t in others)
+        for start in range(0, tb * hidden, MAX_DMA):
+            emitters[home].dma(src=x_addr + start, dst=x_addr + start,
+                               length=min(MAX_DMA, tb * hidden - start), tiles=mask,
+                               remote_signal=1, remote_semaphore=SEM_TOKENS)
+    token_dmas = _ceil(tb * hidden, MAX_DMA) if others else 0
+    for t in range(tiles):
+        e = emitters[t]
+        mine = [ex for ex in range(layer.total) if expert_tile[ex] == t]
+        if t != home:
+            if not mine:
+                continue
+            e.wait_arrivals(SEM_TOKENS, token_dmas)
+        if mine:
+            load_words(e, iota[t], plans[t]["iota"], q_words, t)
+        for ex in mine:
+            expert_ffn_ops(e, t, ex)
+            if t != home:
+                home_mask = 1 << ((home // k) * 8 + home % k)
+                for start in range(0, y_stride, MAX_DMA):
+                    e.dma(src=y_addr[ex] + start, dst=y_addr[ex] + start,
+                          length=min(MAX_DMA, y_stride - start), tiles=home_mask,
+                          remote_signal=1, remote_semaphore=SEM_RESULTS)
+                    dmas_to_home += 1
+
+    # Home: gating and combine, block by block.
+    e, plan = emitters[home], plans[home]
+    if not any(expert_tile[ex] == home for ex in range(layer.total)):
+        load_words(e, iota[home], plan["iota"], q_words, home)
+    load_words(e, const_addr, plan["zero"], 2 * n, home)
+    zero, sv = plan["zero"], plan["zero"] + 1
+    load_table(e, plan, zero, home)  # clear the SiLU table (the experts' last one)
+    batch = min(SILU_ENTRIES >> cb, n)
+    lm, ls = layer.logit
+    waited = False
+    local = [ex for ex in range(layer.total) if expert_tile[ex] == home]
+    order = local + [ex for ex in range(layer.total) if expert_tile[ex] != home]
+    for b, rows in enumerate(block_rows):
+        xa = x_addr + b * hidden
+        r, v, s = plan["r"], plan["v"], plan["s"]
+        e.gemm(a=xa, b=router_addr, c=r, m=rows, k=hidden, p=experts, a_rows=0, b_rows=0)
+        e.gemm(a=xa, b=router_addr, c=v, m=rows, k=hidden, p=experts, a_rows=0, b_rows=0)
+        e.gemm(a=enc_a + 2 * b, b=enc_b, c=v, m=rows, k=2, p=experts, a_rows=0, b_rows=0,
+               accumulate=1, acc_shift=8)
+        lanes = {"lo": 0, "hi": experts}
+        e.vec(VOP.TOPK, rows, ec, v, imm=0, dst=s, dst_kind=VecDst.TILE, **lanes)
+        e.vec(VOP.ADD, rows, 1, s + (ec - 1) * n, b=plan["m128"], dst=plan["k128"],
+              dst_kind=VecDst.TILE, lo=0, hi=n)
+        for o in range(0, rows, batch):
+            group = range(o, min(rows, o + batch))
+            for row in group:  # table[c8 of each chosen expert] = SV
+                e.vec(VOP.SILU_LOAD, top_k, 1, sv, a_scalar=1, c=plan["k128"] + row,
+                      lo=0, hi=1)
+            e.vec(VOP.SILU, len(group), ec, v + o, dst=s + o, dst_kind=VecDst.TILE, **lanes)
+            for row in group:
+                e.vec(VOP.SILU_LOAD, top_k, 1, zero, a_scalar=1, c=plan["k128"] + row,
+                      lo=0, hi=1)
+        e.vec(VOP.LOGIT, rows, ec, r, mult=lm, shift=ls, imm=NEG_INF, dst=r,
+              dst_kind=VecDst.TILE, **lanes)
+        e.vec(VOP.LOGIT, rows, ec, s, mult=sel_mult, shift=-MAX_LEFT, imm=NEG_INF, dst=s,
+              dst_kind=VecDst.TILE, **lanes)
+        e.vec(VOP.ADD, rows, ec, r, b=s, dst=r, dst_kind=VecDst.TILE, **lanes)
+        e.vec(VOP.MAX, rows, ec, r, imm=NEG_INF, total=plan["max"], total_write=1, **lanes)
+        e.vec(VOP.EXP, rows, ec, r, c=plan["max"], shift=G_BITS, dst=r,
+              dst_kind=VecDst.TILE, total=plan["sum"], total_write=1, **lanes)
+        e.vec(VOP.RECIP, rows, 1, plan["sum"], a_scalar=1, c=plan["sum"], lo=0, hi=1)
+        e.vec(VOP.DIV, rows, ec, r, shift=G_BITS, sat=1, dst=r, dst_kind=VecDst.TILE,
+              **lanes)
+        for ex in range(experts):
+            e.vec(VOP.SUM, rows, 1, r + (ex // n) * n, total=plan["gates"] + ex,
+                  total_write=1, lo=ex % n, hi=ex % n + 1)
+        # Combine, in column chunks: comb = sum over experts of G·y (+ y_shared << 15).
+        chunk = plan["c_tiles"]
+        for j0 in range(0, hc, chunk):
+            width = min(chunk, hc - j0)
+            cols = min(width * n, hidden - j0 * n)
+            comb, yacc = plan["comb"], plan["yacc"]
+            for i, ex in enumerate(order):
+                if expert_tile[ex] != home and not waited:
+                    e.wait_arrivals(SEM_RESULTS, dmas_to_home)
+                    waited = True
+                e.gemm(a=ident[home], b=y_addr[ex] + b * hc * n + j0 * rows, c=yacc,
+                       m=rows, k=rows, p=cols, a_rows=1, b_rows=0)
+                e.vec(VOP.LOGIT, rows, width, yacc, mult=1, shift=-G_BITS, imm=NEG_INF,
+                      dst=yacc, dst_kind=VecDst.TILE, lo=0, hi=width * n)
+                gate = {"c": plan["gates"] + ex} if ex < experts else {"imm": 1 << G_BITS}
+                first = {"b": zero, "b_scalar": 1} if i == 0 else {"b": comb}
+                e.vec(VOP.RESCALE, rows, width, yacc, **first, **gate, dst=comb,
+                      dst_kind=VecDst.TILE, lo=0, hi=width * n)
+            om, osh = layer.out
+            e.vec(VOP.REQUANT, rows, width, comb, mult=om, shift=osh,
+                  dst=out_addr + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD, lo=0,
+                  hi=width * n)
+
+    output_words = [out_addr + b * hc * n + j * rows + r_ for b, rows in enumerate(block_rows)
+                    for j in range(hc) for r_ in range(rows)]
+
+    def reader(read) -> np.ndarray:
+        out = np.zeros((tokens, hidden), np.int8)
+        for b, rows in enumerate(block_rows):
+            for r_ in range(rows):
+                lanes = []
+                for j in range(hc):
+                    word = read(out_addr + b * hc * n + j * rows + r_)
+                    lanes += [(word >> (8 * i)) & 0xFF for i in range(n)]
+                out[b * n + r_] = np.array(lanes[:hidden], np.uint8).view(np.int8)
+        return out
+
+    programs = []
+    for t in range(tiles):
+        ops = emitters[t].halt()
+        if len(ops) > config.program_depth:
+            raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} instructions; "
+                             f"the program memory holds program_depth = "
+                             f"{config.program_depth}")
+        summary = summarise(config, ops, spad[t].next, config.acc_depth,
+                            {"experts": sum(1 for x_ in expert_tile if x_ == t)})
+        at_home = t == home
+        programs.append(TileProgram(
+            config, "moe", encode_ops(ops), ops, words[t].writes, None, [], [], {},
+            output_words if at_home else [], (tokens, hidden) if at_home else (0,),
+            summary, reader if at_home else _no_output))
+
+    summary = _chip_summary(layer, weights, x, programs, expert_tile, tiles, home, k)
+    return MoeChipProgram(config, k, home, programs, expert_tile, output_words,
+                          (tokens, hidden), summary, reader)
+
+
+def _no_output(read) -> np.ndarray:
+    return np.zeros(0, np.int8)
+
+
+def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,
+                  programs: list[TileProgram], expert_tile, tiles: int, home: int,
+                  k: int) -> dict:
+    tokens, hidden, ffn = x.shape[0], layer.hidden, layer.ffn
+    per_expert = 3 * tokens * hidden * ffn
+    router = tokens * hidden * layer.experts
+    executed = sum(p.summary.macs for p in programs)
+    sparse_experts = (layer.top_k + layer.shared) * tokens * 3 * hidden * ffn
+    sparse = router + sparse_experts
+    sent = delivered = 0
+    for p in programs:
+        for op, f in p.ops:
+            if op == Opcode.DMA:
+                sent += f["length"]
+                delivered += f["length"] * bin(f["tiles"]).count("1")
+    # A sparse dispatch of this batch: each token to the tiles of its chosen experts
+    # (other than home), each chosen expert's row back; shared experts see every token.
+    chosen = topk(router_logits(x, weights), layer.top_k)
+    words_per_row = _ceil(hidden, programs[0].config.n)
+    sparse_words = 0
+    for t in range(tokens):
+        experts = set(int(e) for e in chosen[t]) | set(range(layer.experts, layer.total))
+        remote = [e for e in experts if expert_tile[e] != home]
+        sparse_words += words_per_row * (len({expert_tile[e] for e in remote}) + len(remote))
+    return {
+        "tokens": tokens, "mesh": f"{k}x{k}", "home": home,
+        "macs_executed": executed, "macs_sparse": sparse,
+        "dense_over_sparse": executed / sparse,
+        "expert_macs_dense": layer.total * per_expert,
+        "expert_macs_sparse": sparse_experts,
+        "expert_dense_over_sparse": layer.total * per_expert / sparse_experts,
+        "overhead_macs": executed - layer.total * per_expert,
+        "network_words_sent": sent, "network_words_delivered": delivered,
+        "network_words_sparse": sparse_words,
+        "instructions": [p.summary.length for p in programs],
+        "instructions_by_opcode": [dict(p.summary.instructions) for p in programs],
+        "vec_ops": [dict(p.summary.vec_ops) for p in programs],
+        "experts_per_tile": [sum(1 for t in expert_tile if t == i) for i in range(tiles)],
+        "scratchpad_words": [p.summary.spad_words for p in programs],
+    }
+
+
+def moe_from_workload(config: TileConfig, workload, k: int = 2,
+                      tokens: int | None = None) -> MoeChipProgram:
+    """:func:`build_moe` of a golden ``Workload``'s MoE layer on its first ``tokens``
+    MoE tokens (all of ``moe.x`` by default)."""
+    x = workload.tensors["moe.x"]
+    x = x if tokens is None else x[:tokens]
+    return build_moe(config, k, workload.moe_weights(), workload.moe_scales(),
+                     workload.config.top_k, x)
+
+
+def run_on_chip_model(program: MoeChipProgram, chip=None):
+    """Run ``program`` on ``golden.chip_model.ChipModel`` (a fresh one sized by the config
+    unless given): host writes, every tile's instructions, then the reader on the home
+    tile. Returns (output, chip). ValueError if a tile does not halt with its semaphores
+    back at zero."""
+    from golden.chip_model import ChipModel
+
+    cfg = program.config
+    if chip is None:
+        chip = ChipModel(program.k, n=cfg.n, spad_words=cfg.spad_words,
+                         acc_depth=cfg.acc_depth, slots=cfg.slots)
+    for tile, p in zip(chip.tiles, program.tiles, strict=True):
+        for address, word in p.spad_writes.items():
+            tile.spad[address] = word
+    chip.run([p.ops for p in program.tiles])
+    for i, tile in enumerate(chip.tiles):
+        if not tile.halted:
+            raise ValueError(f"tile {i} ended without HALT")
+        if any(tile.semaphores):
+            raise ValueError(f"tile {i}: semaphores not balanced at HALT: {tile.semaphores}")
+    return program.read_output(chip.tiles[program.home].spad), chip
+
+
+def check_chip_synchronisation(program: MoeChipProgram) -> None:
+    """``compiler.hazards.check_synchronisation`` on every tile's program. The WAITs on
+    arrival semaphores (raised by other tiles' DMAs, which the single-tile checker cannot
+    see) are left out; they order reads of arrived words, which no local engine writes."""
+    for i, p in enumerate(program.tiles):
+        local = [(op, f) for op, f in p.ops
+                 if not (op == Opcode.WAIT and f["semaphore"] in (SEM_TOKENS, SEM_RESULTS))]
+        try:
+            check_synchronisation(local, program.config.n)
+        except ValueError as error:
+            raise ValueError(f"tile {i}: {error}") from None
