@@ -206,6 +206,12 @@ class TileModel:
     def _lanes(self, addr: int) -> np.ndarray:
         return word_lanes(self.spad[addr], self.n)
 
+    def _block(self, base: int, count: int) -> np.ndarray:
+        """Lanes of words base .. base + count - 1 as an int64 (count, n) array."""
+        n, mask = self.n, (1 << (8 * self.n)) - 1
+        raw = b"".join((w & mask).to_bytes(n, "little") for w in self.spad[base:base + count])
+        return np.frombuffer(raw, np.int8).reshape(count, n).astype(np.int64)
+
     # --- GEMM -------------------------------------------------------------------------
 
     def _gemm(self, f: dict) -> None:
@@ -218,23 +224,19 @@ class TileModel:
         if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
             self._spad_region("GEMM A", f["a"], tk * m)
             for c in range(tk):
-                for i in range(m):
-                    a[i, c * n:(c + 1) * n] = self._lanes(f["a"] + c * m + i)[:k - c * n]
+                a[:m, c * n:(c + 1) * n] = self._block(f["a"] + c * m, m)[:, :k - c * n]
         else:  # word a + t*k + kk = A[t*N : t*N + N, kk]
             self._spad_region("GEMM A", f["a"], tm * k)
             for t in range(tm):
-                for kk in range(k):
-                    a[t * n:(t + 1) * n, kk] = self._lanes(f["a"] + t * k + kk)
+                a[t * n:(t + 1) * n, :] = self._block(f["a"] + t * k, k).T
         if f["b_rows"]:  # word b + c*p + j = B[c*N : c*N + N, j]
             self._spad_region("GEMM B", f["b"], tk * p)
             for c in range(tk):
-                for j in range(p):
-                    b[c * n:(c + 1) * n, j] = self._lanes(f["b"] + c * p + j)[:k - c * n]
+                b[c * n:(c + 1) * n, :p] = self._block(f["b"] + c * p, p)[:, :k - c * n].T
         else:  # word b + t*k + kk = B[kk, t*N : t*N + N]
             self._spad_region("GEMM B", f["b"], tp * k)
             for t in range(tp):
-                for kk in range(k):
-                    b[kk, t * n:(t + 1) * n] = self._lanes(f["b"] + t * k + kk)
+                b[:, t * n:(t + 1) * n] = self._block(f["b"] + t * k, k)
         result = wrap(a @ b, NUMERICS.acc_bits)
         self._acc_entry("GEMM C", f["c"] + tm * tp * n - 1)
         shift = f["acc_shift"]
