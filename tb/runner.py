@@ -36,6 +36,8 @@ from pathlib import Path
 
 from amaranth.back import verilog
 
+from tb.verilog_tidy import compact_memory_init
+
 ROOT = Path(__file__).resolve().parent.parent
 SIM_BUILD = ROOT / "sim_build"
 WAIVERS = Path(__file__).with_name("verilator.vlt")
@@ -173,11 +175,14 @@ def _safe(name: str) -> str:
 
 
 def build(component, name: str, *, simulator: str | None = None,
-          waves: bool | None = None, opt_fast: str | None = None) -> SimBuild:
+          waves: bool | None = None, opt_fast: str | None = None,
+          modules: dict | None = None) -> SimBuild:
     """Elaborate ``component`` to Verilog and compile it (or reuse an identical build).
 
     ``opt_fast`` overrides the optimisation of Verilator's per-cycle code (default
     ``-O2``): a large design whose runs are short builds faster at ``-O1``.
+    ``modules``: Verilog module name -> component, elaborated once each and added to the
+    sources, for designs that instantiate them several times (``rtl.chip``'s tiles).
     """
     simulator = simulator or simulator_from_env()
     if simulator not in SIMULATORS:
@@ -203,6 +208,9 @@ def build(component, name: str, *, simulator: str | None = None,
             return SimBuild(name, directory, simulator, waves, stamp_file.read_text())
 
     source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
+    for module_name, module in (modules or {}).items():
+        source += verilog.convert(module, name=module_name, emit_src=False)
+    source = compact_memory_init(source)
     stamp = hashlib.sha256(
         json.dumps([source, args, opt_fast, WAIVERS.read_text(), simulator, waves]).encode()
     ).hexdigest()
@@ -218,7 +226,9 @@ def build(component, name: str, *, simulator: str | None = None,
         verilog_file.write_text(source)
         sources = [verilog_file]
         if simulator == "verilator":
-            sources.insert(0, VerilatorControlFile(WAIVERS))
+            control = directory / "verilator.vlt"
+            control.write_text(WAIVERS.read_text() + _public_rules(source))
+            sources.insert(0, VerilatorControlFile(control))
         runner = _runner(simulator)
         print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
         with _make_variable("OPT_FAST", opt_fast):
@@ -235,6 +245,30 @@ def build(component, name: str, *, simulator: str | None = None,
         stamp_file.write_text(stamp)
         key_file.write_text(key)
     return SimBuild(name, directory, simulator, waves, stamp)
+
+
+def _public_rules(source: str) -> str:
+    """Verilator control lines that make the top module's ports and memories (the harness
+    memories cocotb loads and reads) VPI-visible, and nothing else: inputs and memories
+    read-write, outputs read-only.
+
+    Not ``-var "*"`` and not outputs read-write: Verilator counts a variable VPI may write
+    as an input, so every logic cone reading one (an output register feeding its own next
+    state, a wire between harness and DUT) would be evaluated on each ``eval``, both clock
+    edges, and every wire of the top module (struct fields, temporaries) kept alive.
+    """
+    header = re.search(r"^module top\(", source, re.M)
+    if header is None:
+        raise ValueError("no `module top(...)` in the generated Verilog")
+    body = source[header.end():source.index("\nendmodule", header.end())]
+    rules = []
+    for kind, name in re.findall(r"^\s*(input|output|reg) (?:signed )?(?:\[[^\]]*\] )?"
+                                 r"(\w+)(?: \[|;)", body, re.M):
+        if kind == "reg" and not re.search(rf"^\s*reg (?:\[[^\]]*\] )?{name} \[", body, re.M):
+            continue  # a plain register, not a memory
+        access = "public_flat_rd" if kind == "output" else "public_flat_rw"
+        rules.append(f'{access} -module "top" -var "{name}"\n')
+    return "".join(rules)
 
 
 @contextlib.contextmanager
