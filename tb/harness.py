@@ -21,11 +21,17 @@ Ports, for each DUT stream ``s`` (names are flattened, e.g. ``a_count``):
 
 The memory of stream ``s`` is the Verilog array ``s_mem`` in the top module, one payload
 per word, beat 0 at address 0.
+
+Every input port, ``rst`` included, is registered once on entry, and the harness and the
+DUT run in the domain ``core`` (the clock ``clk``, the registered reset): the whole
+design sees the testbench one cycle late, and no logic depends combinationally on a
+top-level input. Verilator evaluates logic fed by top-level inputs on every ``eval``
+(both clock edges), which for a large DUT costs more than the clocked evaluation itself.
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetSignal, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -52,7 +58,7 @@ class _Lfsr:
         self.state = Signal(16, init=1, name=f"{name}_lfsr")
         self.seed, self.salt = seed, salt
         step = Mux(self.state[0], (self.state >> 1) ^ self.TAPS, self.state >> 1)
-        m.d.sync += self.state.eq(step)
+        m.d.core += self.state.eq(step)
 
     def reseed(self):
         # Never zero: an all-zero Galois LFSR stays zero.
@@ -113,13 +119,26 @@ class StreamHarness(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.dut = dut = self.dut
+        # The input register stage (see the module docstring): `sync` holds only it.
+        rst = Signal(init=1, reset_less=True, name="rst_q")
+        m.d.sync += rst.eq(ResetSignal())
+        m.domains.core = ClockDomain("core")
+        m.d.comb += [ClockSignal("core").eq(ClockSignal()), ResetSignal("core").eq(rst)]
+        inputs = {}
+        for name, member in self.signature.members.items():
+            if member.flow == In:
+                port = getattr(self, name)
+                inputs[name] = Signal.like(port, name=f"{name}_q", reset_less=True)
+                m.d.sync += inputs[name].eq(port)
+
+        m.submodules.dut = dut = DomainRenamer("core")(self.dut)
 
         running = Signal()
-        with m.If(self.start):
-            m.d.sync += [running.eq(1), self.done.eq(0), self.cycle.eq(0)]
+        start = inputs["start"]
+        with m.If(start):
+            m.d.core += [running.eq(1), self.done.eq(0), self.cycle.eq(0)]
         with m.Elif(running & ~self.done):
-            m.d.sync += self.cycle.eq(self.cycle + 1)
+            m.d.core += self.cycle.eq(self.cycle + 1)
 
         finished = []
         for salt, (name, driven) in enumerate(self.streams.items(), start=1):
@@ -127,37 +146,39 @@ class StreamHarness(wiring.Component):
             width = port.payload.shape().size
             storage = memory.Memory(shape=width, depth=self.depths[name], init=[])
             m.submodules[f"{name}_mem"] = storage
-            lfsr = _Lfsr(m, self.seed, salt * 0x9E37 & 0xFFFF, name)
-            with m.If(self.start):
-                m.d.sync += lfsr.reseed()
+            lfsr = _Lfsr(m, inputs["seed"], salt * 0x9E37 & 0xFFFF, name)
+            with m.If(start):
+                m.d.core += lfsr.reseed()
             transfer = port.valid & port.ready
             if driven:
-                finished.append(self._source(m, name, port, storage, lfsr, running, transfer))
+                finished.append(self._source(m, name, port, storage, lfsr, running, transfer,
+                                             inputs))
             else:
-                finished.append(self._sink(m, name, port, storage, lfsr, running, transfer))
+                finished.append(self._sink(m, name, port, storage, lfsr, running, transfer,
+                                           inputs))
 
-        done_now = running & ~self.start
+        done_now = running & ~start
         for flag in finished:
             done_now = done_now & flag
         with m.If(done_now):
-            m.d.sync += self.done.eq(1)
+            m.d.core += self.done.eq(1)
 
         for name in self.dut.signature.members:
             if name not in self.streams:
                 member = self.signature.members[name]
-                ours, theirs = getattr(self, name), getattr(dut, name)
+                theirs = getattr(dut, name)
                 if member.flow == Out:
-                    m.d.comb += ours.eq(theirs)
+                    m.d.comb += getattr(self, name).eq(theirs)
                 else:
-                    m.d.comb += theirs.eq(ours)
+                    m.d.comb += theirs.eq(inputs[name])
         return m
 
-    def _source(self, m, name, port, storage, lfsr, running, transfer):
-        count = getattr(self, f"{name}_count")
+    def _source(self, m, name, port, storage, lfsr, running, transfer, inputs):
+        count = inputs[f"{name}_count"]
         sent = getattr(self, f"{name}_sent")
         first = getattr(self, f"{name}_first")
-        idle = getattr(self, f"{name}_idle")
-        read = storage.read_port()
+        idle, start = inputs[f"{name}_idle"], inputs["start"]
+        read = storage.read_port(domain="core")
         # `primed`: the read port already shows the beat at `sent` (one cycle after start).
         primed = Signal(name=f"{name}_primed")
         holding = Signal(name=f"{name}_holding")
@@ -165,34 +186,34 @@ class StreamHarness(wiring.Component):
             read.addr.eq(Mux(transfer, sent + 1, sent)),
             port.payload.eq(read.data),
             # Not during `start`: `sent` and `count` may still describe the previous run.
-            port.valid.eq(primed & ~self.start & (sent < count) & (holding | ~lfsr.below(idle))),
+            port.valid.eq(primed & ~start & (sent < count) & (holding | ~lfsr.below(idle))),
         ]
-        m.d.sync += holding.eq(port.valid & ~port.ready)
-        with m.If(self.start):
-            m.d.sync += [sent.eq(0), primed.eq(0), holding.eq(0)]
+        m.d.core += holding.eq(port.valid & ~port.ready)
+        with m.If(start):
+            m.d.core += [sent.eq(0), primed.eq(0), holding.eq(0)]
             m.d.comb += read.addr.eq(0)
         with m.Else():
-            m.d.sync += primed.eq(running)
+            m.d.core += primed.eq(running)
             with m.If(transfer):
-                m.d.sync += sent.eq(sent + 1)
+                m.d.core += sent.eq(sent + 1)
                 with m.If(sent == 0):
-                    m.d.sync += first.eq(self.cycle)
+                    m.d.core += first.eq(self.cycle)
         return sent >= count
 
-    def _sink(self, m, name, port, storage, lfsr, running, transfer):
-        expect = getattr(self, f"{name}_expect")
+    def _sink(self, m, name, port, storage, lfsr, running, transfer, inputs):
+        expect = inputs[f"{name}_expect"]
         received = getattr(self, f"{name}_received")
         last = getattr(self, f"{name}_last")
-        stall = getattr(self, f"{name}_stall")
-        write = storage.write_port()
+        stall, start = inputs[f"{name}_stall"], inputs["start"]
+        write = storage.write_port(domain="core")
         m.d.comb += [
-            port.ready.eq(running & ~self.start & ~lfsr.below(stall)),
+            port.ready.eq(running & ~start & ~lfsr.below(stall)),
             write.addr.eq(received),
             write.data.eq(port.payload),
             write.en.eq(transfer & (received < self.depths[name])),
         ]
-        with m.If(self.start):
-            m.d.sync += received.eq(0)
+        with m.If(start):
+            m.d.core += received.eq(0)
         with m.Elif(transfer):
-            m.d.sync += [received.eq(received + 1), last.eq(self.cycle)]
+            m.d.core += [received.eq(received + 1), last.eq(self.cycle)]
         return received >= expect
