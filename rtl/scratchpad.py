@@ -475,9 +475,16 @@ class Scratchpad(wiring.Component):
         seqs, pages = self.sequences, self.max_pages
 
         lengths = [Signal(range(self.capacity + 1), name=f"kv_len{s}") for s in range(seqs)]
-        mapped = [[Signal(name=f"kv_map{s}_{p}") for p in range(pages)] for s in range(seqs)]
-        phys = [[Signal(range(self.num_pages), name=f"kv_phys{s}_{p}") for p in range(pages)]
-                for s in range(seqs)]
+        # The block table: a mapped bit per entry (a vector per sequence, so that RESET
+        # clears a row at once) and the physical pages in a memory read asynchronously,
+        # entry (s, p) at s * pages + p. An entry's page is read only while it is mapped,
+        # and MAP writes it, so the memory needs no reset. (Entries as separate registers
+        # made the simulator update every one of them on every cycle.)
+        mapped = [Signal(pages, name=f"kv_map{s}") for s in range(seqs)]
+        m.submodules.kv_table = table = memory.Memory(
+            shape=range(self.num_pages), depth=seqs * pages, init=[])
+        table_read = table.read_port(domain="comb")
+        table_write = table.write_port()
 
         req_p = req.payload
         op = req_p.op
@@ -491,8 +498,9 @@ class Scratchpad(wiring.Component):
         logical_ok = logical < pages
         logical_idx = Signal(range(pages), name="kv_logical")
         m.d.comb += logical_idx.eq(Mux(logical_ok, logical, 0))
-        entry_mapped = _lookup([_lookup(row, logical_idx) for row in mapped], seq)
-        entry_phys = _lookup([_lookup(row, logical_idx) for row in phys], seq)
+        entry_mapped = _lookup(mapped, seq).bit_select(logical_idx, 1)
+        m.d.comb += table_read.addr.eq(seq * pages + logical_idx)
+        entry_phys = table_read.data
         word_ok = req_p.word < self.token_words
 
         # The request's one error, if any (see Status); separate signals, never constant.
@@ -507,6 +515,7 @@ class Scratchpad(wiring.Component):
         is_append, is_read = op == KvOp.APPEND, op == KvOp.READ
         is_map, is_reset = op == KvOp.MAP, op == KvOp.RESET
         page_ok = req_p.index < pages
+        page = req_p.index[:_bits_for(pages - 1)]  # the entry a MAP that passed writes
         m.d.comb += [
             bad_request.eq(((is_append | is_read) & ~checked) | (is_map & ~(seq_ok & page_ok))
                            | (is_reset & ~seq_ok)),
@@ -552,10 +561,12 @@ class Scratchpad(wiring.Component):
                 with m.If(here & (op == KvOp.APPEND) & req_p.last):
                     m.d.sync += lengths[s].eq(lengths[s] + 1)
                 with m.If(here & (op == KvOp.RESET)):
-                    m.d.sync += lengths[s].eq(0)
-                for page in range(pages):
-                    with m.If(here & (op == KvOp.MAP) & (req_p.index == page)):
-                        m.d.sync += [mapped[s][page].eq(1), phys[s][page].eq(req_p.phys)]
-                    with m.If(here & (op == KvOp.RESET)):
-                        m.d.sync += mapped[s][page].eq(0)
+                    m.d.sync += [lengths[s].eq(0), mapped[s].eq(0)]
+                with m.If(here & (op == KvOp.MAP)):
+                    m.d.sync += mapped[s].eq(mapped[s] | (C(1, pages) << page)[:pages])
+        m.d.comb += [
+            table_write.addr.eq(seq * pages + page),
+            table_write.data.eq(req_p.phys),
+            table_write.en.eq(take & ok & (op == KvOp.MAP)),
+        ]
         return f
