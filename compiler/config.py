@@ -132,3 +132,44 @@ class TileConfig:
         n = overrides.get("n", cls.n)
         words = next_pow2(-(-max(head_dim, v_head_dim) // n))
         return cls(**{"page_size": page_size, "token_words": words, **overrides})
+
+
+@dataclass(frozen=True)
+class ChipConfig:
+    """One design point: a ``k`` x ``k`` mesh of identical tiles (``tile``), routers with
+    ``vcs`` virtual channels of ``depth`` flits, packets of at most ``max_packet`` flits.
+    The same numbers build the RTL (``rtl.chip.Chip``, see ``tb.chip_run``) and the
+    functional model (``golden.chip_model``)."""
+
+    k: int = 2
+    tile: TileConfig = field(default_factory=TileConfig)
+    vcs: int = 2
+    depth: int = 4
+    max_packet: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or not 1 <= self.k <= 8:
+            raise ValueError(f"ChipConfig: the mesh side k must be 1..8, not {self.k!r}")
+        if not isinstance(self.tile, TileConfig):
+            raise ValueError(f"ChipConfig: tile must be a TileConfig, not {self.tile!r}")
+        if self.vcs not in (2, 4, 6, 8):
+            raise ValueError(f"ChipConfig: vcs must be 2, 4, 6 or 8, not {self.vcs!r}")
+        if not isinstance(self.depth, int) or not 2 <= self.depth <= 64:
+            raise ValueError(f"ChipConfig: depth must be 2..64 flits, not {self.depth!r}")
+        if not isinstance(self.max_packet, int) or not 1 <= self.max_packet <= 64:
+            raise ValueError(f"ChipConfig: max_packet must be 1..64, not {self.max_packet!r}")
+
+    @property
+    def tiles(self) -> int:
+        return self.k * self.k
+
+    def position(self, index: int) -> tuple[int, int]:
+        """(x, y) of tile ``index`` (= y * k + x)."""
+        if not 0 <= index < self.tiles:
+            raise ValueError(f"tile {index} is outside the {self.k} x {self.k} mesh")
+        return index % self.k, index // self.k
+
+    def mask(self, index: int) -> int:
+        """The DMA tile-mask bit of tile ``index`` (bit y * 8 + x, ``rtl.isa``)."""
+        x, y = self.position(index)
+        return 1 << (y * 8 + x)

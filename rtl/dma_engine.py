@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, unsigned
+from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,18 +36,25 @@ class DmaEngine(wiring.Component):
     One instruction at a time; ``done`` (the instruction's ``signal``) after every word
     is written and sent. Reads run ahead of the writes by at most ``BUFFER`` words.
     ``error`` (sticky): a scratchpad response with an error status.
+
+    ``position`` = (x, y) of the tile, or None: then the port ``mask_bit`` gives the
+    tile's bit of a tile mask (y * 8 + x), so one design serves every tile of a chip.
     """
 
     #: Words read ahead of their write/send.
     BUFFER = 8
 
-    def __init__(self, n: int = 8, position: tuple[int, int] = (0, 0), addr_bits: int = 16):
-        x, y = position
-        if not (0 <= x < 8 and 0 <= y < 8):
-            raise ValueError(f"tile position must be within 8 x 8, not {position}")
-        self.n, self.position, self.addr_bits = n, (x, y), addr_bits
-        self.own_bit = 1 << (y * 8 + x)
-        super().__init__({
+    def __init__(self, n: int = 8, position: tuple[int, int] | None = (0, 0),
+                 addr_bits: int = 16):
+        self.n, self.position, self.addr_bits = n, position, addr_bits
+        ports = {}
+        if position is None:  # the tile's mask bit (y * 8 + x) arrives on a port
+            ports["mask_bit"] = In(range(TILE_MASK_BITS))
+        else:
+            x, y = position
+            if not (0 <= x < 8 and 0 <= y < 8):
+                raise ValueError(f"tile position must be within 8 x 8, not {position}")
+        super().__init__({**ports,
             "cmd": In(stream.Signature(DmaArgs())),
             "done": Out(stream.Signature(SIGNAL)),
             "req": Out(stream.Signature(Request(addr_bits, 8 * n))),
@@ -62,8 +69,14 @@ class DmaEngine(wiring.Component):
         m = Module()
         cmd = Signal(DmaArgs())
         active = Signal()
-        local = (cmd.tiles & self.own_bit).any()
-        remote = cmd.tiles & ~self.own_bit
+        if self.position is None:
+            own_bit = Signal(TILE_MASK_BITS)
+            m.d.comb += own_bit.eq(Const(1, TILE_MASK_BITS) << self.mask_bit)
+        else:
+            x, y = self.position
+            own_bit = 1 << (y * 8 + x)
+        local = (cmd.tiles & own_bit).any()
+        remote = cmd.tiles & ~own_bit
         m.d.comb += self.busy.eq(active)
 
         # Reads issued, responses expected: a tag per request (1 = read, 0 = write ack).

@@ -11,6 +11,7 @@ from amaranth.utils import ceil_log2
 from rtl.accumulator import AccumulatorMemory
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
+from rtl.isa import TILE_MASK_BITS
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
@@ -57,21 +58,24 @@ class Tile(wiring.Component):
     one to its semaphore once the write is done).
 
     Parameters: ``n`` (tensor core and vector unit size), ``position`` and ``mesh``
-    (x, y and columns, rows), ``banks`` x ``depth`` scratchpad words, the KV geometry
-    (``page_size``, ``token_words``, ``num_pages``, ``sequences``, ``max_pages``, see
+    (x, y and columns, rows; ``position`` None: the ``mask_bit`` input names the tile),
+    ``banks`` x ``depth`` scratchpad words, the KV geometry (``page_size``,
+    ``token_words``, ``num_pages``, ``sequences``, ``max_pages``, see
     :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
     port can flip stored bits, a test hook).
     """
 
-    def __init__(self, *, n: int = 8, position: tuple[int, int] = (0, 0),
+    def __init__(self, *, n: int = 8, position: tuple[int, int] | None = (0, 0),
                  mesh: tuple[int, int] = (1, 1), banks: int = 8, depth: int = 2048,
                  page_size: int = 16, token_words: int = 4, num_pages: int = 64,
                  sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
                  slots: int = 8, program_depth: int = 4096, fault_injection: bool = False):
-        x, y = position
-        if not (0 <= x < mesh[0] and 0 <= y < mesh[1]):
-            raise ValueError(f"tile position {position} is outside the {mesh[0]} x {mesh[1]} mesh")
+        if position is not None:
+            x, y = position
+            if not (0 <= x < mesh[0] and 0 <= y < mesh[1]):
+                raise ValueError(f"tile position {position} is outside the {mesh[0]} x "
+                                 f"{mesh[1]} mesh")
         self.n, self.position, self.mesh = n, position, mesh
         self.scratchpad = Scratchpad(
             banks, depth, 8 * n, ports=("ga", "gb", "vec", "dma", "net", "host", "kv"),
@@ -83,7 +87,10 @@ class Tile(wiring.Component):
                                    program_depth=program_depth)
         self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
         pc_bits = ceil_log2(program_depth)
-        super().__init__({
+        # Without a position, the tile's mask bit (y * 8 + x) is an input: every tile of
+        # a chip is then the same design (rtl.chip builds it once for simulation).
+        ports = {} if position is not None else {"mask_bit": In(range(TILE_MASK_BITS))}
+        super().__init__({**ports,
             "program": In(stream.Signature(ProgramWrite(pc_bits))),
             "go": In(1),
             "status": Out(SequencerStatus(pc_bits)),
@@ -110,6 +117,8 @@ class Tile(wiring.Component):
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
         m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth)
         m.submodules.dma = dma = DmaEngine(n, position=self.position)
+        if self.position is None:
+            m.d.comb += dma.mask_bit.eq(self.mask_bit)
 
         # Host side.
         wiring.connect(m, wiring.flipped(self.program), seq.program)

@@ -49,16 +49,22 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
         kv_sequences=rows, max_pages=pages, program_depth=4096)
 
 
-def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
-    """The RTL tile of a compiler :class:`TileConfig` (8 scratchpad banks)."""
+def tile_kwargs(config: TileConfig, *, fault_injection: bool = False) -> dict:
+    """The :class:`rtl.tile.Tile` parameters of a compiler :class:`TileConfig` (8
+    scratchpad banks), without its position."""
     banks = 8
     if config.spad_words % banks:
         raise ValueError(f"spad_words {config.spad_words} is not a multiple of {banks} banks")
-    return Tile(n=config.n, banks=banks, depth=config.spad_words // banks,
+    return dict(n=config.n, banks=banks, depth=config.spad_words // banks,
                 page_size=config.page_size, token_words=config.token_words,
                 num_pages=config.num_pages, sequences=config.kv_sequences,
                 max_pages=config.max_pages, acc_depth=config.acc_depth, slots=config.slots,
                 program_depth=config.program_depth, fault_injection=fault_injection)
+
+
+def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
+    """The RTL tile of a compiler :class:`TileConfig` (8 scratchpad banks)."""
+    return Tile(**tile_kwargs(config, fault_injection=fault_injection))
 
 
 def config_json(config: TileConfig) -> dict:

@@ -1,0 +1,214 @@
+"""The chip: a k x k mesh of tiles, each joined to its router by a network interface, and
+one host port that reaches every tile (programs, scratchpad words, KV requests, go).
+
+Node (x, y) is tile ``y * k + x``: :class:`rtl.tile.Tile` at that position, its
+:class:`rtl.network_interface.NetworkInterface`, and router ``(x, y)`` of the
+:class:`rtl.mesh.Mesh`. A DMA instruction naming other tiles leaves through the tile's
+``net_out``, becomes packets in the NI, crosses the mesh and lands in the destination
+tiles' scratchpads through their ``net_in`` (raising the named semaphore there).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, ClockSignal, Instance, Module, ResetSignal, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from rtl.mesh import Mesh
+from rtl.network_interface import NetworkInterface, payload_bits
+from rtl.sequencer import ProgramWrite, SequencerStatus
+from rtl.tile import Counters, Tile
+
+__all__ = ["TILE_MODULE", "Chip", "NetCounters", "with_tile"]
+
+#: Verilog module name of the tile when the chip shares one tile design (``shared_tile``).
+TILE_MODULE = "serrano_tile"
+
+#: Host requests (per port) in flight before their responses return.
+HOST_OUTSTANDING = 16
+
+
+def with_tile(layout: data.StructLayout, tile_bits: int) -> data.StructLayout:
+    """``layout``'s fields and a ``tile`` index: a host-port beat addressed to one tile."""
+    return data.StructLayout({"tile": unsigned(tile_bits),
+                             **{name: field.shape for name, field in layout}})
+
+
+class NetCounters(data.StructLayout):
+    """One network interface's counters (see :class:`NetworkInterface`)."""
+
+    def __init__(self):
+        super().__init__({name: unsigned(32) for name in
+                          ("sent", "received", "dropped_out", "dropped_in")})
+
+
+class Chip(wiring.Component):
+    """``k`` x ``k`` tiles on a mesh, built from one tile description.
+
+    Parameters: ``k`` (mesh side, 1…8), ``tile`` (keyword arguments of
+    :class:`rtl.tile.Tile` except ``position`` and ``mesh``), ``vcs``, ``depth``
+    (router virtual channels and flit buffer depth) and ``max_packet`` (flits per packet
+    of the network interfaces). ``shared_tile``: every tile is an instance of one
+    Verilog module :data:`TILE_MODULE` (the tile without a fixed position, its
+    ``mask_bit`` tied per instance) whose design is :attr:`tile_design`, to be
+    elaborated once beside the chip (``tb.runner.build(..., modules=...)``): the
+    simulator then compiles one tile instead of k * k.
+
+    Host port (every beat names its ``tile``):
+
+    - ``program``: instruction words into a tile's program memory;
+    - ``host_req`` → ``host_resp``, ``kv_req`` → ``kv_resp``: scratchpad and KV
+      requests; responses return in request order across tiles;
+    - ``go``: one bit per tile, a pulse starts that tile's program;
+    - ``status``, ``counters``, ``engine_error``: one entry per tile;
+    - ``net``: each network interface's counters; ``error`` (sticky): a router or an
+      interface dropped a packet, or a host beat named a tile outside the mesh
+      (such a beat is consumed and, for a request, answered with ``bad_address``).
+    """
+
+    def __init__(self, k: int = 2, *, tile: dict | None = None, vcs: int = 2, depth: int = 4,
+                 max_packet: int = 8, shared_tile: bool = False):
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 8:
+            raise ValueError(f"the mesh side k must be an integer 1..8, not {k!r}")
+        tile = dict(tile or {})
+        for key in ("position", "mesh"):
+            if key in tile:
+                raise ValueError(f"the chip places its tiles itself: drop {key!r}")
+        self.k, self.shared_tile = k, shared_tile
+        if shared_tile:
+            self.tile_design = Tile(position=None, mesh=(k, k), **tile)
+            self.tiles = [self.tile_design.signature.create(path=(f"tile_{x}_{y}",))
+                          for y in range(k) for x in range(k)]
+        else:
+            self.tiles = [Tile(position=(x, y), mesh=(k, k), **tile)
+                          for y in range(k) for x in range(k)]
+            self.tile_design = self.tiles[0]
+        first = self.tile_design
+        self.n = n = first.n
+        spad_words = first.scratchpad.words
+        self.nis = [NetworkInterface(n, x, y, k=k, vcs=vcs, depth=depth, max_packet=max_packet,
+                                     spad_words=spad_words)
+                    for y in range(k) for x in range(k)]
+        # A 1 x 1 chip has no network: its tile's network ports are tied off.
+        self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth) if k > 1 else None
+        tiles = k * k
+        self.tile_bits = tile_bits = max(1, ceil_log2(tiles))
+        sp = first.scratchpad
+        pc_bits = ceil_log2(first.program_depth)
+        super().__init__({
+            "program": In(stream.Signature(with_tile(ProgramWrite(pc_bits), tile_bits))),
+            "go": In(tiles),
+            "status": Out(data.ArrayLayout(SequencerStatus(pc_bits), tiles)),
+            "counters": Out(data.ArrayLayout(Counters(), tiles)),
+            "engine_error": Out(data.ArrayLayout(3, tiles)),
+            "net": Out(data.ArrayLayout(NetCounters(), tiles)),
+            "host_req": In(stream.Signature(with_tile(sp.request_layout, tile_bits))),
+            "host_resp": Out(stream.Signature(sp.response_layout)),
+            "kv_req": In(stream.Signature(with_tile(sp.kv_request_layout, tile_bits))),
+            "kv_resp": Out(stream.Signature(sp.response_layout)),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.mesh is not None:
+            m.submodules.mesh = self.mesh
+        bad_tile = Signal()
+        for index, (tile, ni) in enumerate(zip(self.tiles, self.nis, strict=True)):
+            x, y = index % self.k, index // self.k
+            if self.shared_tile:
+                m.submodules[f"tile_{x}_{y}"] = self._instance(tile)
+                m.d.comb += tile.mask_bit.eq(y * 8 + x)
+            else:
+                m.submodules[f"tile_{x}_{y}"] = tile
+            m.d.comb += [
+                tile.go.eq(self.go[index]),
+                self.status[index].eq(tile.status),
+                self.counters[index].eq(tile.counters),
+                self.engine_error[index].eq(tile.engine_error),
+            ]
+            if self.mesh is None:
+                m.d.comb += [tile.net_out.ready.eq(1), tile.net_in.valid.eq(0)]
+                continue
+            m.submodules[f"ni_{x}_{y}"] = ni
+            wiring.connect(m, tile.net_out, ni.tile_out)
+            wiring.connect(m, ni.tile_in, tile.net_in)
+            for v in range(len(ni.inject)):
+                wiring.connect(m, ni.inject[v], self.mesh.inject[index][v])
+                wiring.connect(m, self.mesh.eject[index][v], ni.eject[v])
+            counters = self.net[index]
+            m.d.comb += [counters.sent.eq(ni.sent), counters.received.eq(ni.received),
+                         counters.dropped_out.eq(ni.dropped_out),
+                         counters.dropped_in.eq(ni.dropped_in)]
+
+        self._program(m, bad_tile)
+        bad_host = self._fan_out(m, "host")
+        bad_kv = self._fan_out(m, "kv")
+        net_error = Cat(ni.error for ni in self.nis).any() if self.mesh is not None else 0
+        mesh_error = self.mesh.error if self.mesh is not None else 0
+        with m.If(bad_tile | bad_host | bad_kv | net_error | mesh_error):
+            m.d.sync += self.error.eq(1)
+        return m
+
+    def _instance(self, tile) -> Instance:
+        """An instance of :data:`TILE_MODULE` bound to the interface object ``tile``
+        (ports named as Amaranth names a top-level component's: the member path joined
+        by ``__``)."""
+        ports = {}
+        for path, member, value in self.tile_design.signature.flatten(tile):
+            name = "__".join(str(part) for part in path)
+            ports[("i_" if member.flow == In else "o_") + name] = value
+        return Instance(TILE_MODULE, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
+
+    def _program(self, m: Module, bad_tile: Signal) -> None:
+        """Program words to the tile they name; a word for no tile is consumed, flagged."""
+        beat = self.program.payload
+        m.d.comb += bad_tile.eq(self.program.valid & (beat.tile >= len(self.tiles)))
+        with m.If(bad_tile):
+            m.d.comb += self.program.ready.eq(1)
+        for index, tile in enumerate(self.tiles):
+            m.d.comb += [tile.program.payload.address.eq(beat.address),
+                         tile.program.payload.word.eq(beat.word)]
+            with m.If(beat.tile == index):
+                m.d.comb += [tile.program.valid.eq(self.program.valid),
+                             self.program.ready.eq(tile.program.ready)]
+
+    def _fan_out(self, m: Module, port: str) -> Signal:
+        """``{port}_req`` beats to the tile they name; responses back in request order
+        (a FIFO of tile indices picks whose response comes next). A beat for a tile
+        outside the mesh gets a ``bad_address`` response of its own; returns the flag
+        that one was taken."""
+        req, resp = getattr(self, f"{port}_req"), getattr(self, f"{port}_resp")
+        tiles = len(self.tiles)
+        order = fifo.SyncFIFOBuffered(width=self.tile_bits + 1, depth=HOST_OUTSTANDING)
+        m.submodules[f"{port}_order"] = order
+        beat = req.payload
+        outside = Signal(name=f"{port}_outside")
+        m.d.comb += outside.eq(beat.tile >= tiles)
+        accepted = Signal(name=f"{port}_accepted")
+        m.d.comb += [order.w_data.eq(Cat(beat.tile, outside)),
+                     order.w_en.eq(accepted)]
+        for index, tile in enumerate(self.tiles):
+            tile_req = getattr(tile, f"{port}_req")
+            for name, _ in tile_req.payload.shape():
+                m.d.comb += tile_req.payload[name].eq(beat[name])
+            with m.If(~outside & (beat.tile == index)):
+                m.d.comb += [tile_req.valid.eq(req.valid & order.w_rdy),
+                             req.ready.eq(tile_req.ready & order.w_rdy)]
+        with m.If(outside):
+            m.d.comb += req.ready.eq(order.w_rdy)
+        m.d.comb += accepted.eq(req.valid & req.ready)
+
+        head_tile, head_outside = order.r_data[:self.tile_bits], order.r_data[-1]
+        with m.If(order.r_rdy & head_outside):
+            m.d.comb += [resp.valid.eq(1), resp.payload.status.bad_address.eq(1),
+                         order.r_en.eq(resp.ready)]
+        for index, tile in enumerate(self.tiles):
+            tile_resp = getattr(tile, f"{port}_resp")
+            m.d.comb += tile_resp.ready.eq(0)
+            with m.If(order.r_rdy & ~head_outside & (head_tile == index)):
+                m.d.comb += [resp.valid.eq(tile_resp.valid), resp.payload.eq(tile_resp.payload),
+                             tile_resp.ready.eq(resp.ready),
+                             order.r_en.eq(tile_resp.valid & resp.ready)]
+        return accepted & outside

@@ -1,0 +1,125 @@
+"""cocotb side of a chip in a StreamHarness: every host action names its tile; the
+harness memories carry the beats of all tiles in one run (see tb/tile_driver.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from amaranth.lib import data
+from cocotb.triggers import RisingEdge, Timer
+
+from rtl.tile import Counters
+from tb.harness_driver import CLOCK_NS, HarnessDriver
+from tb.tile_driver import POLL, Execution, TileDriver
+
+__all__ = ["ChipDriver", "ChipRun"]
+
+
+@dataclass
+class ChipRun:
+    """One run of the chip's programs: per tile what happened, and the wall time."""
+
+    tiles: dict[int, Execution]
+    wall_s: float
+
+    @property
+    def cycles(self) -> int:
+        """Cycles from ``go`` to the last tile's halt (all tiles start together)."""
+        return max(e.cycles for e in self.tiles.values())
+
+
+class ChipDriver(TileDriver):
+    """Drives a :class:`tb.harness.StreamHarness` around a :class:`rtl.chip.Chip`."""
+
+    STREAMS_IN = ("program", "host_req", "kv_req")
+    STREAMS_OUT = ("host_resp", "kv_resp")
+
+    def __init__(self, dut, chip, depths: dict[str, int]):  # noqa: D107
+        # Not TileDriver.__init__: the chip's status is an array of tile statuses.
+        self.dut, self.tile, self.chip, self.depths = dut, chip, chip, depths
+        self.harness = HarnessDriver(dut)
+        sig = chip.signature.members
+        self.layouts = {name: sig[name].signature.members["payload"].shape
+                        for name in self.STREAMS_IN + self.STREAMS_OUT}
+        self.status_layout = sig["status"].shape
+        self.dut.go.value = 0
+        self.idle, self.stall, self.seed = 0.0, 0.0, 1
+        self.program_depth = chip.tile_design.program_depth
+
+    async def load_tiles(self, loads: dict[int, tuple[list[int], dict[int, int], list[dict]]]
+                         ) -> dict:
+        """Per tile: program words at pc 0, scratchpad words, KV requests; every response
+        must be clean. One harness run (or more when the beats exceed its memories)."""
+        beats: dict[str, list[dict]] = {"program": [], "host_req": [], "kv_req": []}
+        for tile, (program, writes, kv_requests) in sorted(loads.items()):
+            if len(program) > self.program_depth:
+                raise ValueError(f"tile {tile}: {len(program)} instructions do not fit the "
+                                 f"{self.program_depth}-word program memory")
+            beats["program"] += [{"tile": tile, "address": i, "word": w}
+                                 for i, w in enumerate(program)]
+            beats["host_req"] += [{"tile": tile, "addr": a, "write": 1, "data": w}
+                                  for a, w in sorted(writes.items())]
+            beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
+        budget = 64 + 8 * sum(len(b) for b in beats.values())
+        out = await self._transfer(beats, budget)
+        for name in ("host_resp", "kv_resp"):
+            bad = self._errors(out[name])
+            assert not bad, f"{name} reported errors: {bad[:8]}"
+        return out
+
+    async def host(self, beats: list[dict]) -> list:
+        """Raw host requests (each names its ``tile``); returns their responses."""
+        out = await self._transfer({"host_req": beats}, 64 + 8 * len(beats))
+        return out["host_resp"]
+
+    async def read_tiles(self, addresses: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Scratchpad words of several tiles through the host port."""
+        order = [(t, a) for t, addrs in sorted(addresses.items()) for a in addrs]
+        responses = await self.host([{"tile": t, "addr": a, "write": 0, "data": 0}
+                                     for t, a in order])
+        bad = self._errors(responses)
+        assert not bad, f"host reads reported errors: {bad[:8]}"
+        words: dict[int, list[int]] = {t: [] for t in addresses}
+        for (t, _), r in zip(order, responses, strict=True):
+            words[t].append(int(r.data))
+        return words
+
+    async def run_tiles(self, tiles: list[int], timeout_cycles: int) -> ChipRun:
+        """Start ``tiles`` together; wait until each has halted."""
+        self.dut.go.value = sum(1 << t for t in tiles)
+        await RisingEdge(self.dut.clk)
+        self.dut.go.value = 0
+        began = time.perf_counter()
+        waited = 0
+        status = []
+        while True:
+            # A Timer, not ClockCycles: that would wake Python on every clock edge.
+            await Timer(POLL * CLOCK_NS, unit="ns")
+            waited += POLL
+            status = data.Const(self.status_layout, self.dut.status.value.to_unsigned())
+            if all(status[t].halted for t in tiles):
+                break
+            assert waited < timeout_cycles, (
+                f"tiles {[t for t in tiles if not status[t].halted]} did not halt in "
+                f"{timeout_cycles} cycles (pcs {[int(status[t].pc) for t in tiles]})")
+        wall = time.perf_counter() - began
+        counters = data.Const(self.dut_layout("counters"), self.dut.counters.value.to_unsigned())
+        errors = data.Const(self.dut_layout("engine_error"),
+                            self.dut.engine_error.value.to_unsigned())
+        runs = {}
+        for t in tiles:
+            values = {name: int(counters[t][name]) for name, _ in Counters()}
+            runs[t] = Execution(values["cycles"], status[t].error, int(status[t].pc), values,
+                                wall, int(errors[t]))
+        return ChipRun(runs, wall)
+
+    def dut_layout(self, name: str):
+        return self.chip.signature.members[name].shape
+
+    def net_counters(self) -> list[dict[str, int]]:
+        """Each network interface's counters (sent, received, dropped_out, dropped_in)."""
+        value = data.Const(self.dut_layout("net"), self.dut.net.value.to_unsigned())
+        return [{name: int(value[t][name]) for name in ("sent", "received", "dropped_out",
+                                                        "dropped_in")}
+                for t in range(len(self.chip.tiles))]

@@ -1,0 +1,137 @@
+"""Build a chip (in a StreamHarness) from a compiler ChipConfig and run chip scenarios on
+it: the entry used by tests, bench and the CLI."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from compiler.config import ChipConfig, TileConfig
+from rtl.chip import TILE_MODULE, Chip
+from tb.harness import StreamHarness
+from tb.runner import SimBuild, build, run
+from tb.tile_run import HOST_DEPTH, KV_DEPTH, config_json, tile_kwargs
+
+MODULE = "tb.chip_tb"
+
+
+def harness_depths(config: ChipConfig) -> dict[str, int]:
+    """Harness memory depths: a whole program per load; longer host transfers take
+    several harness runs (tb.chip_driver)."""
+    return {"program": config.tiles * config.tile.program_depth, "host_req": HOST_DEPTH,
+            "host_resp": HOST_DEPTH, "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH}
+
+
+def chip_json(config: ChipConfig) -> dict:
+    return {**{k: v for k, v in asdict(config).items() if k != "tile"},
+            "tile": config_json(config.tile)}
+
+
+def chip_from_json(d: dict) -> ChipConfig:
+    return ChipConfig(**{**d, "tile": TileConfig(**d["tile"])})
+
+
+def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
+    """The RTL chip of a :class:`ChipConfig` (``shared_tile``: as simulated, one tile
+    design instantiated k * k times)."""
+    return Chip(config.k, tile=tile_kwargs(config.tile), vcs=config.vcs, depth=config.depth,
+                max_packet=config.max_packet, shared_tile=shared_tile)
+
+
+@functools.cache
+def _chip_build(config_text: str, simulator: str | None, waves: bool | None) -> SimBuild:
+    config = chip_from_json(json.loads(config_text))
+    digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
+    chip = chip_from_config(config, shared_tile=True)
+    return build(StreamHarness(chip, harness_depths(config)),
+                 f"chip-k{config.k}-n{config.tile.n}-{digest}", simulator=simulator,
+                 waves=waves, opt_fast="-O1", modules={TILE_MODULE: chip.tile_design})
+
+
+def chip_build(config: ChipConfig, *, simulator: str | None = None,
+               waves: bool | None = None) -> SimBuild:
+    """The chip of ``config`` in a harness (built once per config and options)."""
+    return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves)
+
+
+def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int = 1,
+                  tag: str | None = None, simulator: str | None = None,
+                  waves: bool | None = None) -> dict:
+    """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``."""
+    handle = chip_build(config, simulator=simulator, waves=waves)
+    return run(handle, MODULE, testcase=testcase, seed=seed,
+               params={"chip": chip_json(config), **params}, tag=tag or testcase)
+
+
+def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
+                   prefill: int = 0, context: int = 0, steps: int = 1,
+                   placement: str = "local", seed: int = 1, moe: bool = True,
+                   simulator: str | None = None, waves: bool | None = None,
+                   progress: Path | None = None) -> dict:
+    """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
+    and, with ``moe``, the MoE layer), every output checked against golden; returns the
+    rounds' cycles, counters and traffic.
+    ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
+    file the simulation appends a line to after every round."""
+    from golden.workloads import WorkloadConfig
+
+    wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
+    params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
+              "context": context, "steps": steps, "placement": placement, "seed": seed,
+              "moe": moe, "progress": str(progress) if progress else None}
+    name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
+        json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
+    tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
+           f"{'' if moe else '-nomoe'}")
+    return simulate_chip(config, "chip_layer", params, seed=seed, tag=tag,
+                         simulator=simulator, waves=waves)
+
+
+def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
+                vcs: int = 2, moe: bool = True) -> ChipConfig:
+    """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
+    with a 64 Ki-word scratchpad each (at most what the workload needs): working space
+    for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
+    tokens) or attention, whichever is larger, and the rest for KV pages, reached through
+    8 block-table rows (4 jobs per tile under ``local`` placement, 2 under ``striped``) of
+    ``max_context`` tokens (default 2048 with pages of at least N tokens, else 64);
+    ``moe`` False: attention only, no room kept for the MoE layer. One
+    build serves every batch, context and placement that fits it; what does not fit is
+    refused by the compiler with the reason."""
+    from compiler.chip import moe_words
+    from compiler.config import MAX_TABLE_ENTRIES, next_pow2
+    from golden.workloads import WorkloadConfig, get_workload
+    from tb.tile_run import WORKING_WORDS
+
+    cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
+    rows = 8
+    if max_context is None:
+        max_context = 2048 if cfg.page_size >= n else 64
+    pages = -(-max_context // cfg.page_size)
+    if rows * pages > MAX_TABLE_ENTRIES:
+        raise ValueError(f"a context of {max_context} tokens needs {pages} pages per block-"
+                         f"table row; {rows} rows x {pages} exceed the "
+                         f"{MAX_TABLE_ENTRIES}-entry block table")
+    words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
+    page_words = cfg.page_size * words
+    working = WORKING_WORDS
+    if moe:
+        try:
+            working = max(working, moe_words(cfg, k, n))
+        except ValueError as error:
+            raise ValueError(f"the MoE layer of {cfg.name} does not fit the tiles of a "
+                             f"{k}x{k} chip ({error}); use a larger mesh, or simulate "
+                             "attention alone") from None
+    spad = min(next_pow2(rows * pages * page_words + working), 1 << 16)
+    num_pages = min(rows * pages, (spad - working) // page_words)
+    if num_pages < rows:
+        raise ValueError(f"the {spad}-word scratchpad of a {k}x{k} chip holds only "
+                         f"{max(num_pages, 0)} KV pages of {page_words} words beside the "
+                         f"{working} working words: use a larger mesh")
+    tile = TileConfig.for_attention(cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
+                                    spad_words=spad, num_pages=num_pages, kv_sequences=rows,
+                                    max_pages=pages, program_depth=4096)
+    return ChipConfig(k=k, tile=tile, vcs=vcs)

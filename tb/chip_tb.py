@@ -1,0 +1,128 @@
+"""cocotb tests of a chip in a StreamHarness (see tests/test_chip.py and tb/chip_run.py)."""
+
+from __future__ import annotations
+
+import cocotb
+import numpy as np
+
+from rtl.isa import Opcode, encode
+from rtl.sequencer import ErrorCode
+from tb.chip_driver import ChipDriver
+from tb.chip_run import chip_from_config, chip_from_json, harness_depths
+from tb.runner import parameters, report
+
+#: Cycles a program may take per instruction before the run is declared hung.
+CYCLES_PER_INSTRUCTION = 400
+
+
+async def _driver(dut) -> tuple[ChipDriver, object]:
+    config = chip_from_json(parameters()["chip"])
+    driver = ChipDriver(dut, chip_from_config(config, shared_tile=True),
+                        harness_depths(config))
+    await driver.reset()
+    return driver, config
+
+
+@cocotb.test()
+async def chip_network(dut):
+    """DMAs between tiles over the mesh: a unicast there and back, a multicast to three
+    tiles; semaphores released by arrivals; the words land where they were sent."""
+    driver, config = await _driver(dut)
+    last = config.tiles - 1
+    others = [t for t in range(1, config.tiles)]
+    words = [(0x1111111111111111 * (i + 1)) & ((1 << 64) - 1) for i in range(5)]
+    dma = dict(remote_signal=1)
+    programs = {
+        0: [encode(Opcode.DMA, src=100, dst=200, length=5, tiles=config.mask(last),
+                   remote_semaphore=3, **dma),
+            encode(Opcode.DMA, src=100, dst=300, length=1,
+                   tiles=sum(config.mask(t) for t in others), remote_semaphore=4, **dma),
+            encode(Opcode.WAIT, semaphore=5, count=1),
+            encode(Opcode.HALT)],
+        last: [encode(Opcode.WAIT, semaphore=3, count=1),
+               encode(Opcode.WAIT, semaphore=4, count=1),
+               encode(Opcode.DMA, src=200, dst=400, length=5, tiles=config.mask(0),
+                      remote_semaphore=5, **dma),
+               encode(Opcode.HALT)],
+    }
+    for t in others[:-1]:
+        programs[t] = [encode(Opcode.WAIT, semaphore=4, count=1), encode(Opcode.HALT)]
+    writes = {0: {100 + i: w for i, w in enumerate(words)}}
+    await driver.load_tiles({t: (p, writes.get(t, {}), []) for t, p in programs.items()})
+    run = await driver.run_tiles(sorted(programs), 20_000)
+    for t, e in run.tiles.items():
+        assert e.error == ErrorCode.NONE and e.engine_error == 0, (t, e)
+    got = await driver.read_tiles({0: [400 + i for i in range(5)],
+                                   **{t: [300] for t in others[:-1]},
+                                   last: [200 + i for i in range(5)] + [300]})
+    assert got[0] == words and got[last] == words + words[:1], got
+    assert all(got[t] == words[:1] for t in others[:-1]), got
+    net = driver.net_counters()
+    assert sum(c["dropped_in"] + c["dropped_out"] for c in net) == 0, net
+    assert int(dut.error.value) == 0
+    report(passed=True, cycles=run.cycles, net=net)
+
+
+@cocotb.test()
+async def chip_layer(dut):
+    """A decoder layer (attention, then MoE unless ``moe`` is off) for a batch on the
+    chip (compiler.chip rounds): every output bit-exact with golden; per round the
+    cycles, counters and network traffic."""
+    from compiler.chip import layer_rounds
+
+    p = parameters()
+    driver, config = await _driver(dut)
+    from golden.workloads import WorkloadConfig
+
+    workload = p["workload"]
+    if isinstance(workload, dict):
+        workload = WorkloadConfig.from_json(workload)
+    progress = open(p["progress"], "a") if p.get("progress") else None  # noqa: SIM115
+    rounds = layer_rounds(config, workload, p["layer"], batch=p["batch"],
+                          prefill=p["prefill"], context=p["context"], steps=p["steps"],
+                          placement=p["placement"], seed=p["seed"], moe=p["moe"])
+    out = []
+    for index, rnd in enumerate(rounds):
+        loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)
+                 for t, ld in rnd.loads.items()}
+        await driver.load_tiles(loads)
+        before = driver.net_counters()
+        longest = max(len(ld.instructions) for ld in rnd.loads.values())
+        run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
+                                     + 20_000)
+        for t, e in run.tiles.items():
+            assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
+            assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
+        words = await driver.read_tiles(
+            {t: [a for job in rnd.jobs if job.tile == t for a in job.program.output_words]
+             for t in {job.tile for job in rnd.jobs}})
+        for job in rnd.jobs:
+            got_words = dict(zip([a for j in rnd.jobs if j.tile == job.tile
+                                  for a in j.program.output_words], words[job.tile],
+                                 strict=True))
+            got = job.program.read_output(got_words.__getitem__)
+            wrong = np.argwhere(got != job.expected)
+            what = ("the MoE output" if job.sequence < 0 else
+                    f"sequence {job.sequence} KV head {job.kv_head}")
+            assert wrong.size == 0, (
+                f"round {index} ({rnd.phase}, contexts {rnd.contexts}): {what} on tile "
+                f"{job.tile}: {len(wrong)} of {got.size} outputs differ from golden, first "
+                f"at {tuple(wrong[0])}")
+        after = driver.net_counters()
+        flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
+        assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
+        out.append({"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
+                    "tiles": {t: e.counters for t, e in run.tiles.items()},
+                    "outputs": sum(int(j.expected.size) for j in rnd.jobs),
+                    "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
+                    "network_words": rnd.network_words, "flits": flits,
+                    "wall_s": run.wall_s,
+                    **({"dense_over_sparse": rnd.summaries[0]["dense_over_sparse"]}
+                       if rnd.phase.endswith("moe") else {})})
+        if progress:
+            progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "
+                           f"{list(rnd.contexts)}: {run.cycles} cycles, outputs bit-exact "
+                           f"({run.wall_s:.1f} s)\n")
+            progress.flush()
+    assert int(dut.error.value) == 0
+    report(passed=True, rounds=out)
