@@ -39,13 +39,18 @@ def pack_word(values, n: int) -> int:
 
 class PageAllocator:
     """Free physical KV pages of a tile, handed out in ``order`` (default ascending; a
-    seed shuffles them, as after some churn). ``free(pages)`` returns pages."""
+    seed shuffles them, as after some churn); ``pages`` (a range) restricts the
+    allocator to part of the cache. ``free(pages)`` returns pages."""
 
-    def __init__(self, config: TileConfig, seed: int | None = None):
+    def __init__(self, config: TileConfig, seed: int | None = None, pages: range | None = None):
         self.config = config
-        order = np.arange(config.num_pages)
+        pages = range(config.num_pages) if pages is None else pages
+        if pages.start < 0 or pages.stop > config.num_pages:
+            raise ValueError(f"pages {pages.start}..{pages.stop - 1} are outside the "
+                             f"{config.num_pages}-page cache")
+        order = np.arange(pages.start, pages.stop)
         if seed is not None:
-            order = np.random.default_rng(seed).permutation(config.num_pages)
+            order = np.random.default_rng(seed).permutation(order)
         self._free = [int(p) for p in order]
 
     @property

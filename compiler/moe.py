@@ -333,10 +333,9 @@ class _Words:
         if lanes.size and (lanes.min() < -128 or lanes.max() > 127):
             raise ValueError("a lane value is not int8")
         data = lanes.astype(np.int8).view(np.uint8)
+        # Zero words too: the scratchpad keeps what earlier programs left there.
         for i in range(len(rows)):
-            word = int.from_bytes(data[i].tobytes(), "little")
-            if word:
-                self.writes[base + i] = word
+            self.writes[base + i] = int.from_bytes(data[i].tobytes(), "little")
 
 
 def _column_layout(matrix: np.ndarray, n: int) -> list[np.ndarray]:

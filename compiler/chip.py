@@ -1,0 +1,370 @@
+"""Attention of a batch of sequences on a k x k chip, under a KV placement policy.
+
+Work is cut into **jobs**: one (sequence, KV head) pair — its group of query heads, its
+K and V pages — compiled with the one-tile builders of :mod:`compiler.attention` (a
+layer of one KV head). Job ``j`` (sequence-major) runs on tile ``j mod T`` (T tiles);
+a tile with several jobs runs them one after another, one program per **round**, each
+job keeping its own block-table rows and KV pages, so decode steps append to them.
+
+Placement policies (``PLACEMENTS``, docs/chip.md):
+
+- ``local``: a job's KV pages live on the tile that computes it; the host appends each
+  token through the tile's KV port. No KV crosses the network.
+- ``striped``: logical page ``p`` of a job computed on tile ``c`` lives on tile
+  ``(c + p) mod T``; before the job's program runs, every other owner sends its pages
+  across the mesh into the compute tile's page frames (one DMA per page, the last one
+  raising :data:`SEM_KV` there) and the job waits for all owners. The host writes the
+  pages' words directly (the owner keeps pages of several jobs, not a token stream).
+
+Every round's output is checked against golden by the caller (see tb/chip_tb.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from compiler.attention import AttentionLayer, build_decode, build_prefill
+from compiler.config import ChipConfig
+from compiler.kv import PageAllocator
+from compiler.program import TileProgram
+from golden.attention import attention_decode, attention_prefill
+from golden.kv_cache import build_cache
+from golden.workloads import WorkloadConfig, generate, get_workload
+from rtl.isa import Opcode, encode
+from rtl.scratchpad import KvOp
+
+__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "attention_rounds",
+           "contexts", "layer_rounds", "moe_round", "moe_words"]
+
+PLACEMENTS = ("local", "striped")
+#: Tokens per MoE round (more tokens take several rounds).
+MOE_TOKENS = 32
+#: The semaphore striped pages raise on their compute tile (the attention programs use
+#: semaphores 0..2).
+SEM_KV = 15
+
+
+@dataclass
+class Job:
+    """One (sequence, KV head) attention program on one tile."""
+
+    sequence: int
+    kv_head: int
+    tile: int
+    program: TileProgram
+    expected: np.ndarray  # golden output of the job's query heads
+
+
+@dataclass
+class TileLoad:
+    """What the host gives one tile before a round: program words, scratchpad words,
+    KV requests."""
+
+    instructions: list[int]
+    spad_writes: dict[int, int]
+    kv_requests: list[dict]
+
+
+@dataclass
+class ChipRound:
+    """One run of every busy tile together (``phase`` prefill or decode)."""
+
+    phase: str
+    contexts: tuple[int, ...]
+    loads: dict[int, TileLoad]
+    jobs: list[Job]
+    #: Scratchpad words moved across the network in this round (striped KV pages).
+    network_words: int = 0
+    macs: int = 0
+    kv_bytes: int = 0
+    summaries: list[dict] = field(default_factory=list)
+
+
+def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
+    """Each sequence's tokens before its first decode step: the longest has
+    ``max(prefill, context)``, the others a little less (a batch of different contexts,
+    none below the prompt)."""
+    start = max(prefill, context)
+    step = max(start - prefill, 0) // (2 * batch) if batch > 1 else 0
+    return tuple(start - s * step for s in range(batch))
+
+
+class _Tiles:
+    """Per-tile KV bookkeeping across rounds: page ranges per job slot, block-table rows,
+    what the host already mapped and appended."""
+
+    def __init__(self, chip: ChipConfig, slots: int, placement: str):
+        cfg = chip.tile
+        self.chip, self.placement = chip, placement
+        # local: the pages split between a tile's job slots; striped: half of them for
+        # the pages a tile stores for others.
+        parts = slots * (2 if placement == "striped" else 1)
+        self.per_part = cfg.num_pages // parts
+        if self.per_part < 1 or 2 * slots > cfg.kv_sequences:
+            raise ValueError(
+                f"{slots} jobs per tile need {2 * slots} block-table rows and KV pages for "
+                f"each; a tile has kv_sequences = {cfg.kv_sequences} and "
+                f"{cfg.num_pages} pages: use a larger mesh or a smaller batch")
+        self.mapped: dict[tuple[int, int, int], int] = {}
+        self.appended: dict[tuple[int, int], int] = {}
+
+    def allocator(self, slot: int, foreign: bool = False) -> PageAllocator:
+        part = 2 * slot + 1 if foreign else (2 * slot if self.placement == "striped" else slot)
+        lo = part * self.per_part
+        return PageAllocator(self.chip.tile, pages=range(lo, lo + self.per_part))
+
+    def kv_requests(self, tile: int, program: TileProgram, k, v) -> list[dict]:
+        """MAPs of new block-table entries and APPENDs of new tokens (local placement)."""
+        out = []
+        for seq, index, phys in program.kv_map:
+            known = self.mapped.get((tile, seq, index))
+            if known is None:
+                self.mapped[tile, seq, index] = phys
+                out.append({"op": KvOp.MAP, "seq": seq, "index": index, "phys": phys})
+            elif known != phys:
+                raise ValueError(f"tile {tile}: block-table entry ({seq}, {index}) moved from "
+                                 f"page {known} to {phys} as the context grew")
+        key = (tile, program.kv.first_row)
+        for t in range(self.appended.get(key, 0), k.shape[0]):
+            out += [{"op": KvOp.APPEND, "seq": s, "word": w, "data": d, "last": int(last)}
+                    for s, w, d, last in program.kv.token_appends(k[t], v[t])]
+        self.appended[key] = k.shape[0]
+        return out
+
+
+def _job_layer(layer: AttentionLayer, g: int) -> AttentionLayer:
+    """The layer as one KV head's job sees it: its query heads and their sinks."""
+    group = layer.group
+    sinks = None if layer.sinks is None else layer.sinks[g * group:(g + 1) * group]
+    return replace(layer, heads=group, kv_heads=1, sinks=sinks)
+
+
+def _stripe(chip: ChipConfig, tiles: _Tiles, job: Job, slot: int, loads: dict, sends: dict,
+            foreign: dict) -> int:
+    """Move a striped job's pages to their owners: the compute tile keeps logical pages
+    p with (c + p) mod T = c, the others are written on their owner, which sends them
+    back before the round; returns the words sent."""
+    cfg, T, c = chip.tile, chip.tiles, job.tile
+    kv = job.program.kv
+    placement = job.program.kv_words
+    words = 0
+    for row in range(kv.table.shape[0]):
+        for logical in range(kv.pages):
+            frame = cfg.page_address(int(kv.table[row, logical]))
+            page = {a: w for a, w in placement.items() if frame <= a < frame + cfg.page_words}
+            owner = (c + logical) % T
+            if owner == c:
+                loads[c].spad_writes.update(page)
+                continue
+            if owner not in foreign:
+                foreign[owner] = tiles.allocator(slot, foreign=True)
+            try:
+                store = cfg.page_address(foreign[owner].allocate(1)[0])
+            except ValueError as error:
+                raise ValueError(f"striped placement: tile {owner} has no room for the "
+                                 f"pages it stores for others ({error})") from None
+            loads.setdefault(owner, TileLoad([], {}, []))
+            loads[owner].spad_writes.update({store + a - frame: w for a, w in page.items()})
+            sends.setdefault(owner, []).append((store, frame, c))
+            words += cfg.page_words
+    return words
+
+
+def _striped_programs(chip: ChipConfig, loads: dict[int, TileLoad], sends: dict) -> None:
+    """Each tile: its DMAs of stored pages (the last one per destination raising
+    SEM_KV there), a WAIT for every owner of its own job's pages, then its job."""
+    cfg = chip.tile
+    waits: dict[int, int] = {}
+    for owner, pages in sends.items():
+        if not loads[owner].instructions:  # an owner without a job of its own
+            loads[owner].instructions = [encode(Opcode.HALT)]
+        dmas = []
+        last = {dst: i for i, (_, _, dst) in enumerate(pages)}
+        for i, (store, frame, dst) in enumerate(pages):
+            signal = last[dst] == i
+            dmas.append(encode(Opcode.DMA, src=store, dst=frame, length=cfg.page_words,
+                               tiles=chip.mask(dst), remote_signal=int(signal),
+                               remote_semaphore=SEM_KV if signal else 0))
+        for dst in last:
+            waits[dst] = waits.get(dst, 0) + 1
+        loads[owner].instructions = dmas + loads[owner].instructions
+    for tile, load in loads.items():
+        if waits.get(tile):
+            body = load.instructions
+            dma_count = len(sends.get(tile, []))
+            load.instructions = (body[:dma_count]
+                                 + [encode(Opcode.WAIT, semaphore=SEM_KV, count=waits[tile])]
+                                 + body[dma_count:])
+        if len(load.instructions) > cfg.program_depth:
+            raise ValueError(f"tile {tile}: {len(load.instructions)} instructions (striped "
+                             f"page sends included) exceed program_depth {cfg.program_depth}")
+
+
+def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
+                     batch: int = 1,
+                     prefill: int = 0, context: int = 0, steps: int = 1,
+                     placement: str = "local", seed: int = 1) -> list[ChipRound]:
+    """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
+    then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens.
+    Raises ValueError for a placement, shape or capacity the chip cannot take."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, not {batch}")
+    if prefill < 0 or context < 0 or steps < 0 or (prefill == 0 and steps == 0):
+        raise ValueError("nothing to simulate: give prefill tokens or decode steps")
+    wcfg = get_workload(workload) if isinstance(workload, str) else workload
+    if not 0 <= layer < len(wcfg.windows):
+        raise ValueError(f"workload {wcfg.name} has attention layers 0..{len(wcfg.windows) - 1}")
+    if wcfg.page_size != chip.tile.page_size:
+        raise ValueError(f"workload {wcfg.name} uses {wcfg.page_size}-token pages; the tiles' "
+                         f"KV cache has page_size {chip.tile.page_size}")
+    T, kvh = chip.tiles, wcfg.kv_heads
+    jobs_total = batch * kvh
+    slots = -(-jobs_total // T)
+    tiles = _Tiles(chip, slots, placement)
+    starts = contexts(batch, context, prefill)
+    data = []
+    for s in range(batch):
+        wl = generate(wcfg, seed=seed + s, prefill_tokens=max(starts[s] + steps, 1))
+        t = wl.tensors
+        p = f"attn{layer}."
+        data.append((wl, t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"]))
+    window = wcfg.windows[layer]
+
+    def run_round(phase: str, lengths: tuple[int, ...], slot: int) -> ChipRound:
+        loads: dict[int, TileLoad] = {}
+        jobs, sends, foreign, network = [], {}, {}, 0
+        for j in range(slot * T, min((slot + 1) * T, jobs_total)):
+            s, g = divmod(j, kvh)
+            tile = j % T
+            wl, q, k, v = data[s]
+            length = lengths[s]
+            full = AttentionLayer.from_workload(wl, layer, phase)
+            jl = _job_layer(full, g)
+            group = full.group
+            heads = slice(g * group, (g + 1) * group)
+            kk, vv = k[:length, g:g + 1], v[:length, g:g + 1]
+            scales = wl.attention_scales(layer, phase)
+            sinks = wl.sinks(layer)
+            if phase == "prefill":
+                program = build_prefill(chip.tile, jl, q[:length, heads], kk, vv,
+                                        allocator=tiles.allocator(slot), first_row=2 * slot)
+                golden = attention_prefill(q[:length], k[:length], v[:length], scales,
+                                           window=window, sinks=sinks,
+                                           block_keys=chip.tile.page_size)
+                expected = golden[:, heads]
+            else:
+                program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
+                                       allocator=tiles.allocator(slot), first_row=2 * slot)
+                cache, table = build_cache([k[:length]], [v[:length]], chip.tile.page_size)
+                golden = attention_decode(q[length - 1][None], cache, table,
+                                          np.array([length]), scales, window=window,
+                                          sinks=sinks)
+                expected = golden[:, heads]
+            job = Job(s, g, tile, program, expected)
+            jobs.append(job)
+            load = loads.setdefault(tile, TileLoad([], {}, []))
+            load.instructions = list(program.instructions)
+            load.spad_writes.update(program.spad_writes)
+            if placement == "local":
+                load.kv_requests += tiles.kv_requests(tile, program, kk, vv)
+            else:
+                network += _stripe(chip, tiles, job, slot, loads, sends, foreign)
+        if placement == "striped":
+            _striped_programs(chip, loads, sends)
+        rnd = ChipRound(phase, lengths, loads, jobs, network)
+        for job in jobs:
+            summary = job.program.summary
+            rnd.macs += summary.macs
+            rnd.kv_bytes += summary.kv_bytes_unique
+            rnd.summaries.append(summary.as_dict())
+        return rnd
+
+    rounds = []
+    if prefill:
+        for slot in range(slots):
+            rounds.append(run_round("prefill", (prefill,) * batch, slot))
+    for step in range(steps):
+        lengths = tuple(c + step + 1 for c in starts)
+        for slot in range(slots):
+            rounds.append(run_round("decode", lengths, slot))
+    return rounds
+
+
+@functools.cache
+def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
+    """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
+    ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
+    results), compiled on a tile whose whole scratchpad is working space."""
+    from compiler.moe import build_moe, moe_tile_config
+
+    wl = generate(cfg, moe_tokens=MOE_TOKENS)
+    program = build_moe(moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(),
+                        cfg.top_k, wl.tensors["moe.x"])
+    return max(program.summary["scratchpad_words"])
+
+
+@dataclass
+class _MoeOutput:
+    """The MoE program as a job's program: output words on the home tile and a reader."""
+
+    output_words: list[int]
+    read_output: object
+    summary: dict
+
+
+def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
+              contexts_: tuple[int, ...], tokens: int, seed: int = 1,
+              offset: int = 0) -> ChipRound:
+    """The MoE layer on ``tokens`` of the workload's MoE tokens (from ``offset``): one
+    round, every tile busy (experts round-robin), the output on the home tile checked
+    against ``golden.moe.moe_layer``. The host writes every tile's weights before the
+    round (attention rounds reuse the working space)."""
+    from compiler.moe import build_moe
+    from golden.moe import moe_layer
+
+    cfg = get_workload(workload) if isinstance(workload, str) else workload
+    wl = generate(cfg, seed=seed, moe_tokens=offset + tokens)
+    x = wl.tensors["moe.x"][offset:offset + tokens]
+    program = build_moe(chip.tile, chip.k, wl.moe_weights(), wl.moe_scales(), cfg.top_k, x)
+    expected = moe_layer(x, wl.moe_weights(), wl.moe_scales(), cfg.top_k).out
+    loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
+             for t, p in enumerate(program.tiles)}
+    job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
+                                                program.summary), expected)
+    s = program.summary
+    return ChipRound(f"{phase}-moe", contexts_, loads, [job],
+                     network_words=s["network_words_sent"], macs=s["macs_executed"],
+                     summaries=[{"macs_sparse": s["macs_sparse"],
+                                 "dense_over_sparse": s["dense_over_sparse"]}])
+
+
+def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
+                 batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
+                 placement: str = "local", seed: int = 1, moe: bool = True
+                 ) -> list[ChipRound]:
+    """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
+    each step followed (``moe``) by the MoE layer on as many tokens as the step produced
+    (``batch x prefill`` for the prefill, in rounds of :data:`MOE_TOKENS`; ``batch`` per
+    decode step). The miniature has no output projection, so the MoE layer takes the
+    workload's MoE tokens rather than the attention output."""
+    rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
+                              context=context, steps=steps, placement=placement, seed=seed)
+    if not moe:
+        return rounds
+    out: list[ChipRound] = []
+    for i, rnd in enumerate(rounds):
+        out.append(rnd)
+        following = rounds[i + 1] if i + 1 < len(rounds) else None
+        if following is not None and (following.phase, following.contexts) == \
+                (rnd.phase, rnd.contexts):
+            continue  # the step has more attention rounds
+        produced = batch * (prefill if rnd.phase == "prefill" else 1)
+        for offset in range(0, produced, MOE_TOKENS):
+            out.append(moe_round(chip, workload, rnd.phase, rnd.contexts,
+                                 min(MOE_TOKENS, produced - offset), seed, offset))
+    return out

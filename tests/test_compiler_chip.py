@@ -1,0 +1,104 @@
+"""compiler.chip: a batch's attention on a chip under each placement, run on the chip
+model (golden.chip_model) bit-exact with golden; bad mappings refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.chip import PLACEMENTS, attention_rounds, contexts, layer_rounds
+from compiler.config import ChipConfig
+from golden.chip_model import ChipModel
+from golden.workloads import get_workload
+from rtl.isa import Opcode, encode
+from tb.chip_run import chip_config
+
+
+def run_rounds(config: ChipConfig, rounds) -> int:
+    """Every round on a fresh chip model holding the pages so far; returns the words the
+    striped DMAs moved. Asserts each job's output equals golden."""
+    cfg = config.tile
+    chip = ChipModel(config.k, n=cfg.n, spad_words=cfg.spad_words, acc_depth=cfg.acc_depth,
+                     slots=cfg.slots)
+    for rnd in rounds:
+        for tile, load in rnd.loads.items():
+            model = chip.tiles[tile]
+            for address, word in load.spad_writes.items():
+                model.spad[address] = word
+        for job in rnd.jobs:
+            if rnd.loads[job.tile].kv_requests:  # local: the appends fill the pages
+                for address, word in job.program.kv_words.items():
+                    chip.tiles[job.tile].spad[address] = word
+        for load in rnd.loads.values():  # the sequencer would run past the end
+            assert load.instructions[-1] == encode(Opcode.HALT)
+        chip.run({t: load.instructions for t, load in rnd.loads.items()})
+        for job in rnd.jobs:
+            got = job.program.read_output(chip.tiles[job.tile].spad.__getitem__)
+            np.testing.assert_array_equal(got, job.expected)
+        for model in chip.tiles:
+            assert not any(model.semaphores), "a semaphore was left raised"
+    return sum(r.network_words for r in rounds)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_tiny_batch_on_2x2_is_exact(placement):
+    config = chip_config("tiny", k=2)
+    rounds = attention_rounds(config, "tiny", 1, batch=3, prefill=5, context=9, steps=2,
+                              placement=placement)
+    # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two rounds per phase step.
+    assert [r.phase for r in rounds] == ["prefill"] * 2 + ["decode"] * 4
+    moved = run_rounds(config, rounds)
+    assert (moved > 0) == (placement == "striped")
+
+
+def test_sliding_window_layer_with_sinks_on_3x3():
+    config = chip_config("tiny", k=3)
+    rounds = attention_rounds(config, "tiny", 0, batch=2, prefill=7, context=11, steps=1,
+                              placement="striped")
+    run_rounds(config, rounds)
+
+
+def test_contexts_differ_but_never_below_the_prompt():
+    assert contexts(1, 256, 32) == (256,)
+    assert contexts(4, 256, 32) == (256, 228, 200, 172)
+    assert contexts(3, 0, 16) == (16, 16, 16)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"placement": "scattered"}, "unknown placement"),
+        ({"batch": 0}, "batch must be >= 1"),
+        ({"prefill": 0, "steps": 0}, "nothing to simulate"),
+        ({"batch": 40}, "use a larger mesh or a smaller batch"),
+        ({"context": 70}, "max_pages"),
+    ],
+)
+def test_bad_mappings_are_refused(kwargs, message):
+    config = chip_config("tiny", k=2)
+    args = {"prefill": 4, "context": 8, "steps": 1, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        attention_rounds(config, "tiny", 1, **args)
+
+
+def test_custom_shape_and_page_size_mismatch():
+    shaped = get_workload("tiny", heads=8, kv_heads=4)
+    config = chip_config(shaped, k=2)
+    run_rounds(config, attention_rounds(config, shaped, 1, batch=1, prefill=4, steps=1))
+    with pytest.raises(ValueError, match="pages"):
+        attention_rounds(chip_config("gpt-oss", k=2), "tiny", 1, prefill=4)
+
+
+def test_decoder_layer_rounds_add_the_moe_layer_per_step():
+    config = chip_config("tiny", k=2)
+    rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=8, steps=1)
+    assert [r.phase for r in rounds] == ["prefill", "prefill-moe", "decode", "decode-moe"]
+    assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("moe")] == [10, 2]
+    assert all(r.macs > 0 for r in rounds)
+    run_rounds(config, rounds)
+
+
+def test_moe_that_does_not_fit_is_refused_before_simulation():
+    with pytest.raises(ValueError, match="does not fit the tiles of a 2x2 chip"):
+        chip_config("kimi-k2", k=2)
+    assert chip_config("kimi-k2", k=2, moe=False).tile.spad_words == 1 << 16
