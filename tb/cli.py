@@ -1,10 +1,11 @@
 """The ``serrano`` command line.
 
-    serrano sim [options]    attention prefill + decode on one tile, checked against golden
+    serrano sim [options]    a decoder layer (attention + MoE) for a batch on the chip,
+                             prefill and decode, checked against golden: the report
+    serrano tile [options]   attention prefill + decode on one tile (every head on it)
     serrano gemm [options]   one GEMM on the tensor core alone
 
-Until the chip exists (issue 6), the default design is one tile and the default workload
-the gpt-oss-shaped miniature's attention; ``serrano COMMAND --help`` lists the options.
+``serrano COMMAND --help`` lists the options.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _shares(counters: dict) -> str:
     return ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
 
 
-def sim(args: argparse.Namespace) -> int:
+def tile(args: argparse.Namespace) -> int:
     """Attention on one tile: prefill, then decode steps; report cycles and utilisation."""
     from bench.attention import figures
     from golden.workloads import get_workload
@@ -87,7 +88,7 @@ def sim(args: argparse.Namespace) -> int:
 
     cfg = get_workload(args.workload)
     if not 0 <= args.layer < len(cfg.windows):
-        print(f"serrano sim: workload {args.workload} has attention layers "
+        print(f"serrano tile: workload {args.workload} has attention layers "
               f"0..{len(cfg.windows) - 1}, not {args.layer}", file=sys.stderr)
         return 2
     n = args.array
@@ -98,10 +99,10 @@ def sim(args: argparse.Namespace) -> int:
                 * config.page_size:
             config = tile_config(args.workload, n=n, max_context=needed)
     except ValueError as error:
-        print(f"serrano sim: {error}", file=sys.stderr)
+        print(f"serrano tile: {error}", file=sys.stderr)
         return 2
     window = cfg.windows[args.layer]
-    print(f"serrano sim: one tile, N={n} ({n * n} MAC/cycle), {args.workload} attention layer "
+    print(f"serrano tile: one tile, N={n} ({n * n} MAC/cycle), {args.workload} attention layer "
           f"{args.layer} ({cfg.heads} query / {cfg.kv_heads} KV heads, head dim "
           f"{cfg.head_dim}, {'window ' + str(window) if window else 'full causal'}"
           f"{', sinks' if cfg.sinks else ''}): prefill {args.prefill} tokens, then "
@@ -161,6 +162,212 @@ def sim(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def _mesh(text: str) -> int:
+    """``KxK`` (a square mesh, 1..8) -> k."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or parts[0] != parts[1]:
+        raise argparse.ArgumentTypeError(f"the mesh is given as KxK (square), e.g. 2x2, "
+                                         f"not {text!r}")
+    k = int(parts[0])
+    if not 1 <= k <= 8:
+        raise argparse.ArgumentTypeError(f"the mesh side must be 1..8, not {k}")
+    return k
+
+
+#: Workload fields a custom shape may override from the command line.
+SHAPE_OPTIONS = (("heads", "query heads"), ("kv_heads", "KV heads"),
+                 ("head_dim", "key/query head dimension"), ("experts", "routed experts"),
+                 ("top_k", "experts per token"))
+
+
+def _fmax_line(tiles: int) -> tuple[float | None, str]:
+    """The clock the report converts cycles to time with: the tile's measured ECP5 Fmax,
+    else the slowest of its blocks measured alone (an upper bound), from build/synth.json
+    or the committed reference figures (synth/reference.json)."""
+    from synth import load_area
+
+    tile = load_area("tile") or {}
+    if tile.get("ecp5_fmax_mhz"):
+        return tile["ecp5_fmax_mhz"], f"{tile['ecp5_fmax_mhz']:.1f} MHz (tile, ECP5)"
+    blocks = {}
+    for design in ("tensor_core_n8", "vector_unit", "scratchpad", "sequencer", "gemm_engine",
+                   "network_interface", "router_v2_d4"):
+        fmax = (load_area(design) or {}).get("ecp5_fmax_mhz")
+        if fmax:
+            blocks[design] = fmax
+    if not blocks:
+        return None, "not measured (run `make synth`)"
+    slowest = min(blocks, key=blocks.get)
+    return blocks[slowest], (f"{blocks[slowest]:.1f} MHz: an upper bound, the slowest block "
+                             f"measured alone ({slowest}); the whole tile's Fmax is not "
+                             "measured")
+
+
+def sim(args: argparse.Namespace) -> int:
+    """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
+    import tempfile
+    import threading
+
+    from golden.workloads import get_workload
+    from tb.chip_run import chip_config, simulate_layer
+
+    overrides = {name: getattr(args, name) for name, _ in SHAPE_OPTIONS
+                 if getattr(args, name) is not None}
+    try:
+        cfg = get_workload(args.workload, **overrides)
+        if args.layer is None:
+            args.layer = len(cfg.windows) - 1
+        if not 0 <= args.layer < len(cfg.windows):
+            raise ValueError(f"workload {args.workload} has attention layers "
+                             f"0..{len(cfg.windows) - 1}, not {args.layer}")
+        config = chip_config(cfg, k=args.mesh, n=args.array, max_context=args.max_context,
+                             moe=args.moe)
+        from compiler.chip import contexts, layer_rounds
+
+        longest = max(args.prefill, args.context) + args.steps
+        capacity = config.tile.max_pages * config.tile.page_size
+        if longest > capacity:
+            raise ValueError(f"a context of {longest} tokens does not fit the KV cache "
+                             f"({capacity} tokens per sequence with --max-context "
+                             f"{args.max_context or 'default'}); give a larger --max-context")
+        # Compile once before simulating: a mapping the chip cannot take fails here.
+        rounds = layer_rounds(config, cfg, args.layer, batch=args.batch,
+                              prefill=args.prefill, context=args.context, steps=args.steps,
+                              placement=args.placement, seed=args.seed, moe=args.moe)
+    except ValueError as error:
+        print(f"serrano sim: {error}", file=sys.stderr)
+        return 2
+    k, n, tiles = args.mesh, args.array, args.mesh * args.mesh
+    starts = contexts(args.batch, args.context, args.prefill)
+    window = cfg.windows[args.layer]
+    print(f"serrano sim: {k}x{k} chip of N={n} tiles ({tiles} x {n * n} MAC/cycle), "
+          f"{cfg.name} attention layer {args.layer} ({cfg.heads} query / {cfg.kv_heads} KV "
+          f"heads, head dim {cfg.head_dim}, "
+          f"{'window ' + str(window) if window else 'full causal'}), batch {args.batch}, "
+          f"placement {args.placement}: prefill {args.prefill} tokens per sequence, then "
+          f"{args.steps} decode steps from contexts {list(starts)}; {len(rounds)} rounds; "
+          f"seed {args.seed}, simulator {args.sim}", flush=True)
+
+    progress = Path(tempfile.mkstemp(prefix="serrano-progress-")[1])
+    outcome: dict = {}
+
+    def simulate() -> None:
+        try:
+            outcome["result"] = simulate_layer(
+                config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
+                context=args.context, steps=args.steps, placement=args.placement,
+                seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
+                progress=progress)
+        except (SimulationFailed, ValueError) as failure:
+            outcome["failure"] = failure
+
+    worker = threading.Thread(target=simulate)
+    worker.start()
+    shown = 0
+    while worker.is_alive():
+        worker.join(1.0)
+        lines = progress.read_text().splitlines()
+        for line in lines[shown:]:
+            print(f"  {line}", flush=True)
+        shown = len(lines)
+    progress.unlink(missing_ok=True)
+    if "failure" in outcome:
+        print(f"\nresult       FAIL\n{outcome['failure']}")
+        result, passed = {}, False
+    else:
+        result, passed = outcome["result"], True
+        metrics = chip_figures(result, k, n)
+        fmax, fmax_text = _fmax_line(tiles)
+        layer = "golden.attention and golden.moe" if args.moe else "golden.attention"
+        rows = [("result", f"PASS: all {metrics['outputs']} int8 outputs of "
+                           f"{len(result['rounds'])} rounds bit-exact with {layer}")]
+        for phase, name, label in (("prefill", "cycles", "time-to-first-token proxy"),
+                                   ("decode", "cycles_per_token", "inter-token latency proxy")):
+            if f"chip__{phase}__{name}" not in metrics:
+                continue
+            cycles = metrics[f"chip__{phase}__{name}"]
+            split = f"attention {metrics[f'chip__{phase}__attention_cycles']:,}"
+            if f"chip__{phase}__moe_cycles" in metrics:
+                split += f" + MoE {metrics[f'chip__{phase}__moe_cycles']:,}"
+            line = (f"{cycles:,} cycles{' per token' if phase == 'decode' else ''} "
+                    f"({label}; {split}); utilisation "
+                    f"{metrics[f'chip__{phase}__utilisation']:.3f} of the chip's peak")
+            if fmax:
+                seconds = cycles / (fmax * 1e6)
+                tokens = args.batch * (args.prefill if phase == "prefill" else 1)
+                line += f"; {tokens / seconds:,.0f} tokens/s at {fmax:.1f} MHz"
+            rows.append((phase, line))
+            rows.append(("", "phases (all tiles): " + _shares(metrics[f"chip__{phase}__phases"])))
+        if args.moe:
+            ratio = max(r.get("dense_over_sparse", 0) for r in result["rounds"]
+                        if r["phase"].endswith("moe"))
+            rows.append(("MoE", f"dense-masked: the experts compute every token, {ratio:.1f}x "
+                                "the MACs of a sparse dispatch (docs/moe_mapping.md)"))
+        rows += [
+            ("network", f"{metrics['chip__network__flits']:,} flits injected; "
+                        f"{metrics['chip__network__kv_words']:,} KV words moved by "
+                        f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
+                        "MoE words (tokens, expert outputs)"),
+            ("clock", fmax_text),
+            ("energy", "not measured yet (toggle-count proxy: issue 6, item 7)"),
+            ("simulation", f"{args.sim}: {metrics['chip__sim__cycles_per_s']:,.0f} chip "
+                           "cycles/s (the rounds' cycles over their wall time, build and "
+                           "host transfers excluded)"),
+            ("area", _area_line("tile") + f" per tile, x {tiles}"),
+        ]
+        print()
+        for label, text in rows:
+            print(f"{label:<12} {text}")
+        result = {**result, "metrics": metrics}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0 if passed else 1
+
+
+def chip_figures(result: dict, k: int, n: int) -> dict:
+    """The report's figures from a chip run, per phase (prefill; decode per step, i.e.
+    per generated token of every sequence): cycles of the attention rounds, of the MoE
+    rounds and of the layer (their sum: rounds run one after another); utilisation =
+    the MACs the programs execute / (tiles x N² x cycles); phase shares summed over the
+    tiles; network flits; simulation speed (cycles over the rounds' wall time)."""
+    tiles = k * k
+    rounds = result["rounds"]
+    out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
+    for phase in ("prefill", "decode"):
+        attn = [r for r in rounds if r["phase"] == phase]
+        moe = [r for r in rounds if r["phase"] == f"{phase}-moe"]
+        if not attn:
+            continue
+        steps = len({tuple(r["contexts"]) for r in attn})
+        attn_cycles = sum(r["cycles"] for r in attn) // steps
+        moe_cycles = sum(r["cycles"] for r in moe) // steps
+        cycles = attn_cycles + moe_cycles
+        macs = sum(r["macs"] for r in attn + moe) // steps
+        phases: dict[str, int] = {}
+        for r in attn + moe:
+            for counters in r["tiles"].values():
+                for key, value in counters.items():
+                    phases[key] = phases.get(key, 0) + value
+        name = "cycles" if phase == "prefill" else "cycles_per_token"
+        out[f"chip__{phase}__{name}"] = cycles
+        out[f"chip__{phase}__attention_cycles"] = attn_cycles
+        if moe:
+            out[f"chip__{phase}__moe_cycles"] = moe_cycles
+        out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
+        out[f"chip__{phase}__phases"] = phases
+    out["chip__network__flits"] = sum(r["flits"] for r in rounds)
+    out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
+                                         if not r["phase"].endswith("moe"))
+    out["chip__network__moe_words"] = sum(r["network_words"] for r in rounds
+                                          if r["phase"].endswith("moe"))
+    wall = sum(r["wall_s"] for r in rounds)
+    out["chip__sim__cycles_per_s"] = round(sum(r["cycles"] for r in rounds) / wall
+                                           if wall else 0.0)
+    return out
+
+
 def gemm(args: argparse.Namespace) -> int:
     """One GEMM on the tensor core alone."""
     from tb.gemm_run import simulate_gemm
@@ -200,6 +407,22 @@ def gemm(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def _add_run_options(parser: argparse.ArgumentParser, *, workload_default: str = "gpt-oss"
+                     ) -> None:
+    """Options every simulating command shares: workload, array size, simulator, waves,
+    JSON output."""
+    parser.add_argument("--workload", type=_workload, default=workload_default,
+                        help="miniature workload (tiny, gpt-oss, deepseek-r1, kimi-k2; "
+                             f"default {workload_default})")
+    parser.add_argument("--array", type=_array_size, default=8, metavar="N",
+                        help="tensor core and vector unit size N (default 8)")
+    parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
+                        help="simulator (default verilator)")
+    parser.add_argument("--waves", action="store_true",
+                        help="record waves (in the run directory under sim_build/)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="serrano", description="serrano: cycle-accurate RTL model of an inference accelerator"
@@ -207,44 +430,83 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim_parser = commands.add_parser(
-        "sim", help="attention prefill + decode on one tile, checked against golden",
+        "sim", help="a decoder layer for a batch on the chip (prefill + decode), checked "
+                    "against golden: the architect's report",
+        description="Simulate the chip (a KxK mesh of tiles, cocotb + Verilator by "
+                    "default) running a decoder layer of a workload for a batch of "
+                    "sequences: attention (a prefill of each prompt, then decode steps, each "
+                    "sequence at its own context; (sequence, KV head) jobs placed on tiles, "
+                    "KV pages placed by --placement) followed by the MoE layer after each "
+                    "step (experts spread over the tiles, tokens multicast). Every output is "
+                    "compared bit for bit with golden.attention and golden.moe. Prints prefill cycles (time-to-first-"
+                    "token proxy), decode cycles per step (inter-token latency proxy), "
+                    "utilisation, phase shares, network traffic, tokens/s at the measured "
+                    "ECP5 Fmax, simulation speed and area.",
+    )
+    sim_parser.add_argument("--layer", type=_non_negative, default=None,
+                            help="attention layer (default: the workload's last, e.g. "
+                                 "gpt-oss's full-causal layer 1)")
+    sim_parser.add_argument("--mesh", type=_mesh, default=2, metavar="KxK",
+                            help="mesh of tiles (default 2x2; 1x1 is one tile)")
+    sim_parser.add_argument("--placement", choices=("local", "striped"), default="local",
+                            help="KV pages on the tile computing their head (local, default)"
+                                 " or spread over the tiles and fetched over the network "
+                                 "(striped)")
+    sim_parser.add_argument("--batch", type=_positive, default=2,
+                            help="sequences decoded together, each with its own context "
+                                 "(default 2)")
+    sim_parser.add_argument("--prefill", type=_non_negative, default=32,
+                            help="prompt tokens prefilled per sequence (default 32; 0: none)")
+    sim_parser.add_argument("--context", type=_non_negative, default=256,
+                            help="tokens of the longest sequence before its first decode "
+                                 "step; the others have a little less (default 256)")
+    sim_parser.add_argument("--steps", type=_non_negative, default=2,
+                            help="decode steps, each appending one token per sequence "
+                                 "(default 2)")
+    sim_parser.add_argument("--max-context", type=_positive, default=None,
+                            help="size the tiles' KV caches for this many tokens per "
+                                 "sequence (default 2048; one build per size)")
+    for name, what in SHAPE_OPTIONS:
+        sim_parser.add_argument(f"--{name.replace('_', '-')}", type=_positive, default=None,
+                                help=f"custom shape: {what} (default: the workload's)")
+    sim_parser.add_argument("--no-moe", dest="moe", action="store_false",
+                            help="attention alone (the MoE layer is run after every phase "
+                                 "step by default)")
+    sim_parser.add_argument("--seed", type=int, default=1,
+                            help="seed of the workload tensors (sequence s uses seed + s)")
+    _add_run_options(sim_parser)
+    sim_parser.set_defaults(handler=sim)
+
+    tile_parser = commands.add_parser(
+        "tile", help="attention prefill + decode on one tile, checked against golden",
         description="Simulate attention on one tile (cocotb + Verilator by default): a "
                     "prefill of a prompt, then decode steps that append each token's K/V "
                     "to the paged KV cache; every output is compared bit for bit with "
                     "golden.attention; prints cycles, utilisation, the decode bandwidth "
                     "bound, the cycle breakdown by phase, simulation speed and area.",
     )
-    sim_parser.add_argument("--workload", type=_workload, default="gpt-oss",
-                            help="miniature workload (tiny, gpt-oss, deepseek-r1, kimi-k2; "
-                                 "default gpt-oss)")
-    sim_parser.add_argument("--layer", type=_non_negative, default=1,
+    tile_parser.add_argument("--layer", type=_non_negative, default=1,
                             help="attention layer of the workload (default 1: gpt-oss's "
                                  "full-causal layer; 0 is its sliding-window layer)")
-    sim_parser.add_argument("--array", type=_array_size, default=8, metavar="N",
-                            help="tensor core and vector unit size N (default 8)")
-    sim_parser.add_argument("--prefill", type=_non_negative, default=32,
+    tile_parser.add_argument("--prefill", type=_non_negative, default=32,
                             help="prompt tokens to prefill (default 32; 0: no prefill)")
-    sim_parser.add_argument("--context", type=_non_negative, default=256,
+    tile_parser.add_argument("--context", type=_non_negative, default=256,
                             help="tokens in the KV cache before the first decode step; "
                                  "those beyond the prompt are appended directly (default 256)")
-    sim_parser.add_argument("--steps", type=_non_negative, default=4,
+    tile_parser.add_argument("--steps", type=_non_negative, default=4,
                             help="decode steps, each appending one token (default 4)")
-    sim_parser.add_argument("--max-context", type=_positive, default=None,
+    tile_parser.add_argument("--max-context", type=_positive, default=None,
                             help="size the tile's KV cache for this many tokens (default: "
                                  "tb.tile_run.tile_config's, 1056 tokens with 16-token pages, "
                                  "or what the run needs if more; one build per size)")
-    sim_parser.add_argument("--seed", type=int, default=1,
+    tile_parser.add_argument("--seed", type=int, default=1,
                             help="seed of the workload tensors and the stall generators")
-    sim_parser.add_argument("--idle", type=_probability, default=0.0,
+    tile_parser.add_argument("--idle", type=_probability, default=0.0,
                             help="probability that a host stream withholds a beat each cycle")
-    sim_parser.add_argument("--stall", type=_probability, default=0.0,
+    tile_parser.add_argument("--stall", type=_probability, default=0.0,
                             help="probability that a host response stream is not ready")
-    sim_parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
-                            help="simulator (default verilator)")
-    sim_parser.add_argument("--waves", action="store_true",
-                            help="record waves (in the run directory under sim_build/)")
-    sim_parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    sim_parser.set_defaults(handler=sim)
+    _add_run_options(tile_parser)
+    tile_parser.set_defaults(handler=tile)
 
     gemm_parser = commands.add_parser(
         "gemm", help="simulate one GEMM on the tensor core alone and report",

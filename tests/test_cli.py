@@ -12,9 +12,60 @@ from tb.gemm_run import simulate_gemm
 from tb.harness import StreamHarness
 
 
-def test_sim_runs_attention_on_a_tile_and_writes_json(tmp_path, capsys):
+def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert main(["sim", "--workload", "tiny", "--layer", "0", "--prefill", "6", "--context",
+    assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5", "--context",
+                 "8", "--steps", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2x2 chip of N=8 tiles" in text and "round 4/4 decode-moe" in text
+    assert "bit-exact with golden.attention and golden.moe" in text
+    assert "time-to-first-token proxy" in text and "inter-token latency proxy" in text
+    assert "dense-masked" in text and "flits injected" in text
+    figures = json.loads(out.read_text())
+    assert figures["passed"] is True
+    metrics = figures["metrics"]
+    assert metrics["chip__prefill__cycles"] == (metrics["chip__prefill__attention_cycles"]
+                                                + metrics["chip__prefill__moe_cycles"])
+    assert 0 < metrics["chip__decode__utilisation"] < 1
+    assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--mesh", "2x3"], "KxK (square)"),
+        (["--mesh", "9x9"], "1..8"),
+        (["--placement", "scattered"], "invalid choice"),
+        (["--batch", "0"], "positive"),
+        (["--heads", "-2"], "positive"),
+    ],
+)
+def test_chip_sim_refuses_bad_options(option, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim", *option])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--workload", "kimi-k2"], "does not fit the tiles of a 2x2 chip"),
+        (["--workload", "tiny", "--context", "200"], "does not fit the KV cache"),
+        (["--workload", "tiny", "--batch", "40", "--context", "8"],
+         "use a larger mesh or a smaller batch"),
+        (["--workload", "tiny", "--heads", "5"], "not a multiple of 2"),
+        (["--workload", "tiny", "--layer", "2"], "layers 0..1"),
+    ],
+)
+def test_chip_sim_refuses_what_does_not_fit_before_simulating(option, message, capsys):
+    assert main(["sim", "--prefill", "4", *option]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tile_runs_attention_on_a_tile_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["tile", "--workload", "tiny", "--layer", "0", "--prefill", "6", "--context",
                  "9", "--steps", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "PASS: all" in text and "bit-exact with golden.attention" in text
@@ -34,15 +85,15 @@ def test_sim_runs_attention_on_a_tile_and_writes_json(tmp_path, capsys):
         (["--stall", "2"], "probability"),
     ],
 )
-def test_sim_refuses_bad_options(option, message, capsys):
+def test_tile_refuses_bad_options(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["sim", *option])
+        main(["tile", *option])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
-def test_sim_refuses_a_layer_the_workload_lacks(capsys):
-    assert main(["sim", "--workload", "tiny", "--layer", "2"]) == 2
+def test_tile_refuses_a_layer_the_workload_lacks(capsys):
+    assert main(["tile", "--workload", "tiny", "--layer", "2"]) == 2
     assert "layers 0..1" in capsys.readouterr().err
 
 
