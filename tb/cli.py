@@ -438,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
                     "sequence at its own context; (sequence, KV head) jobs placed on tiles, "
                     "KV pages placed by --placement) followed by the MoE layer after each "
                     "step (experts spread over the tiles, tokens multicast). Every output is "
-                    "compared bit for bit with golden.attention and golden.moe. Prints prefill cycles (time-to-first-"
-                    "token proxy), decode cycles per step (inter-token latency proxy), "
-                    "utilisation, phase shares, network traffic, tokens/s at the measured "
+                    "compared bit for bit with golden.attention and golden.moe. Prints "
+                    "prefill cycles (time-to-first-token proxy), decode cycles per token "
+                    "(inter-token latency proxy), utilisation, phase shares, network traffic, tokens/s at the measured "
                     "ECP5 Fmax, simulation speed and area.",
     )
     sim_parser.add_argument("--layer", type=_non_negative, default=None,
