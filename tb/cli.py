@@ -440,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                     "step (experts spread over the tiles, tokens multicast). Every output is "
                     "compared bit for bit with golden.attention and golden.moe. Prints "
                     "prefill cycles (time-to-first-token proxy), decode cycles per token "
-                    "(inter-token latency proxy), utilisation, phase shares, network traffic, tokens/s at the measured "
-                    "ECP5 Fmax, simulation speed and area.",
+                    "(inter-token latency proxy), utilisation, phase shares, network "
+                    "traffic, tokens/s at the measured ECP5 Fmax, simulation speed and area.",
     )
     sim_parser.add_argument("--layer", type=_non_negative, default=None,
                             help="attention layer (default: the workload's last, e.g. "
