@@ -6,6 +6,7 @@ from __future__ import annotations
 #: pytest-xdist hands them to different workers at once and the rest of the suite fills
 #: in around them (`make test` runs on 2 workers).
 FIRST = (
+    "tests/test_chip.py::test_decoder_layer",
     "tests/test_tile.py::test_gpt_oss",
     "tests/test_tile.py::test_tiny",
     "tests/test_noc_traffic.py::test_every_pattern",
