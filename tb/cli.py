@@ -209,7 +209,7 @@ def sim(args: argparse.Namespace) -> int:
     import threading
 
     from golden.workloads import get_workload
-    from tb.chip_run import chip_config, simulate_layer
+    from tb.chip_run import chip_config, chip_figures, simulate_layer
 
     overrides = {name: getattr(args, name) for name, _ in SHAPE_OPTIONS
                  if getattr(args, name) is not None}
@@ -324,48 +324,6 @@ def sim(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0 if passed else 1
-
-
-def chip_figures(result: dict, k: int, n: int) -> dict:
-    """The report's figures from a chip run, per phase (prefill; decode per step, i.e.
-    per generated token of every sequence): cycles of the attention rounds, of the MoE
-    rounds and of the layer (their sum: rounds run one after another); utilisation =
-    the MACs the programs execute / (tiles x N² x cycles); phase shares summed over the
-    tiles; network flits; simulation speed (cycles over the rounds' wall time)."""
-    tiles = k * k
-    rounds = result["rounds"]
-    out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
-    for phase in ("prefill", "decode"):
-        attn = [r for r in rounds if r["phase"] == phase]
-        moe = [r for r in rounds if r["phase"] == f"{phase}-moe"]
-        if not attn:
-            continue
-        steps = len({tuple(r["contexts"]) for r in attn})
-        attn_cycles = sum(r["cycles"] for r in attn) // steps
-        moe_cycles = sum(r["cycles"] for r in moe) // steps
-        cycles = attn_cycles + moe_cycles
-        macs = sum(r["macs"] for r in attn + moe) // steps
-        phases: dict[str, int] = {}
-        for r in attn + moe:
-            for counters in r["tiles"].values():
-                for key, value in counters.items():
-                    phases[key] = phases.get(key, 0) + value
-        name = "cycles" if phase == "prefill" else "cycles_per_token"
-        out[f"chip__{phase}__{name}"] = cycles
-        out[f"chip__{phase}__attention_cycles"] = attn_cycles
-        if moe:
-            out[f"chip__{phase}__moe_cycles"] = moe_cycles
-        out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
-        out[f"chip__{phase}__phases"] = phases
-    out["chip__network__flits"] = sum(r["flits"] for r in rounds)
-    out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
-                                         if not r["phase"].endswith("moe"))
-    out["chip__network__moe_words"] = sum(r["network_words"] for r in rounds
-                                          if r["phase"].endswith("moe"))
-    wall = sum(r["wall_s"] for r in rounds)
-    out["chip__sim__cycles_per_s"] = round(sum(r["cycles"] for r in rounds) / wall
-                                           if wall else 0.0)
-    return out
 
 
 def gemm(args: argparse.Namespace) -> int:

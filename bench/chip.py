@@ -1,0 +1,37 @@
+"""Chip benchmarks: the default chip (2 x 2, N = 8) on the gpt-oss-shaped miniature.
+
+A decoder layer for a batch of 2 under ``local`` placement (prefill of 32 tokens, one
+decode step from contexts 256/224; attention then MoE), and the same decode step's
+attention under ``striped`` placement: the local/striped decode speedup is the ratio of
+their attention cycles at the same contexts (the MoE layer does not depend on where KV
+pages live). Simulation speed: chip cycles over the rounds' wall time (Verilator,
+cocotb polling every 64 cycles; build and host transfers excluded).
+"""
+
+from __future__ import annotations
+
+from tb.chip_run import chip_config, chip_figures, simulate_layer
+
+WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "chip__sim__cycles_per_s": (">=", 50_000),
+}
+
+
+def run(quick: bool) -> dict:
+    config = chip_config(WORKLOAD, k=K, n=N)
+    context = 64 if quick else 256
+    local = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
+                           steps=1, placement="local")
+    striped = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=0, context=context,
+                             steps=1, placement="striped", moe=False)
+    lf, sf = chip_figures(local, K, N), chip_figures(striped, K, N)
+    out = {f"chip__{WORKLOAD}__{key.split('__', 1)[1]}": value for key, value in lf.items()
+           if key.startswith(("chip__prefill__", "chip__decode__"))
+           and not key.endswith("__phases")}
+    out["chip__sim__cycles_per_s"] = lf["chip__sim__cycles_per_s"]
+    out["chip__kv_local_over_striped__decode_speedup"] = round(
+        sf["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3)
+    out["chip__striped__decode_kv_words"] = sf["chip__network__kv_words"]
+    return out
