@@ -61,12 +61,7 @@ class ChipDriver(TileDriver):
             beats["host_req"] += [{"tile": tile, "addr": a, "write": 1, "data": w}
                                   for a, w in sorted(writes.items())]
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
-        budget = 64 + 8 * sum(len(b) for b in beats.values())
-        out = await self._transfer(beats, budget)
-        for name in ("host_resp", "kv_resp"):
-            bad = self._errors(out[name])
-            assert not bad, f"{name} reported errors: {bad[:8]}"
-        return out
+        return await self._transfer_clean(beats)
 
     async def host(self, beats: list[dict]) -> list:
         """Raw host requests (each names its ``tile``); returns their responses."""

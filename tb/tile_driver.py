@@ -123,8 +123,11 @@ class TileDriver:
                 for a, w in sorted(spad_writes.items())]
         beats = {"program": [{"address": i, "word": w} for i, w in enumerate(program)],
                  "host_req": host, "kv_req": kv_requests}
-        budget = 64 + 8 * sum(len(b) for b in beats.values())
-        out = await self._transfer(beats, budget)
+        return await self._transfer_clean(beats)
+
+    async def _transfer_clean(self, beats: dict[str, list[dict]]) -> dict:
+        """:meth:`_transfer` with a budget from the beat count; every response clean."""
+        out = await self._transfer(beats, 64 + 8 * sum(len(b) for b in beats.values()))
         for name in ("host_resp", "kv_resp"):
             bad = self._errors(out[name])
             assert not bad, f"{name} reported errors: {bad[:8]}"
