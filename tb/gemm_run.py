@@ -56,3 +56,16 @@ def simulate_gemm(n: int, m: int, k: int, p: int, *, seed: int = 1, kind: str = 
     tag = f"{kind}-m{m}-k{k}-p{p}-i{idle}-s{stall}"
     return run(handle, MODULE, testcase="gemm_matches_golden", seed=seed, params=params,
                tag=tag)
+
+
+def simulate_gemm_cases(n: int, cases: list[dict], *, simulator: str | None = None) -> dict:
+    """Several GEMMs in one simulation (one simulator start instead of one per GEMM):
+    ``cases`` of m, k, p, kind, idle, stall, seed and a name for the messages; the
+    harness is as deep as the largest needs. Raises SimulationFailed naming the case."""
+    sizes = [tile_grid(c["m"], c["p"], n) for c in cases]
+    beats = max(r * q * c["k"] for (r, q), c in zip(sizes, cases, strict=True))
+    rows = max(r * q * n for r, q in sizes)
+    handle = tensor_core_build(n, memory_depth(beats), memory_depth(rows, MIN_RESULT_DEPTH),
+                               simulator, None)
+    return run(handle, MODULE, testcase="gemm_cases", params={"n": n, "cases": cases},
+               tag=f"cases-{len(cases)}")

@@ -161,3 +161,31 @@ async def two_runs_in_one_simulation(dut):
         assert stats.finished, f"run with {beats} beats timed out"
         await tb.harness.settle(4 * n)
         tb.check(a, b, rows)
+
+
+@cocotb.test()
+async def gemm_cases(dut):
+    """Several GEMMs in one simulation (``cases``: m, k, p, kind, idle, stall, seed, name),
+    each after a reset, with its idle/backpressure; every one bit-exact, no error flag."""
+    p = parameters()
+    n = p["n"]
+    tb = TensorCoreTB(dut, n)
+    for case in p["cases"]:
+        what = f"case {case['name']} seed {case['seed']}"
+        a, b = make_operands(np.random.default_rng(case["seed"]), case["m"], case["k"],
+                             case["p"], case["kind"])
+        tb.set_idle_generator(case["idle"])
+        tb.set_backpressure_generator(case["stall"])
+        await tb.harness.reset()
+        beats, rows = tb.load(a, b)
+        stats = await tb.harness.run(
+            seed=case["seed"], timeout_cycles=_timeout(beats, rows, case["idle"],
+                                                       case["stall"], n))
+        assert stats.finished, f"{what}: timed out after {stats.cycles} cycles"
+        await tb.harness.settle(4 * n)
+        try:
+            tb.check(a, b, rows)
+        except AssertionError as error:
+            raise AssertionError(f"{what}: {error}") from None
+        assert int(dut.error.value) == 0, f"{what}: error flag set on a well-formed stream"
+    report(passed=True, cases=len(p["cases"]))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tb.gemm_run import MODULE, simulate_gemm, tensor_core_build
+from tb.gemm_run import MODULE, simulate_gemm, simulate_gemm_cases, tensor_core_build
 from tb.runner import run
 
 SIZES = [2, 4, 8, 16]
@@ -24,11 +24,12 @@ CASES = [
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_gemm(n, case):
-    name, m, k, p, kind, idle, stall = case
-    for seed in (1, 2):
-        simulate_gemm(n, m, k, p, seed=seed, kind=kind, idle=idle, stall=stall)
+def test_gemm(n):
+    """Every case with two seeds, in one simulation per size (a reset between GEMMs)."""
+    cases = [{"name": name, "m": m, "k": k, "p": p, "kind": kind, "idle": idle,
+              "stall": stall, "seed": seed}
+             for name, m, k, p, kind, idle, stall in CASES for seed in (1, 2)]
+    assert simulate_gemm_cases(n, cases)["cases"] == len(cases)
 
 
 @pytest.mark.parametrize("n", SIZES)
