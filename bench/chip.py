@@ -4,12 +4,15 @@ A decoder layer for a batch of 2 under ``local`` placement (prefill of 32 tokens
 decode step from contexts 256/224; attention then MoE), and the same decode step's
 attention under ``striped`` placement: the local/striped decode speedup is the ratio of
 their attention cycles at the same contexts (the MoE layer does not depend on where KV
-pages live). Simulation speed: chip cycles over the rounds' wall time (Verilator,
+pages live). The agent loop: 3 turns after a 32-token prompt (tool results of 8 tokens,
+answers of 2), the KV cache kept (hit) or evicted and prefilled again (miss), end-to-end
+cycles of the decoder layer. Simulation speed: chip cycles over the rounds' wall time (Verilator,
 cocotb polling every 64 cycles; build and host transfers excluded).
 """
 
 from __future__ import annotations
 
+from compiler.chip import agent_schedule
 from tb.chip_run import chip_config, chip_figures, simulate_layer
 
 WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
@@ -34,4 +37,13 @@ def run(quick: bool) -> dict:
     out["chip__kv_local_over_striped__decode_speedup"] = round(
         sf["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3)
     out["chip__striped__decode_kv_words"] = sf["chip__network__kv_words"]
+
+    # The agent loop: 3 turns (prompt 32, tool results 8, answers 2), attention + MoE.
+    cycles = {}
+    for cache in ("hit", "miss"):
+        schedule = agent_schedule(3, 32, 8, 2, cache)
+        result = simulate_layer(config, WORKLOAD, LAYER, schedule=schedule)
+        cycles[cache] = sum(r["cycles"] for r in result["rounds"])
+        out[f"chip__agent_loop__{cache}_cycles"] = cycles[cache]
+    out["chip__agent_loop__hit_over_miss__speedup"] = round(cycles["miss"] / cycles["hit"], 3)
     return out

@@ -36,8 +36,9 @@ from golden.workloads import WorkloadConfig, generate, get_workload
 from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
 
-__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "attention_rounds",
-           "contexts", "layer_rounds", "moe_round", "moe_words"]
+__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "Step",
+           "agent_schedule", "attention_rounds", "contexts", "layer_rounds", "moe_round",
+           "moe_words"]
 
 PLACEMENTS = ("local", "striped")
 #: Tokens per MoE round (more tokens take several rounds).
@@ -115,6 +116,13 @@ class _Tiles:
         part = 2 * slot + 1 if foreign else (2 * slot if self.placement == "striped" else slot)
         lo = part * self.per_part
         return PageAllocator(self.chip.tile, pages=range(lo, lo + self.per_part))
+
+    def evict(self, tile: int, first_row: int) -> list[dict]:
+        """RESETs of a job's two block-table rows: the cache forgets its tokens."""
+        for row in (first_row, first_row + 1):
+            self.mapped = {key: p for key, p in self.mapped.items() if key[:2] != (tile, row)}
+        self.appended.pop((tile, first_row), None)
+        return [{"op": KvOp.RESET, "seq": row} for row in (first_row, first_row + 1)]
 
     def kv_requests(self, tile: int, program: TileProgram, k, v) -> list[dict]:
         """MAPs of new block-table entries and APPENDs of new tokens (local placement)."""
@@ -203,18 +211,26 @@ def _striped_programs(chip: ChipConfig, loads: dict[int, TileLoad], sends: dict)
                              f"page sends included) exceed program_depth {cfg.program_depth}")
 
 
+#: One step of a schedule: the phase ("prefill" or "decode"), each sequence's context
+#: length after it, and whether the KV cache is evicted first (recomputed by a prefill).
+Step = tuple[str, tuple[int, ...], bool]
+
+
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                      batch: int = 1,
                      prefill: int = 0, context: int = 0, steps: int = 1,
-                     placement: str = "local", seed: int = 1) -> list[ChipRound]:
+                     placement: str = "local", seed: int = 1,
+                     schedule: list[Step] | None = None) -> list[ChipRound]:
     """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
-    then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens.
-    Raises ValueError for a placement, shape or capacity the chip cannot take."""
+    then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
+    or the steps of ``schedule`` (see :func:`agent_schedule`). Raises ValueError for a
+    placement, shape or capacity the chip cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, not {batch}")
-    if prefill < 0 or context < 0 or steps < 0 or (prefill == 0 and steps == 0):
+    if schedule is None and (prefill < 0 or context < 0 or steps < 0
+                             or (prefill == 0 and steps == 0)):
         raise ValueError("nothing to simulate: give prefill tokens or decode steps")
     wcfg = get_workload(workload) if isinstance(workload, str) else workload
     if not 0 <= layer < len(wcfg.windows):
@@ -226,16 +242,25 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
     jobs_total = batch * kvh
     slots = -(-jobs_total // T)
     tiles = _Tiles(chip, slots, placement)
-    starts = contexts(batch, context, prefill)
+    if schedule is None:
+        starts = contexts(batch, context, prefill)
+        schedule = [("prefill", (prefill,) * batch, False)] if prefill else []
+        schedule += [("decode", tuple(c + step + 1 for c in starts), False)
+                     for step in range(steps)]
+    if any(len(lengths) != batch for _, lengths, _ in schedule):
+        raise ValueError(f"every schedule step needs {batch} context lengths")
+    if any(phase == "prefill" and len(set(lengths)) != 1 for phase, lengths, _ in schedule):
+        raise ValueError("a prefill step prefills every sequence to the same length")
     data = []
     for s in range(batch):
-        wl = generate(wcfg, seed=seed + s, prefill_tokens=max(starts[s] + steps, 1))
+        longest = max(lengths[s] for _, lengths, _ in schedule)
+        wl = generate(wcfg, seed=seed + s, prefill_tokens=max(longest, 1))
         t = wl.tensors
         p = f"attn{layer}."
         data.append((wl, t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"]))
     window = wcfg.windows[layer]
 
-    def run_round(phase: str, lengths: tuple[int, ...], slot: int) -> ChipRound:
+    def run_round(phase: str, lengths: tuple[int, ...], slot: int, evict: bool) -> ChipRound:
         loads: dict[int, TileLoad] = {}
         jobs, sends, foreign, network = [], {}, {}, 0
         for j in range(slot * T, min((slot + 1) * T, jobs_total)):
@@ -271,6 +296,8 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             load.instructions = list(program.instructions)
             load.spad_writes.update(program.spad_writes)
             if placement == "local":
+                if evict:
+                    load.kv_requests += tiles.evict(tile, program.kv.first_row)
                 load.kv_requests += tiles.kv_requests(tile, program, kk, vv)
             else:
                 network += _stripe(chip, tiles, job, slot, loads, sends, foreign)
@@ -284,15 +311,32 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             rnd.summaries.append(summary.as_dict())
         return rnd
 
-    rounds = []
-    if prefill:
-        for slot in range(slots):
-            rounds.append(run_round("prefill", (prefill,) * batch, slot))
-    for step in range(steps):
-        lengths = tuple(c + step + 1 for c in starts)
-        for slot in range(slots):
-            rounds.append(run_round("decode", lengths, slot))
-    return rounds
+    return [run_round(phase, lengths, slot, evict) for phase, lengths, evict in schedule
+            for slot in range(slots)]
+
+
+def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) -> list[Step]:
+    """An agent loop of one sequence: prefill the ``prompt`` and decode an ``answer``;
+    then ``turns - 1`` times append a ``tool`` result to the context and answer again.
+    ``cache`` "hit": the KV cache is kept, the tool result's tokens are appended one
+    decode step each (there is no chunked prefill over a cached context yet); "miss":
+    the cache is evicted and the whole context is prefilled again."""
+    if cache not in ("hit", "miss"):
+        raise ValueError(f"cache must be 'hit' or 'miss', not {cache!r}")
+    if turns < 1 or prompt < 1 or tool < 1 or answer < 1:
+        raise ValueError("an agent loop needs turns, prompt, tool and answer tokens >= 1")
+    schedule: list[Step] = [("prefill", (prompt,), False)]
+    length = prompt
+    for turn in range(turns):
+        if turn:
+            if cache == "hit":
+                schedule += [("decode", (length + i + 1,), False) for i in range(tool)]
+            else:
+                schedule.append(("prefill", (length + tool,), True))
+            length += tool
+        schedule += [("decode", (length + i + 1,), False) for i in range(answer)]
+        length += answer
+    return schedule
 
 
 @functools.cache
@@ -345,15 +389,17 @@ def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
 
 def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                  batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
-                 placement: str = "local", seed: int = 1, moe: bool = True
-                 ) -> list[ChipRound]:
+                 placement: str = "local", seed: int = 1, moe: bool = True,
+                 schedule: list[Step] | None = None) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
     each step followed (``moe``) by the MoE layer on as many tokens as the step produced
-    (``batch x prefill`` for the prefill, in rounds of :data:`MOE_TOKENS`; ``batch`` per
-    decode step). The miniature has no output projection, so the MoE layer takes the
-    workload's MoE tokens rather than the attention output."""
+    (``batch x`` the prefilled length, in rounds of :data:`MOE_TOKENS`; ``batch`` per
+    decode step). ``schedule``: as for :func:`attention_rounds`. The miniature has no
+    output projection, so the MoE layer takes the workload's MoE tokens rather than the
+    attention output."""
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
-                              context=context, steps=steps, placement=placement, seed=seed)
+                              context=context, steps=steps, placement=placement, seed=seed,
+                              schedule=schedule)
     if not moe:
         return rounds
     out: list[ChipRound] = []
@@ -363,7 +409,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         if following is not None and (following.phase, following.contexts) == \
                 (rnd.phase, rnd.contexts):
             continue  # the step has more attention rounds
-        produced = batch * (prefill if rnd.phase == "prefill" else 1)
+        produced = batch * (rnd.contexts[0] if rnd.phase == "prefill" else 1)
         for offset in range(0, produced, MOE_TOKENS):
             out.append(moe_round(chip, workload, rnd.phase, rnd.contexts,
                                  min(MOE_TOKENS, produced - offset), seed, offset))

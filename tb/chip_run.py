@@ -69,11 +69,12 @@ def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int 
 def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    prefill: int = 0, context: int = 0, steps: int = 1,
                    placement: str = "local", seed: int = 1, moe: bool = True,
-                   simulator: str | None = None, waves: bool | None = None,
-                   progress: Path | None = None) -> dict:
+                   schedule: list | None = None, simulator: str | None = None,
+                   waves: bool | None = None, progress: Path | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and, with ``moe``, the MoE layer), every output checked against golden; returns the
-    rounds' cycles, counters and traffic.
+    rounds' cycles, counters and traffic. ``schedule``: the steps of
+    ``compiler.chip.attention_rounds`` (e.g. an agent loop) instead of prefill/steps.
     ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
     file the simulation appends a line to after every round."""
     from golden.workloads import WorkloadConfig
@@ -81,11 +82,13 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
-              "moe": moe, "progress": str(progress) if progress else None}
+              "moe": moe, "schedule": schedule, "progress": str(progress) if progress else None}
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
            f"{'' if moe else '-nomoe'}")
+    if schedule:
+        tag += "-schedule-" + hashlib.sha1(json.dumps(schedule).encode()).hexdigest()[:8]
     return simulate_chip(config, "chip_layer", params, seed=seed, tag=tag,
                          simulator=simulator, waves=waves)
 

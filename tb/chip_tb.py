@@ -80,7 +80,9 @@ async def chip_layer(dut):
     progress = open(p["progress"], "a") if p.get("progress") else None  # noqa: SIM115
     rounds = layer_rounds(config, workload, p["layer"], batch=p["batch"],
                           prefill=p["prefill"], context=p["context"], steps=p["steps"],
-                          placement=p["placement"], seed=p["seed"], moe=p["moe"])
+                          placement=p["placement"], seed=p["seed"], moe=p["moe"],
+                          schedule=[(phase, tuple(lengths), evict)
+                                    for phase, lengths, evict in p["schedule"] or []] or None)
     out = []
     for index, rnd in enumerate(rounds):
         loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)

@@ -2,6 +2,7 @@
 
     serrano sim [options]    a decoder layer (attention + MoE) for a batch on the chip,
                              prefill and decode, checked against golden: the report
+    serrano agent [options]  an agent loop on the chip: KV cache kept vs recomputed
     serrano tile [options]   attention prefill + decode on one tile (every head on it)
     serrano gemm [options]   one GEMM on the tensor core alone
 
@@ -326,6 +327,63 @@ def sim(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def agent(args: argparse.Namespace) -> int:
+    """The agent loop with the KV cache kept (hit) and evicted (miss): end-to-end cycles."""
+    from compiler.chip import agent_schedule, layer_rounds
+    from golden.workloads import get_workload
+    from tb.chip_run import chip_config, simulate_layer
+
+    try:
+        cfg = get_workload(args.workload)
+        layer = len(cfg.windows) - 1 if args.layer is None else args.layer
+        if not 0 <= layer < len(cfg.windows):
+            raise ValueError(f"workload {args.workload} has attention layers "
+                             f"0..{len(cfg.windows) - 1}, not {layer}")
+        config = chip_config(cfg, k=args.mesh, n=args.array, moe=args.moe)
+        schedules = {cache: agent_schedule(args.turns, args.prompt, args.tool, args.answer,
+                                           cache) for cache in ("hit", "miss")}
+        for schedule in schedules.values():  # compile once: what does not fit fails here
+            layer_rounds(config, cfg, layer, moe=args.moe, schedule=schedule, seed=args.seed)
+    except ValueError as error:
+        print(f"serrano agent: {error}", file=sys.stderr)
+        return 2
+    k = args.mesh
+    print(f"serrano agent: {k}x{k} chip of N={args.array} tiles, {cfg.name} layer {layer}"
+          f"{' + MoE' if args.moe else ''}: {args.turns} turns of (tool result {args.tool} "
+          f"tokens -> answer {args.answer} tokens) after a {args.prompt}-token prompt; the KV "
+          f"cache kept (hit) or evicted and recomputed (miss); seed {args.seed}", flush=True)
+    totals, results = {}, {}
+    for cache, schedule in schedules.items():
+        try:
+            result = simulate_layer(config, cfg, layer, moe=args.moe, schedule=schedule,
+                                    seed=args.seed, simulator=args.sim, waves=args.waves)
+        except (SimulationFailed, ValueError) as failure:
+            print(f"\nresult       FAIL ({cache})\n{failure}")
+            return 1
+        rounds = result["rounds"]
+        attention = sum(r["cycles"] for r in rounds if not r["phase"].endswith("moe"))
+        moe = sum(r["cycles"] for r in rounds if r["phase"].endswith("moe"))
+        totals[cache] = attention + moe
+        results[cache] = {"rounds": rounds, "cycles": attention + moe,
+                          "attention_cycles": attention, "moe_cycles": moe}
+        print(f"  {cache}: {len(rounds)} rounds, every output bit-exact", flush=True)
+    speedup = totals["miss"] / totals["hit"]
+    print()
+    for cache, text in (("hit", "cache kept: tool tokens appended one decode step each"),
+                        ("miss", "cache evicted: the context prefilled again every turn")):
+        r = results[cache]
+        print(f"{cache:<12} {r['cycles']:,} cycles end to end (attention "
+              f"{r['attention_cycles']:,} + MoE {r['moe_cycles']:,}); {text}")
+    print(f"{'hit/miss':<12} {speedup:.2f}x faster with the cache kept")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"passed": True, **results,
+                                         "chip__agent_loop__hit_over_miss__speedup":
+                                         round(speedup, 3)}, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def gemm(args: argparse.Namespace) -> int:
     """One GEMM on the tensor core alone."""
     from tb.gemm_run import simulate_gemm
@@ -434,6 +492,35 @@ def main(argv: list[str] | None = None) -> int:
                             help="seed of the workload tensors (sequence s uses seed + s)")
     _add_run_options(sim_parser)
     sim_parser.set_defaults(handler=sim)
+
+    agent_parser = commands.add_parser(
+        "agent", help="an agent loop on the chip, KV cache kept (hit) vs recomputed (miss)",
+        description="Simulate one sequence's agent loop on the chip twice: a prompt is "
+                    "prefilled and answered, then each turn appends a tool result to the "
+                    "context and decodes an answer. With the KV cache kept (hit) the tool "
+                    "result's tokens are appended as decode steps (no chunked prefill over "
+                    "a cached context yet); with it evicted (miss) the whole context is "
+                    "prefilled again. Every output is checked against golden; prints the "
+                    "end-to-end cycles of both and their ratio.",
+    )
+    agent_parser.add_argument("--layer", type=_non_negative, default=None,
+                              help="attention layer (default: the workload's last)")
+    agent_parser.add_argument("--mesh", type=_mesh, default=2, metavar="KxK",
+                              help="mesh of tiles (default 2x2)")
+    agent_parser.add_argument("--turns", type=_positive, default=3,
+                              help="turns, the first answering the prompt (default 3)")
+    agent_parser.add_argument("--prompt", type=_positive, default=32,
+                              help="prompt tokens (default 32)")
+    agent_parser.add_argument("--tool", type=_positive, default=8,
+                              help="tokens of each tool result (default 8)")
+    agent_parser.add_argument("--answer", type=_positive, default=2,
+                              help="tokens decoded per answer (default 2)")
+    agent_parser.add_argument("--no-moe", dest="moe", action="store_false",
+                              help="attention alone (the MoE layer follows every step by "
+                                   "default)")
+    agent_parser.add_argument("--seed", type=int, default=1, help="seed of the tensors")
+    _add_run_options(agent_parser)
+    agent_parser.set_defaults(handler=agent)
 
     tile_parser = commands.add_parser(
         "tile", help="attention prefill + decode on one tile, checked against golden",

@@ -143,3 +143,20 @@ def test_harness_needs_a_depth_for_every_stream():
         StreamHarness(TensorCore(2), {"a": 8, "b": 8})
     with pytest.raises(ValueError, match="positive integer"):
         StreamHarness(TensorCore(2), {"a": 8, "b": 0, "c": 8})
+
+
+def test_agent_loop_reports_hit_and_miss(tmp_path, capsys):
+    out = tmp_path / "agent.json"
+    assert main(["agent", "--workload", "tiny", "--turns", "2", "--prompt", "5", "--tool",
+                 "3", "--answer", "1", "--no-moe", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "hit: " in text and "miss: " in text and "faster with the cache kept" in text
+    figures = json.loads(out.read_text())
+    assert figures["hit"]["cycles"] > 0 and figures["miss"]["cycles"] > 0
+    assert figures["chip__agent_loop__hit_over_miss__speedup"] == pytest.approx(
+        figures["miss"]["cycles"] / figures["hit"]["cycles"], rel=1e-3)
+
+
+def test_agent_refuses_a_workload_that_does_not_fit(capsys):
+    assert main(["agent", "--workload", "kimi-k2"]) == 2
+    assert "does not fit the tiles of a 2x2 chip" in capsys.readouterr().err

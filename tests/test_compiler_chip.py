@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.chip import PLACEMENTS, attention_rounds, contexts, layer_rounds
+from compiler.chip import PLACEMENTS, agent_schedule, attention_rounds, contexts, layer_rounds
 from compiler.config import ChipConfig
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
 from rtl.isa import Opcode, encode
+from rtl.scratchpad import KvOp
 from tb.chip_run import chip_config
 
 
@@ -102,3 +103,28 @@ def test_moe_that_does_not_fit_is_refused_before_simulation():
     with pytest.raises(ValueError, match="does not fit the tiles of a 2x2 chip"):
         chip_config("kimi-k2", k=2)
     assert chip_config("kimi-k2", k=2, moe=False).tile.spad_words == 1 << 16
+
+
+@pytest.mark.parametrize("cache", ["hit", "miss"])
+def test_agent_loop_keeps_or_recomputes_the_cache_exactly(cache):
+    config = chip_config("tiny", k=2)
+    schedule = agent_schedule(3, prompt=5, tool=3, answer=2, cache=cache)
+    lengths = [lengths[0] for _, lengths, _ in schedule]
+    if cache == "hit":  # every token after the prompt is one decode step
+        assert lengths == [5, *range(6, 18)] and not any(e for *_, e in schedule)
+    else:  # the tool results are prefilled again with the whole context, cache evicted
+        assert lengths == [5, 6, 7, 10, 11, 12, 15, 16, 17]
+        assert [e for *_, e in schedule] == [False, False, False, True, False, False, True,
+                                             False, False]
+    rounds = attention_rounds(config, "tiny", 1, schedule=schedule)
+    resets = [r for rnd in rounds for load in rnd.loads.values() for r in load.kv_requests
+              if r["op"] == KvOp.RESET]
+    assert len(resets) == (0 if cache == "hit" else 2 * 2 * 2)  # 2 evictions x 2 jobs x K/V
+    run_rounds(config, rounds)
+
+
+def test_agent_schedule_refuses_nonsense():
+    with pytest.raises(ValueError, match="'hit' or 'miss'"):
+        agent_schedule(2, 4, 2, 2, "maybe")
+    with pytest.raises(ValueError, match=">= 1"):
+        agent_schedule(0, 4, 2, 2, "hit")
