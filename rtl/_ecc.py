@@ -6,9 +6,6 @@ and the reference model cannot disagree on which bits a check bit covers.
 
 from __future__ import annotations
 
-from functools import reduce
-from operator import xor
-
 from amaranth import C, Cat, Module, Mux, Signal, Value
 
 from golden.ecc import Secded
@@ -16,15 +13,18 @@ from golden.ecc import Secded
 __all__ = ["correct", "encode", "syndrome"]
 
 
-def _xor(bits: list[Value]) -> Value:
-    return reduce(xor, bits, C(0, 1))
+def _parity(value: Value, bits: list[int]) -> Value:
+    """XOR of ``value``'s bits at positions ``bits``: one masked reduction (one Verilog
+    operator, not a chain of single-bit XORs)."""
+    mask = sum(1 << j for j in bits)
+    return (value & C(mask, len(value))).xor()
 
 
 def encode(code: Secded, data: Value) -> Value:
     """The ``code.code_bits``-bit codeword of ``data`` (data, check bits, overall parity)."""
     matrix = code.check_matrix
     checks = [
-        _xor([data[j] for j in range(code.data_bits) if matrix[i, j]])
+        _parity(data, [j for j in range(code.data_bits) if matrix[i, j]])
         for i in range(code.hamming_bits)
     ]
     check_value = Cat(*checks)
@@ -36,10 +36,8 @@ def syndrome(code: Secded, codeword: Value) -> tuple[Value, Value]:
     """(syndrome, overall parity) of a stored codeword; both zero for a clean word."""
     k, r = code.data_bits, code.hamming_bits
     matrix = code.check_matrix
-    bits = [
-        _xor([codeword[j] for j in range(k) if matrix[i, j]] + [codeword[k + i]])
-        for i in range(r)
-    ]
+    bits = [_parity(codeword, [j for j in range(k) if matrix[i, j]] + [k + i])
+            for i in range(r)]
     return Cat(*bits), codeword.xor()
 
 

@@ -309,14 +309,21 @@ class Scratchpad(wiring.Component):
             resp = getattr(self, f"{name}_resp")
             popped = resp.valid & resp.ready
             m.d.sync += credits.eq(credits - accept[p] + popped)
-            can.append(credits != 0)
+            can.append(Signal(name=f"{name}_can"))
+            m.d.comb += can[-1].eq(credits != 0)
+        # Each port's request as the banks see it: the word ECC-encoded once (not once
+        # per bank), and the wish for bank b.
+        encoded = [Signal(code.code_bits, name=f"{name}_encoded") for name in self.ports]
+        for p, f in enumerate(fronts):
+            m.d.comb += encoded[p].eq(_ecc.encode(code, f["data"]) ^ f["flip"])
 
         # --- per-bank round-robin arbitration ------------------------------------------
         granted = [[Signal(name=f"grant_b{b}_{name}") for name in self.ports]
                    for b in range(self.banks)]
         for b in range(self.banks):
-            wants = [f["valid"] & f["needs_bank"] & (f["bank"] == b) & can[p]
-                     for p, f in enumerate(fronts)]
+            wants = [Signal(name=f"want_b{b}_{name}") for name in self.ports]
+            for p, f in enumerate(fronts):
+                m.d.comb += wants[p].eq(f["valid"] & f["needs_bank"] & (f["bank"] == b) & can[p])
             last = Signal(range(nports), name=f"rr_b{b}")
             with m.Switch(last):
                 for start in range(nports):
@@ -339,7 +346,7 @@ class Scratchpad(wiring.Component):
                         read.addr.eq(f["row"]),
                         read.en.eq(~f["write"]),
                         write.addr.eq(f["row"]),
-                        write.data.eq(_ecc.encode(code, f["data"]) ^ f["flip"]),
+                        write.data.eq(encoded[p]),
                         write.en.eq(f["write"]),
                     ]
 
