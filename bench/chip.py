@@ -7,15 +7,21 @@ their attention cycles at the same contexts (the MoE layer does not depend on wh
 pages live). The agent loop: 3 turns after a 32-token prompt (tool results of 8 tokens,
 answers of 2), the KV cache kept (hit) or evicted and prefilled again (miss), end-to-end
 cycles of the decoder layer. Simulation speed: chip cycles over the rounds' wall time (Verilator,
-cocotb polling every 64 cycles; build and host transfers excluded).
+cocotb polling every 64 cycles; build and host transfers excluded). The energy proxy
+(docs/energy.md): two decode steps of attention for the batch under each placement on the
+SAIF-traced build of the same chip, E(local) / E(striped). The other miniatures: their
+attention alone (their MoE layers do not fit a 2 x 2 chip), one build each.
 """
 
 from __future__ import annotations
 
 from compiler.chip import agent_schedule
+from golden.workloads import get_workload
 from tb.chip_run import chip_config, chip_figures, simulate_layer
 
 WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
+#: Miniatures benchmarked by their attention alone, at the default chip.
+ATTENTION_ONLY = ("tiny", "deepseek-r1", "kimi-k2")
 
 TARGETS: dict[str, tuple[str, float]] = {
     "chip__sim__cycles_per_s": (">=", 50_000),
@@ -37,6 +43,29 @@ def run(quick: bool) -> dict:
     out["chip__kv_local_over_striped__decode_speedup"] = round(
         sf["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3)
     out["chip__striped__decode_kv_words"] = sf["chip__network__kv_words"]
+
+    # The energy proxy of the decode steps under each placement (SAIF-traced build).
+    energy = {}
+    for placement in ("local", "striped"):
+        result = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, context=context,
+                                steps=2, placement=placement, moe=False, activity=True)
+        energy[placement] = result["energy"].total
+        out[f"chip__{placement}__decode_energy_per_token"] = round(
+            result["energy"].total / (2 * BATCH))
+    out["chip__kv_local_over_striped__energy_ratio"] = round(
+        energy["local"] / energy["striped"], 3)
+
+    # The other miniatures' attention (prefill 32, one decode step), one build each.
+    for name in () if quick else ATTENTION_ONLY:
+        wl, chip = get_workload(name), chip_config(name, k=K, n=N, moe=False)
+        fits = min(context, chip.tile.max_pages * chip.tile.page_size - 1)  # tiny: 63
+        result = simulate_layer(chip, name, len(wl.windows) - 1, batch=BATCH, prefill=32,
+                                context=fits, steps=1, moe=False)
+        out[f"chip__{name}__decode__context"] = fits
+        figures = chip_figures(result, K, N)
+        out[f"chip__{name}__prefill__attention_cycles"] = figures["chip__prefill__cycles"]
+        out[f"chip__{name}__decode__attention_cycles_per_token"] = \
+            figures["chip__decode__cycles_per_token"]
 
     # The agent loop: 3 turns (prompt 32, tool results 8, answers 2), attention + MoE.
     cycles = {}

@@ -32,7 +32,7 @@ from compiler.kv import PageAllocator
 from compiler.program import TileProgram
 from golden.attention import attention_decode, attention_prefill
 from golden.kv_cache import build_cache
-from golden.workloads import WorkloadConfig, generate, get_workload
+from golden.workloads import Workload, WorkloadConfig, generate, get_workload
 from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
 
@@ -57,6 +57,7 @@ class Job:
     tile: int
     program: TileProgram
     expected: np.ndarray  # golden output of the job's query heads
+    inputs: Workload  # the golden workload the job's inputs, weights and scales come from
 
 
 @dataclass
@@ -290,7 +291,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                                           np.array([length]), scales, window=window,
                                           sinks=sinks)
                 expected = golden[:, heads]
-            job = Job(s, g, tile, program, expected)
+            job = Job(s, g, tile, program, expected, wl)
             jobs.append(job)
             load = loads.setdefault(tile, TileLoad([], {}, []))
             load.instructions = list(program.instructions)
@@ -379,7 +380,7 @@ def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
     loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
              for t, p in enumerate(program.tiles)}
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
-                                                program.summary), expected)
+                                                program.summary), expected, wl)
     s = program.summary
     return ChipRound(f"{phase}-moe", contexts_, loads, [job],
                      network_words=s["network_words_sent"], macs=s["macs_executed"],

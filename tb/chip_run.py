@@ -42,47 +42,60 @@ def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
 
 
 @functools.cache
-def _chip_build(config_text: str, simulator: str | None, waves: bool | None) -> SimBuild:
+def _chip_build(config_text: str, simulator: str | None, waves: bool | None,
+                activity: bool) -> SimBuild:
     config = chip_from_json(json.loads(config_text))
     digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
     chip = chip_from_config(config, shared_tile=True)
     return build(StreamHarness(chip, harness_depths(config)),
                  f"chip-k{config.k}-n{config.tile.n}-{digest}", simulator=simulator,
-                 waves=waves, opt_fast="-O1", modules={TILE_MODULE: chip.tile_design})
+                 waves=waves, opt_fast="-O1", modules={TILE_MODULE: chip.tile_design},
+                 activity=activity)
 
 
 def chip_build(config: ChipConfig, *, simulator: str | None = None,
-               waves: bool | None = None) -> SimBuild:
-    """The chip of ``config`` in a harness (built once per config and options)."""
-    return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves)
+               waves: bool | None = None, activity: bool = False) -> SimBuild:
+    """The chip of ``config`` in a harness (built once per config and options;
+    ``activity``: the SAIF-traced build of the energy proxy, :mod:`tb.energy`)."""
+    return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves,
+                       activity)
 
 
 def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int = 1,
                   tag: str | None = None, simulator: str | None = None,
-                  waves: bool | None = None) -> dict:
-    """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``."""
-    handle = chip_build(config, simulator=simulator, waves=waves)
-    return run(handle, MODULE, testcase=testcase, seed=seed,
-               params={"chip": chip_json(config), **params}, tag=tag or testcase)
+                  waves: bool | None = None, activity: bool = False) -> dict:
+    """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``; with
+    ``activity``, ``energy`` in the result is the run's :class:`tb.energy.Energy`."""
+    from tb.energy import energy
+
+    handle = chip_build(config, simulator=simulator, waves=waves, activity=activity)
+    result = run(handle, MODULE, testcase=testcase, seed=seed,
+                 params={"chip": chip_json(config), **params}, tag=tag or testcase)
+    if activity:
+        result["energy"] = energy(Path(result["activity_file"]), handle.directory)
+    return result
 
 
 def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    prefill: int = 0, context: int = 0, steps: int = 1,
                    placement: str = "local", seed: int = 1, moe: bool = True,
                    schedule: list | None = None, simulator: str | None = None,
-                   waves: bool | None = None, progress: Path | None = None) -> dict:
+                   waves: bool | None = None, progress: Path | None = None,
+                   dump: Path | None = None, activity: bool = False) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and, with ``moe``, the MoE layer), every output checked against golden; returns the
     rounds' cycles, counters and traffic. ``schedule``: the steps of
     ``compiler.chip.attention_rounds`` (e.g. an agent loop) instead of prefill/steps.
     ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
-    file the simulation appends a line to after every round."""
+    file the simulation appends a line to after every round; ``dump``: a directory that
+    receives every job's inputs, golden and RTL outputs (``tb.chip_tb._dump``)."""
     from golden.workloads import WorkloadConfig
 
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
-              "moe": moe, "schedule": schedule, "progress": str(progress) if progress else None}
+              "moe": moe, "schedule": schedule, "progress": str(progress) if progress else None,
+              "dump": str(Path(dump).resolve()) if dump else None}
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
@@ -90,7 +103,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     if schedule:
         tag += "-schedule-" + hashlib.sha1(json.dumps(schedule).encode()).hexdigest()[:8]
     return simulate_chip(config, "chip_layer", params, seed=seed, tag=tag,
-                         simulator=simulator, waves=waves)
+                         simulator=simulator, waves=waves, activity=activity)
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,

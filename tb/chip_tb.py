@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cocotb
 import numpy as np
 
@@ -78,6 +80,7 @@ async def chip_layer(dut):
     if isinstance(workload, dict):
         workload = WorkloadConfig.from_json(workload)
     progress = open(p["progress"], "a") if p.get("progress") else None  # noqa: SIM115
+    dumped: dict[str, tuple] = {}  # --dump: group -> (workload, expected, RTL outputs)
     rounds = layer_rounds(config, workload, p["layer"], batch=p["batch"],
                           prefill=p["prefill"], context=p["context"], steps=p["steps"],
                           placement=p["placement"], seed=p["seed"], moe=p["moe"],
@@ -110,6 +113,10 @@ async def chip_layer(dut):
                 f"round {index} ({rnd.phase}, contexts {rnd.contexts}): {what} on tile "
                 f"{job.tile}: {len(wrong)} of {got.size} outputs differ from golden, first "
                 f"at {tuple(wrong[0])}")
+            if p.get("dump"):
+                group, name = _dump_name(index, rnd, job)
+                _, expected, actual = dumped.setdefault(group, (job.inputs, {}, {}))
+                expected[name], actual[name] = job.expected, got
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
@@ -127,4 +134,26 @@ async def chip_layer(dut):
                            f"({run.wall_s:.1f} s)\n")
             progress.flush()
     assert int(dut.error.value) == 0
+    if p.get("dump"):
+        _dump(Path(p["dump"]), dumped)
     report(passed=True, rounds=out)
+
+
+def _dump_name(index: int, rnd, job) -> tuple[str, str]:
+    """Where ``--dump`` files a job's output: (directory, output name). Attention jobs go
+    with their sequence's workload, each MoE round with its own (its token count)."""
+    if job.sequence < 0:
+        return f"moe-r{index:02d}", f"r{index:02d}.{rnd.phase}.out"
+    return (f"seq{job.sequence}", f"r{index:02d}.{rnd.phase}.ctx{rnd.contexts[job.sequence]}"
+                                  f".kvhead{job.kv_head}.out")
+
+
+def _dump(root: Path, dumped: dict[str, tuple]) -> None:
+    """Every group as a golden workload directory (golden.io: inputs, weights, scales;
+    golden outputs under expected/) plus the RTL's outputs under rtl/."""
+    from golden.io import save_expected, save_outputs, save_workload
+
+    for group, (workload, expected, actual) in dumped.items():
+        save_workload(workload, root / group)
+        save_expected(root / group, expected)
+        save_outputs(root / group / "rtl", actual)

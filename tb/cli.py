@@ -3,6 +3,7 @@
     serrano sim [options]    a decoder layer (attention + MoE) for a batch on the chip,
                              prefill and decode, checked against golden: the report
     serrano agent [options]  an agent loop on the chip: KV cache kept vs recomputed
+    serrano sweep [options]  one decode step over design points: JSON, Pareto plots
     serrano tile [options]   attention prefill + decode on one tile (every head on it)
     serrano gemm [options]   one GEMM on the tensor core alone
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from rtl.tensor_core import MAX_N, MIN_N
@@ -258,7 +260,7 @@ def sim(args: argparse.Namespace) -> int:
                 config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                 context=args.context, steps=args.steps, placement=args.placement,
                 seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
-                progress=progress)
+                progress=progress, dump=args.dump, activity=args.energy)
         except (SimulationFailed, ValueError) as failure:
             outcome["failure"] = failure
 
@@ -310,21 +312,56 @@ def sim(args: argparse.Namespace) -> int:
                         f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                         "MoE words (tokens, expert outputs)"),
             ("clock", fmax_text),
-            ("energy", "not measured yet (toggle-count proxy: issue 6, item 7)"),
+            ("energy", _energy_line(result.get("energy"),
+                                    args.batch * (args.prefill + args.steps))),
             ("simulation", f"{args.sim}: {metrics['chip__sim__cycles_per_s']:,.0f} chip "
                            "cycles/s (the rounds' cycles over their wall time, build and "
                            "host transfers excluded)"),
             ("area", _area_line("tile") + f" per tile, x {tiles}"),
         ]
+        if args.dump:
+            rows.append(("dump", _dump_line(args.dump, vars(args) | {"chip": asdict(config)})))
         print()
         for label, text in rows:
             print(f"{label:<12} {text}")
         result = {**result, "metrics": metrics}
+        if result.get("energy"):
+            result["energy"] = asdict(result["energy"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0 if passed else 1
+
+
+def _energy_line(energy, tokens: int) -> str:
+    """The report's energy row: the toggle-count proxy per token (tb.energy), or how to
+    get it."""
+    if energy is None:
+        return ("not measured: add --energy (a SAIF-traced build and a one-off Yosys "
+                "synthesis of the chip, minutes; docs/energy.md)")
+    return (f"{energy.total / tokens:,.0f} cell-toggles per token ({tokens} tokens, the "
+            f"whole run with its host transfers; a relative unit: compare design points "
+            f"only, docs/energy.md); {energy.shares()}")
+
+
+def _dump_line(root: Path, options: dict) -> str:
+    """Write ``root/run.json`` (the options and design point of a dumped run), check the
+    dump's RTL outputs against its golden ones, and say what was written."""
+    from golden.io import compare, load_expected
+
+    (root / "run.json").write_text(json.dumps(
+        {key: value for key, value in options.items() if key != "handler"},
+        indent=2, default=str) + "\n")
+    groups = sorted(d for d in root.iterdir() if (d / "manifest.json").is_file())
+    outputs = wrong = 0
+    for group in groups:
+        mismatches = compare(load_expected(group), group / "rtl")
+        outputs += len(mismatches)
+        wrong += sum(mismatches.values())
+    return (f"{root}: {len(groups)} workload directories (inputs, weights, scales; golden "
+            f"outputs in expected/, the RTL's in rtl/), {outputs} outputs, {wrong} elements "
+            "differ")
 
 
 def agent(args: argparse.Namespace) -> int:
@@ -490,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
                                  "step by default)")
     sim_parser.add_argument("--seed", type=int, default=1,
                             help="seed of the workload tensors (sequence s uses seed + s)")
+    sim_parser.add_argument("--energy", action="store_true",
+                            help="measure the energy proxy: toggle counts (a SAIF-traced "
+                                 "build) weighted by synthesised cells (docs/energy.md)")
+    sim_parser.add_argument("--dump", type=Path, metavar="DIR",
+                            help="write every job's inputs, weights and scales, golden and "
+                                 "RTL outputs to DIR in the golden file format (docs/chip.md)")
     _add_run_options(sim_parser)
     sim_parser.set_defaults(handler=sim)
 
@@ -521,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     agent_parser.add_argument("--seed", type=int, default=1, help="seed of the tensors")
     _add_run_options(agent_parser)
     agent_parser.set_defaults(handler=agent)
+
+    from tb.sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(commands, _workload, _mesh, _array_size, _positive, _non_negative,
+                     SIMULATORS)
 
     tile_parser = commands.add_parser(
         "tile", help="attention prefill + decode on one tile, checked against golden",

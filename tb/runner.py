@@ -5,8 +5,8 @@ Every testbench goes through :func:`build` and :func:`run`:
     handle = build(StreamHarness(TensorCore(8), depths), "tensor_core-n8")
     metrics = run(handle, "tb.tensor_core_tests", testcase="test_gemm", env={...})
 
-``build`` writes the Verilog to ``sim_build/<name>-<simulator>[-waves]/top.v`` and compiles
-it, or reuses the compiled model when the Verilog, the flags and the simulator are
+``build`` writes the Verilog to ``sim_build/<name>-<simulator>[-waves|-activity]/top.v``
+and compiles it, or reuses the compiled model when the Verilog, the flags and the simulator are
 unchanged (a stamp file holds their hash). Concurrent builds of the same design (pytest
 -xdist workers) wait on a file lock instead of racing. ``run`` starts cocotb on the model
 and returns the metrics the test wrote with :func:`report`; a failing test raises
@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth.back import verilog
+from amaranth.back import rtlil, verilog
 
 from tb.verilog_tidy import compact_memory_init
 
@@ -95,8 +95,9 @@ class SimBuild:
     name: str
     directory: Path
     simulator: str
-    waves: bool
+    waves: bool  # traced: FST/VCD waves, or with ``activity`` a SAIF file
     stamp: str  # hash of what was compiled (sources, flags, simulator)
+    activity: bool = False  # Verilator SAIF: per-bit toggle counts (tb.energy)
 
 
 def simulator_from_env() -> str:
@@ -176,24 +177,32 @@ def _safe(name: str) -> str:
 
 def build(component, name: str, *, simulator: str | None = None,
           waves: bool | None = None, opt_fast: str | None = None,
-          modules: dict | None = None) -> SimBuild:
+          modules: dict | None = None, activity: bool = False) -> SimBuild:
     """Elaborate ``component`` to Verilog and compile it (or reuse an identical build).
 
     ``opt_fast`` overrides the optimisation of Verilator's per-cycle code (default
     ``-O2``): a large design whose runs are short builds faster at ``-O1``.
     ``modules``: Verilog module name -> component, elaborated once each and added to the
     sources, for designs that instantiate them several times (``rtl.chip``'s tiles).
+    ``activity``: trace every run into a SAIF file of per-bit toggle counts (Verilator
+    only; the energy proxy of :mod:`tb.energy`) instead of waves.
     """
     simulator = simulator or simulator_from_env()
     if simulator not in SIMULATORS:
         raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
     waves = waves_from_env() if waves is None else waves
+    if activity and simulator != "verilator":
+        raise ValueError("toggle counts (activity) need Verilator's SAIF trace, not "
+                         f"{simulator}")
     toolchain_env(simulator)
     from cocotb_tools.runner import VerilatorControlFile
 
-    directory = SIM_BUILD / f"{_safe(name)}-{simulator}{'-waves' if waves else ''}"
+    suffix = "-activity" if activity else "-waves" if waves else ""
+    directory = SIM_BUILD / f"{_safe(name)}-{simulator}{suffix}"
     directory.mkdir(parents=True, exist_ok=True)
-    args = VERILATOR_ARGS + (_verilator_trace_args() if waves else [])
+    args = VERILATOR_ARGS + (["--trace-saif"] if activity else
+                             _verilator_trace_args() if waves else [])
+    waves = waves or activity
     if simulator != "verilator":
         args = []
     # Fast path: the build's name (which names its parameters) and every source the
@@ -204,8 +213,10 @@ def build(component, name: str, *, simulator: str | None = None,
     stamp_file, key_file = directory / "stamp", directory / "source-key"
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
-        if stamp_file.exists() and key_file.exists() and key_file.read_text() == key:
-            return SimBuild(name, directory, simulator, waves, stamp_file.read_text())
+        complete = stamp_file.exists() and (not activity or (directory / "top.il").exists())
+        if complete and key_file.exists() and key_file.read_text() == key:
+            return SimBuild(name, directory, simulator, waves, stamp_file.read_text(),
+                            activity)
 
     source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
     for module_name, module in (modules or {}).items():
@@ -218,12 +229,16 @@ def build(component, name: str, *, simulator: str | None = None,
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp_file.exists() and stamp_file.read_text() == stamp:
+            if activity and not (directory / "top.il").exists():
+                _write_rtlil(directory / "top.il", component, modules)
             key_file.write_text(key)
-            return SimBuild(name, directory, simulator, waves, stamp)
+            return SimBuild(name, directory, simulator, waves, stamp, activity)
         stamp_file.unlink(missing_ok=True)
         key_file.unlink(missing_ok=True)
         verilog_file = directory / "top.v"
         verilog_file.write_text(source)
+        if activity:
+            _write_rtlil(directory / "top.il", component, modules)
         sources = [verilog_file]
         if simulator == "verilator":
             control = directory / "verilator.vlt"
@@ -244,7 +259,15 @@ def build(component, name: str, *, simulator: str | None = None,
             )
         stamp_file.write_text(stamp)
         key_file.write_text(key)
-    return SimBuild(name, directory, simulator, waves, stamp)
+    return SimBuild(name, directory, simulator, waves, stamp, activity)
+
+
+def _write_rtlil(path: Path, component, modules: dict | None) -> None:
+    """The design as RTLIL too, for :mod:`tb.energy`'s synthesis of its cells (Yosys
+    reads RTLIL far faster than Verilog with memory initialisers)."""
+    path.write_text("".join([rtlil.convert(component, name=TOPLEVEL, emit_src=False)]
+                            + [rtlil.convert(module, name=name, emit_src=False)
+                               for name, module in (modules or {}).items()]))
 
 
 def _public_rules(source: str) -> str:
@@ -301,7 +324,8 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         params: dict | None = None, tag: str = "") -> dict:
     """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`.
 
-    With waves, ``waves_file`` in the result names the FST (or VCD) file of the run.
+    With waves, ``waves_file`` in the result names the FST (or VCD) file of the run;
+    with an activity build, ``activity_file`` its SAIF file.
     """
     toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
@@ -358,7 +382,9 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
             f"{module}.{testcase} failed (seed {seed}); log {log_file}\n{tail}\n  {reproduce}"
         )
     metrics = json.loads(result_file.read_text()) if result_file.exists() else {}
-    if handle.waves:
+    if handle.activity:
+        metrics["activity_file"] = str(run_dir / "dump.saif")
+    elif handle.waves:
         dumps = sorted(run_dir.glob("*.fst")) + sorted(run_dir.glob("*.vcd"))
         metrics["waves_file"] = str(dumps[0]) if dumps else None
     return metrics

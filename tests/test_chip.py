@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from compiler.config import ChipConfig
+from golden.io import compare, load_expected, load_workload
 from rtl.chip import Chip
 from tb.chip_run import chip_config, simulate_chip, simulate_layer
 
@@ -24,10 +25,10 @@ def test_dma_between_tiles_unicast_and_multicast():
 
 
 @pytest.mark.parametrize(("placement", "moe"), [("local", True), ("striped", False)])
-def test_decoder_layer_for_a_batch_is_exact(placement, moe):
+def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path):
     # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step.
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
-                            placement=placement, moe=moe)
+                            placement=placement, moe=moe, dump=tmp_path)
     phases = [r["phase"] for r in result["rounds"]]
     expected = ["prefill", "prefill"] + ["prefill-moe"] * moe + ["decode", "decode"] + \
         ["decode-moe"] * moe
@@ -37,6 +38,16 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe):
     assert (kv_words > 0) == (placement == "striped")
     assert flits >= kv_words
     assert all(r["cycles"] > 0 for r in result["rounds"])
+    # The dump: a golden workload directory per sequence (and per MoE round) whose RTL
+    # outputs compare equal to its golden ones, output by output.
+    groups = sorted(d.name for d in tmp_path.iterdir())
+    assert groups == (["moe-r02", "moe-r05"] if moe else []) + ["seq0", "seq1", "seq2"]
+    for group in groups:
+        workload = load_workload(tmp_path / group)
+        assert workload.config.name == "tiny"
+        expected = load_expected(tmp_path / group)
+        assert len(expected) == (1 if group.startswith("moe") else 4)  # 2 steps x 2 heads
+        assert set(compare(expected, tmp_path / group / "rtl").values()) == {0}
 
 
 @pytest.mark.parametrize(

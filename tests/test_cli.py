@@ -15,7 +15,7 @@ from tb.harness import StreamHarness
 def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5", "--context",
-                 "8", "--steps", "1", "--json", str(out)]) == 0
+                 "8", "--steps", "1", "--json", str(out), "--dump", str(tmp_path / "dump")]) == 0
     text = capsys.readouterr().out
     assert "2x2 chip of N=8 tiles" in text and "round 4/4 decode-moe" in text
     assert "bit-exact with golden.attention and golden.moe" in text
@@ -28,6 +28,12 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
                                                 + metrics["chip__prefill__moe_cycles"])
     assert 0 < metrics["chip__decode__utilisation"] < 1
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
+    # --dump: two sequences and one MoE round per phase, each a golden workload directory.
+    assert "4 workload directories" in text
+    assert ", 0 elements differ" in text
+    run = json.loads((tmp_path / "dump" / "run.json").read_text())
+    assert run["workload"] == "tiny" and run["chip"]["k"] == 2
+    assert "not measured: add --energy" in text
 
 
 @pytest.mark.parametrize(
@@ -160,3 +166,29 @@ def test_agent_loop_reports_hit_and_miss(tmp_path, capsys):
 def test_agent_refuses_a_workload_that_does_not_fit(capsys):
     assert main(["agent", "--workload", "kimi-k2"]) == 2
     assert "does not fit the tiles of a 2x2 chip" in capsys.readouterr().err
+
+
+def test_sweep_writes_runs_and_plots(tmp_path, capsys):
+    """Two placements on the tiny chip (one build): a row per run, the JSON, the two
+    plots; striped moves KV words over the network, local does not."""
+    out = tmp_path / "sweep.json"
+    assert main(["sweep", "--workload", "tiny", "--placement", "local,striped", "--batch",
+                 "3", "--context", "9", "--json", str(out), "--plot",
+                 str(tmp_path / "sweep")]) == 0
+    text = capsys.readouterr().out
+    assert "2 runs on 1 design points" in text
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["placement"], r["batch"]) for r in runs] == [("local", 3), ("striped", 3)]
+    assert all(r["passed"] and r["decode_cycles_per_token"] > 0 for r in runs)
+    local, striped = runs
+    assert striped["network_flits"] > local["network_flits"]
+    assert (tmp_path / "sweep_pareto.png").stat().st_size > 0
+    assert (tmp_path / "sweep_placement.png").stat().st_size > 0
+
+
+def test_sweep_reports_a_point_that_does_not_fit(tmp_path, capsys):
+    assert main(["sweep", "--workload", "kimi-k2", "--batch", "1", "--placement", "local",
+                 "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s")]) == 1
+    assert "FAIL: the MoE layer of kimi-k2 does not fit" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["sweep", "--mesh", "2x2,2x3"])

@@ -1,0 +1,213 @@
+"""``serrano sweep``: one decode step of a workload over design points, as JSON and plots.
+
+A design point is (mesh, array size) — one simulation build each — and a run is
+(placement, batch) on it: the batch's sequences at their contexts, one decode step (and
+the MoE layer unless ``--no-moe``), every output checked against golden. Per run: decode
+cycles per token (per-sequence speed), tokens per cycle of the chip (throughput), and
+with ``--energy`` the toggle-count energy proxy per token (:mod:`tb.energy`), so the
+Pareto plot is throughput per energy against per-sequence decode speed; without it,
+throughput per tile stands in for throughput per energy (said on the axis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tb.runner import SimulationFailed
+
+
+def _list(parse):
+    """An argparse type: a comma-separated list of ``parse`` values."""
+    def parse_list(text: str) -> list:
+        values = [parse(part) for part in text.split(",") if part]
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return values
+    return parse_list
+
+
+def points(args: argparse.Namespace) -> list[dict]:
+    """Every run of the sweep, builds outermost (each design point is built once)."""
+    return [{"mesh": k, "array": n, "placement": placement, "batch": batch}
+            for k in args.mesh for n in args.array
+            for placement in args.placement for batch in args.batch]
+
+
+def run_point(args: argparse.Namespace, point: dict) -> dict:
+    """Simulate one run of the sweep; its figures (or the reason it could not run)."""
+    from golden.workloads import get_workload
+    from tb.chip_run import chip_config, chip_figures, simulate_layer
+
+    cfg = get_workload(args.workload)
+    k, n, batch = point["mesh"], point["array"], point["batch"]
+    layer = len(cfg.windows) - 1 if args.layer is None else args.layer
+    try:
+        config = chip_config(cfg, k=k, n=n, moe=args.moe)
+        started = time.monotonic()
+        result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
+                                steps=1, placement=point["placement"], seed=args.seed,
+                                moe=args.moe, simulator=args.sim, activity=args.energy)
+    except (ValueError, SimulationFailed) as error:
+        return {**point, "passed": False, "error": str(error).splitlines()[0]}
+    figures = chip_figures(result, k, n)
+    cycles = figures["chip__decode__cycles_per_token"]
+    out = {**point, "passed": True, "decode_cycles_per_token": cycles,
+           "attention_cycles": figures["chip__decode__attention_cycles"],
+           "tokens_per_kcycle": round(1000 * batch / cycles, 4),
+           "tokens_per_kcycle_per_tile": round(1000 * batch / cycles / (k * k), 4),
+           "utilisation": figures["chip__decode__utilisation"],
+           "network_flits": figures["chip__network__flits"],
+           "wall_s": round(time.monotonic() - started, 1)}
+    if args.energy:
+        energy = result["energy"]
+        out["energy_per_token"] = round(energy.total / batch)
+        out["energy_blocks"] = {name: round(value) for name, value in energy.blocks.items()}
+    return out
+
+
+def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
+    """The Pareto view and local vs striped, as PNGs next to ``prefix``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in runs if r["passed"]]
+    written: list[Path] = []
+    if not done:
+        return written
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for placement, marker in (("local", "o"), ("striped", "s")):
+        mine = [r for r in done if r["placement"] == placement]
+        if not mine:
+            continue
+        x = [1000 / r["decode_cycles_per_token"] for r in mine]
+        y = [r["tokens_per_kcycle"] / r["energy_per_token"] * 1e6 if energy
+             else r["tokens_per_kcycle_per_tile"] for r in mine]
+        ax.scatter(x, y, marker=marker, label=placement)
+        for r, xi, yi in zip(mine, x, y, strict=True):
+            ax.annotate(f"{r['mesh']}x{r['mesh']} N={r['array']} B={r['batch']}", (xi, yi),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("per-sequence decode speed (tokens per 1000 cycles)")
+    ax.set_ylabel("throughput per energy (tokens per 1000 cycles per 10^6 cell-toggles "
+                  "per token)" if energy else
+                  "throughput per tile (tokens per 1000 cycles per tile; no --energy)")
+    ax.set_title("decode: throughput against per-sequence speed")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, prefix, "pareto"))
+
+    pairs = sorted({(r["mesh"], r["array"], r["batch"]) for r in done})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.4
+    for offset, placement in ((-width / 2, "local"), (width / 2, "striped")):
+        values = []
+        for key in pairs:
+            match = [r for r in done if (r["mesh"], r["array"], r["batch"]) == key
+                     and r["placement"] == placement]
+            values.append(match[0]["decode_cycles_per_token"] if match else 0)
+        ax.bar([i + offset for i in range(len(pairs))], values, width, label=placement)
+    ax.set_xticks(range(len(pairs)))
+    ax.set_xticklabels([f"{k}x{k} N={n} B={b}" for k, n, b in pairs], fontsize=8)
+    ax.set_ylabel("decode cycles per token")
+    ax.set_title("KV placement: local against striped")
+    ax.legend()
+    written.append(_save(fig, prefix, "placement"))
+    return written
+
+
+def _save(fig, prefix: Path, what: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = prefix.with_name(f"{prefix.name}_{what}.png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """Run every point, print a table as it goes, write the JSON and the plots."""
+    todo = points(args)
+    print(f"serrano sweep: {args.workload}, one decode step from context {args.context}"
+          f"{'' if args.moe else ' (attention only)'}, {len(todo)} runs on "
+          f"{len({(p['mesh'], p['array']) for p in todo})} design points"
+          f"{', energy proxy on' if args.energy else ''}", flush=True)
+    header = (f"{'mesh':>5} {'N':>3} {'placement':>9} {'batch':>5} {'cycles/token':>12} "
+              f"{'tokens/kcycle':>13} {'util':>6}" + (f" {'energy/token':>13}"
+                                                      if args.energy else ""))
+    print(header, flush=True)
+    runs = []
+    for point in todo:
+        r = run_point(args, point)
+        runs.append(r)
+        head = f"{r['mesh']}x{r['mesh']:<3} {r['array']:>3} {r['placement']:>9} {r['batch']:>5}"
+        if not r["passed"]:
+            print(f"{head} FAIL: {r['error']}", flush=True)
+            continue
+        line = (f"{head} {r['decode_cycles_per_token']:>12,} {r['tokens_per_kcycle']:>13.3f} "
+                f"{r['utilisation']:>6.3f}")
+        if args.energy:
+            line += f" {r['energy_per_token']:>13,}"
+        print(line, flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"workload": args.workload, "context": args.context,
+                                     "moe": args.moe, "runs": runs}, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    for path in plot(runs, args.plot, args.energy):
+        print(f"wrote {path}")
+    return 0 if all(r["passed"] for r in runs) else 1
+
+
+def add_parser(commands, workload_type, mesh_type, array_type, positive, non_negative,
+               simulators) -> None:
+    """Register ``serrano sweep`` (the option types come from :mod:`tb.cli`)."""
+    parser = commands.add_parser(
+        "sweep", help="one decode step over design points: JSON and Pareto/placement plots",
+        description="Simulate one decode step of a workload's last attention layer (and "
+                    "its MoE layer unless --no-moe) for every combination of mesh, array "
+                    "size, KV placement and batch; every output checked against golden. "
+                    "Each (mesh, array) is one build. Prints a row per run and writes the "
+                    "runs as JSON, a Pareto plot (throughput per energy, with --energy, "
+                    "against per-sequence decode speed) and local vs striped placement.",
+    )
+    parser.add_argument("--workload", type=workload_type, default="gpt-oss",
+                        help="miniature workload (default gpt-oss)")
+    parser.add_argument("--layer", type=non_negative, default=None,
+                        help="attention layer (default: the workload's last)")
+    parser.add_argument("--mesh", type=_list(mesh_type), default=[2], metavar="KxK[,KxK]",
+                        help="meshes (default 2x2)")
+    parser.add_argument("--array", type=_list(array_type), default=[8], metavar="N[,N]",
+                        help="tensor core sizes (default 8)")
+    parser.add_argument("--placement", type=_list(_placement), default=["local", "striped"],
+                        metavar="P[,P]", help="KV placements (default local,striped)")
+    parser.add_argument("--batch", type=_list(positive), default=[1, 2, 4], metavar="B[,B]",
+                        help="batch sizes (default 1,2,4)")
+    parser.add_argument("--context", type=non_negative, default=256,
+                        help="tokens of the longest sequence before the step (default 256)")
+    parser.add_argument("--no-moe", dest="moe", action="store_false",
+                        help="attention alone")
+    parser.add_argument("--energy", action="store_true",
+                        help="measure the energy proxy of every run (SAIF-traced builds)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the tensors")
+    parser.add_argument("--sim", choices=simulators, default="verilator",
+                        help="simulator (default verilator)")
+    parser.add_argument("--json", type=Path, default=Path("build/sweep.json"),
+                        help="where the runs go (default build/sweep.json)")
+    parser.add_argument("--plot", type=Path, default=Path("build/sweep"),
+                        help="plot prefix: PREFIX_pareto.png, PREFIX_placement.png "
+                             "(default build/sweep)")
+    parser.set_defaults(handler=sweep)
+
+
+def _placement(text: str) -> str:
+    from compiler.chip import PLACEMENTS
+
+    if text not in PLACEMENTS:
+        raise argparse.ArgumentTypeError(f"unknown placement {text!r}; known: "
+                                         f"{', '.join(PLACEMENTS)}")
+    return text
