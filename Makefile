@@ -33,7 +33,7 @@ sim: $(STAMP) ## simulate the default design on the default workload and print t
 	$(BIN)/serrano sim $(ARGS)
 
 test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
-	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(ARGS)
 
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 	$(BIN)/python -m bench $(ARGS)
