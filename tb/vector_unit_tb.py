@@ -368,6 +368,28 @@ async def program_matches_golden(dut):
 
 
 @cocotb.test()
+async def programs_match_golden(dut):
+    """Several programs in one simulation (``cases``: kind, count, idle, stall, seed and
+    a name), a reset before each: every one bit-exact against golden."""
+    p = parameters()
+    n, slots = p["n"], p["slots"]
+    tb = VectorUnitTB(dut, n, slots)
+    for case in p["cases"]:
+        program, finals, golden = build_program(case["kind"], n, slots, case["seed"],
+                                                case["count"])
+        tb.set_idle_generator(case["idle"])
+        tb.set_backpressure_generator(case["stall"])
+        await tb.harness.reset()
+        try:
+            _, data, total = await tb.run(program, case["seed"])
+            check(data, total, program, n, slots, finals, golden)
+        except AssertionError as failure:
+            raise AssertionError(f"case {case['name']} (seed {case['seed']}): "
+                                 f"{failure}") from None
+    report(cases=len(p["cases"]))
+
+
+@cocotb.test()
 async def reset_mid_program(dut):
     """Reset halfway through a program, then run it again: exact, nothing stale."""
     p = parameters()
@@ -415,3 +437,15 @@ def simulate_program(n: int, kind: str, *, slots: int = 4, seed: int = 1, count:
               "idle": idle, "stall": stall}
     return run(vector_unit_build(n, slots, simulator=simulator), MODULE, testcase=testcase,
                seed=seed, params=params, tag=f"{kind}-c{count}-i{idle}-s{stall}")
+
+
+def simulate_programs(n: int, cases: list[dict], *, slots: int = 4,
+                      simulator: str | None = None) -> dict:
+    """Several programs (``cases`` of name, kind, count, idle, stall, seed) in one
+    simulation, a reset between them: one simulator start instead of one per program."""
+    from tb.runner import run
+
+    return run(vector_unit_build(n, slots, simulator=simulator), MODULE,
+               testcase="programs_match_golden", params={"n": n, "slots": slots,
+                                                         "cases": cases},
+               tag=f"cases-{len(cases)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb.vector_unit_tb import simulate_program
+from tb.vector_unit_tb import simulate_program, simulate_programs
 
 SIZES = [4, 8]
 
@@ -24,11 +24,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_program(n, case):
-    _, kind, count, idle, stall = case
-    for seed in (1, 2):
-        simulate_program(n, kind, seed=seed, count=count, idle=idle, stall=stall)
+def test_programs(n):
+    """Every case with two seeds, in one simulation per N (a reset before each)."""
+    cases = [dict(name=name, kind=kind, count=count, idle=idle, stall=stall, seed=seed)
+             for name, kind, count, idle, stall in CASES for seed in (1, 2)]
+    assert simulate_programs(n, cases)["cases"] == len(cases)
 
 
 @pytest.mark.parametrize("n", SIZES)
