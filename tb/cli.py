@@ -338,8 +338,8 @@ def _energy_line(energy, tokens: int) -> str:
     """The report's energy row: the toggle-count proxy per token (tb.energy), or how to
     get it."""
     if energy is None:
-        return ("not measured: add --energy (a SAIF-traced build and a one-off Yosys "
-                "synthesis of the chip, minutes; docs/energy.md)")
+        return ("not measured: add --energy (a SAIF-traced build, a one-off Yosys "
+                "synthesis of the chip, a run about 40x slower; docs/energy.md)")
     return (f"{energy.total / tokens:,.0f} cell-toggles per token ({tokens} tokens, the "
             f"whole run with its host transfers; a relative unit: compare design points "
             f"only, docs/energy.md); {energy.shares()}")
