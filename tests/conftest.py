@@ -24,9 +24,6 @@ GROUPS = {
                   "tests/test_tile.py::test_network", "tests/test_cli.py::test_tile_runs"),
     "traffic-k3": ("tests/test_noc_traffic.py::test_every_pattern",
                    "tests/test_noc_traffic.py::test_zero_load"),
-    "tensor-core-n16": ("tests/test_tensor_core.py::test_gemm[16]",
-                        "tests/test_tensor_core.py::test_back_to_back_tiles_full_rate[16]",
-                        "tests/test_tensor_core.py::test_reset_mid_stream[16]"),
 }
 
 
