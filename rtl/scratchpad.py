@@ -185,6 +185,9 @@ class Scratchpad(wiring.Component):
     <port>_req, <port>_resp : streams, one pair per port
     corrected_count, uncorrectable_count : Signal(16), out
         Saturating counts of corrected / uncorrectable reads since reset.
+    <port>_conflicts : Signal(16), out, one per port
+        Saturating count of the cycles this port's request waited because another port
+        had its bank (a bank conflict lost), since reset.
     ecc_error : Signal, out
         Sticky: an uncorrectable word was read since reset.
 
@@ -277,6 +280,7 @@ class Scratchpad(wiring.Component):
             "uncorrectable_count": Out(COUNTER_BITS),
             "ecc_error": Out(1),
         }
+        members |= {f"{name}_conflicts": Out(COUNTER_BITS) for name in ports}
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -364,6 +368,9 @@ class Scratchpad(wiring.Component):
             got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
             m.d.comb += accept[p].eq(f["valid"] & can[p] & (~f["needs_bank"] | got_bank))
             m.d.comb += f["ready"].eq(accept[p])
+            conflicts = getattr(self, f"{name}_conflicts")
+            with m.If(f["valid"] & f["needs_bank"] & can[p] & ~got_bank & ~conflicts.all()):
+                m.d.sync += conflicts.eq(conflicts + 1)
 
             s1_valid = Signal(name=f"{name}_s1_valid")
             s1_read = Signal(name=f"{name}_s1_read")
