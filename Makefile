@@ -8,17 +8,22 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # pytest-xdist workers for `make test`; the suite is sized for 2 cores.
 JOBS   ?= 2
+# make regress: seeds per random test, the first seed, and this machine's shard (i/k).
+SEEDS     ?= 4
+SEED_BASE ?= 1
+SHARD     ?= 1/1
 # Simulator for cocotb runs: verilator (default) or icarus.
 SIM    ?= verilator
 export SIM
 
 .DEFAULT_GOAL := help
-.PHONY: help sim test bench synth formal lint clean
+.PHONY: help sim test regress bench synth formal lint clean
 
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 16
 	@echo "variables: SIM=verilator|icarus  WAVES=1  JOBS=$(JOBS)  ARGS='extra CLI options'"
+	@echo "           make regress: SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE) SHARD=$(SHARD)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "serrano needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -34,6 +39,9 @@ sim: $(STAMP) ## simulate the default design on the default workload and print t
 
 test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(ARGS)
+
+regress: $(STAMP) ## nightly: the suite with every random test over SEEDS seeds (SHARD=i/k): JUnit, coverage, build/regress.json
+	$(BIN)/python -m tb.regress --seeds $(SEEDS) --seed-base $(SEED_BASE) --shard $(SHARD) --jobs $(JOBS) $(ARGS)
 
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 	$(BIN)/python -m bench $(ARGS)

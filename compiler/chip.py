@@ -370,13 +370,18 @@ def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
     against ``golden.moe.moe_layer``. The host writes every tile's weights before the
     round (attention rounds reuse the working space)."""
     from compiler.moe import build_moe
-    from golden.moe import moe_layer
+    from golden.moe import moe_layer, router_logits
 
     cfg = get_workload(workload) if isinstance(workload, str) else workload
     wl = generate(cfg, seed=seed, moe_tokens=offset + tokens)
     x = wl.tensors["moe.x"][offset:offset + tokens]
     program = build_moe(chip.tile, chip.k, wl.moe_weights(), wl.moe_scales(), cfg.top_k, x)
-    expected = moe_layer(x, wl.moe_weights(), wl.moe_scales(), cfg.top_k).out
+    golden = moe_layer(x, wl.moe_weights(), wl.moe_scales(), cfg.top_k)
+    expected = golden.out
+    # A tie decides a top-k choice when the k-th and (k+1)-th best scores are equal.
+    scores = np.sort(router_logits(x, wl.moe_weights()), axis=-1)[:, ::-1]
+    tied = cfg.top_k < cfg.experts and bool(
+        (scores[:, cfg.top_k - 1] == scores[:, cfg.top_k]).any())
     loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
              for t, p in enumerate(program.tiles)}
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
@@ -385,7 +390,9 @@ def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
     return ChipRound(f"{phase}-moe", contexts_, loads, [job],
                      network_words=s["network_words_sent"], macs=s["macs_executed"],
                      summaries=[{"macs_sparse": s["macs_sparse"],
-                                 "dense_over_sparse": s["dense_over_sparse"]}])
+                                 "dense_over_sparse": s["dense_over_sparse"],
+                                 "expert_load": [int(c) for c in golden.load],
+                                 "tied": tied}])
 
 
 def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,

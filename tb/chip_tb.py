@@ -7,8 +7,9 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from rtl.isa import Opcode, encode
+from rtl.isa import Opcode, decode, encode
 from rtl.sequencer import ErrorCode
+from tb import coverage
 from tb.chip_driver import ChipDriver
 from tb.chip_run import chip_from_config, chip_from_json, harness_depths
 from tb.runner import parameters, report
@@ -65,6 +66,22 @@ async def chip_network(dut):
     report(passed=True, cycles=run.cycles, net=net)
 
 
+def _sample_coverage(rnd, workload, config) -> None:
+    """Functional coverage of a round whose outputs were all bit-exact."""
+    from golden.workloads import get_workload
+
+    for load in rnd.loads.values():
+        coverage.sample_program([decode(w) for w in load.instructions], config.tile.n)
+    if rnd.phase.endswith("moe"):
+        coverage.moe_load(rnd.summaries[0]["expert_load"])
+        coverage.moe_ties(rnd.summaries[0]["tied"])
+        return
+    cfg = get_workload(workload) if isinstance(workload, str) else workload
+    coverage.attention_gqa(cfg.heads, cfg.kv_heads)
+    for context in rnd.contexts:
+        coverage.attention_context(rnd.phase, context, cfg.page_size)
+
+
 @cocotb.test()
 async def chip_layer(dut):
     """A decoder layer (attention, then MoE unless ``moe`` is off) for a batch on the
@@ -117,6 +134,7 @@ async def chip_layer(dut):
                 group, name = _dump_name(index, rnd, job)
                 _, expected, actual = dumped.setdefault(group, (job.inputs, {}, {}))
                 expected[name], actual[name] = job.expected, got
+        _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after

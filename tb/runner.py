@@ -390,6 +390,23 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     return metrics
 
 
+def run_amaranth(sim) -> None:
+    """Run a test's Amaranth simulation; with ``WAVES=1`` record it as a VCD file under
+    ``sim_build/waves/`` named after the running test (and say where)."""
+    if not waves_from_env():
+        sim.run()
+        return
+    node = os.environ.get("PYTEST_CURRENT_TEST", "amaranth").rsplit(" ", 1)[0]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", node).strip("_")
+    directory = SIM_BUILD / "waves"
+    directory.mkdir(parents=True, exist_ok=True)
+    index = len(list(directory.glob(f"{stem}-*.vcd")))
+    path = directory / f"{stem}-{index}.vcd"
+    with sim.write_vcd(str(path)):
+        sim.run()
+    print(f"waves: {path}")
+
+
 # --- helpers for the cocotb side -----------------------------------------------------
 
 
@@ -399,7 +416,11 @@ def parameters() -> dict:
 
 
 def report(**metrics) -> None:
-    """Inside a cocotb test: hand metrics back to the caller of :func:`run` (merged)."""
+    """Inside a cocotb test: hand metrics back to the caller of :func:`run` (merged), and
+    export the coverage the simulation sampled (:func:`tb.coverage.export`)."""
+    from tb import coverage
+
     path = Path(os.environ[RESULT_ENV])
     known = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps(known | metrics, indent=2))
+    coverage.export(worker="sim")

@@ -20,6 +20,7 @@ import numpy as np
 from golden.ecc import Secded
 from golden.kv_cache import PagedKVCache, check_block_table, gather
 from rtl.scratchpad import Scratchpad
+from tb import coverage
 from tb.harness import StreamHarness
 from tb.harness_driver import HarnessDriver
 from tb.runner import SimBuild, build, parameters, report, run
@@ -359,6 +360,11 @@ class ScratchpadTB:
             )
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
                 assert g == w, f"{name} response {i} to {requests[i]}: got {g}, want {w}"
+            kind = "kv" if name == sp.kv_port else "plain"
+            for flag in {f for g in got for f, v in g["status"].items() if v}:
+                coverage.scratchpad_status(kind, flag)
+            if self.harness.counter(f"{name}_conflicts"):
+                coverage.scratchpad_conflict(name)
         self.check_counters()
         return {"cycles": stats.cycles, "requests": total, "wall_s": stats.wall_s}
 
@@ -500,6 +506,7 @@ async def kv_errors_lose_nothing(dut):
     assert all(g["status"]["bad_address"] for g in got)
     assert tb.model.lengths[:2] == [sp.capacity, sp.page_size]
     await tb.read_back_kv(seed + 2)
+    report(refused=len(bad) + len(bad_plain))
 
 
 @cocotb.test()
@@ -541,3 +548,4 @@ async def reset_clears_kv_state(dut):
     stored = sorted(a for a in tb.model.memory if a >= sp.kv_base)[:8]
     await tb.transact({kv: reads, plain: [{"addr": a, "write": 0} for a in stored]},
                       seed=seed + 1)
+    report(reads=len(reads) + len(stored))

@@ -12,9 +12,11 @@ import cocotb
 import numpy as np
 
 from compiler.config import TileConfig
-from rtl.isa import Opcode, encode
+from golden.workloads import get_workload
+from rtl.isa import Opcode, decode, encode
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
+from tb import coverage
 from tb.attention_scenario import attention_steps
 from tb.runner import parameters, report
 from tb.tile_driver import TileDriver
@@ -47,11 +49,15 @@ async def tile_attention(dut):
             f"step {index} ({step.phase}, context {step.context}): {len(wrong)} of "
             f"{got.size} outputs differ from golden, first at {tuple(wrong[0])}: "
             f"{int(got[tuple(wrong[0])])} != {int(step.expected[tuple(wrong[0])])}")
+        coverage.sample_program([decode(w) for w in program.instructions], config.n)
+        coverage.attention_context(step.phase, step.context, config.page_size)
         phases.append({"phase": step.phase, "context": step.context,
                        "instructions": len(program.instructions),
                        "outputs": int(np.prod(program.output_shape)),
                        "summary": program.summary.as_dict(), "counters": run.counters,
                        "cycles_per_s": run.cycles / run.wall_s if run.wall_s else 0.0})
+    workload = get_workload(p["workload"])
+    coverage.attention_gqa(workload.heads, workload.kv_heads)
     report(passed=True, phases=phases)
 
 
@@ -100,6 +106,7 @@ async def tile_faults(dut):
     await driver.load(bad_program, {}, [])
     run = await driver.execute(10_000)
     assert (run.error, run.pc) == (ErrorCode.BAD_ADDRESS, 1), (run.error, run.pc)
+    coverage.sequencer_error(run.error.name)
     assert run.counters["tc_beats"] == 0
 
     # 4. A full sequence: the append past max_pages x page_size is refused with

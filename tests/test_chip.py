@@ -25,10 +25,10 @@ def test_dma_between_tiles_unicast_and_multicast():
 
 
 @pytest.mark.parametrize(("placement", "moe"), [("local", True), ("striped", False)])
-def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path):
+def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step.
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
-                            placement=placement, moe=moe, dump=tmp_path)
+                            placement=placement, moe=moe, dump=tmp_path, seed=seed + 1)
     phases = [r["phase"] for r in result["rounds"]]
     expected = ["prefill", "prefill"] + ["prefill-moe"] * moe + ["decode", "decode"] + \
         ["decode-moe"] * moe

@@ -9,6 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from rtl.dma_engine import DmaEngine
+from tb.runner import run_amaranth
 
 OWN = 1 << (1 * 8 + 1)  # tile (1, 1)
 OTHER = (1 << 0) | (1 << 8)  # tiles (0, 0) and (0, 1)
@@ -79,11 +80,10 @@ def run(commands, memory, *, seed=0, stall=0.3):
 
     sim.add_testbench(commander)
     sim.add_process(port)
-    sim.run()
+    run_amaranth(sim)
     return mem, events
 
 
-@pytest.mark.parametrize("seed", [0, 1])
 def test_local_copy_and_remote_words(seed):
     source = {100 + i: 0x1000 + i for i in range(10)}
     commands = [

@@ -69,6 +69,7 @@ def test_instances_map_to_their_modules():
     assert block_of(["ni_0_0", "words0"]) == "network interfaces"
 
 
+@pytest.mark.nightly  # an activity build and a Yosys run: ~100 s
 def test_more_work_costs_more_energy():
     """The N = 2 tensor core, SAIF-traced: a 16 x 16 x 16 GEMM (64 tiles of work) costs
     more cell-toggles than a 4 x 4 x 4 one, and the tensor core dominates the harness's

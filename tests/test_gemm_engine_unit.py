@@ -12,6 +12,7 @@ from amaranth.sim import Simulator
 from golden.gemm import wrap
 from rtl.accumulator import AccumulatorMemory
 from rtl.gemm_engine import GemmEngine
+from tb.runner import run_amaranth
 
 LANE = 48
 
@@ -148,7 +149,7 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3):
     sim.add_process(scratchpad(engine.a_req, engine.a_resp))
     sim.add_process(scratchpad(engine.b_req, engine.b_resp))
     sim.add_testbench(watcher)
-    sim.run()
+    run_amaranth(sim)
     assert len(dones) == len(commands), "not every GEMM finished"
     acc = np.array([result[e] for e in range(depth)], np.int64)
     return acc, dones, result["error"]
@@ -161,9 +162,9 @@ def operands(rng, m, k, p):
 
 @pytest.mark.parametrize("a_rows", [0, 1])
 @pytest.mark.parametrize("b_rows", [0, 1])
-def test_layouts(a_rows, b_rows):
+def test_layouts(a_rows, b_rows, seed):
     n = 4
-    rng = np.random.default_rng(a_rows * 2 + b_rows)
+    rng = np.random.default_rng(a_rows * 2 + b_rows + 4 * seed)
     shapes = [(5, 6, 7), (4, 4, 4), (1, 3, 2), (9, 9, 5)]
     gemms, c = [], 0
     for m, k, p in shapes:
@@ -172,7 +173,7 @@ def test_layouts(a_rows, b_rows):
                       "c": c, "a_rows": a_rows, "b_rows": b_rows,
                       "signal": {"enable": 1, "semaphore": len(gemms)}})
         c += -(-m // n) * -(-p // n) * n
-    acc, dones, error = run(n, gemms, seed=a_rows + 2 * b_rows)
+    acc, dones, error = run(n, gemms, seed=a_rows + 2 * b_rows + 4 * seed)
     assert dones == [(1, i) for i in range(len(gemms))]
     assert error == 0
     c = 0
@@ -190,9 +191,9 @@ def test_layouts(a_rows, b_rows):
 
 
 @pytest.mark.parametrize("stall", [0.0, 0.3])  # 0: rows written back to back
-def test_accumulate_with_shift_combines_limbs(stall):
+def test_accumulate_with_shift_combines_limbs(stall, seed):
     n = 4
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(7 + seed)
     p_full = rng.integers(0, 1 << 14, (3, 8))
     hi, lo = (p_full >> 7).astype(np.int8), (p_full & 127).astype(np.int8)
     v = rng.integers(-128, 128, (8, 6), dtype=np.int64).astype(np.int8)
@@ -201,7 +202,7 @@ def test_accumulate_with_shift_combines_limbs(stall):
         {"A": lo, "B": v, "a": 100, "b": 200, "c": 16, "a_rows": 1, "accumulate": 1,
          "acc_shift": 7, "signal": {"enable": 1, "semaphore": 3}},
     ]
-    acc, dones, _ = run(n, gemms, seed=3, stall=stall)
+    acc, dones, _ = run(n, gemms, seed=3 + seed, stall=stall)
     want = reference(p_full, v.astype(np.int64), n)
     np.testing.assert_array_equal(acc[16:16 + len(want)], want)
     assert dones == [(0, 0), (1, 3)]

@@ -13,6 +13,7 @@ from amaranth.sim import Simulator
 
 from rtl.mesh import Mesh, channel_dependencies, check_deadlock_free, find_cycle
 from rtl.noc import MAX_K, MIN_K, MessageClass, NocConfig, Port, multicast_mask, xy_route
+from tb.runner import run_amaranth
 
 INDEX_BITS = 4  # payload = packet id << INDEX_BITS | flit index
 
@@ -149,7 +150,7 @@ def run(k: int, packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: in
             assert not ctx.get(mesh.eject[i][v].valid), "a flit left over in the network"
 
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
     assert board.outstanding() == 0
     assert all(h is None for h in board.holder.values()), "a packet never finished"
     return result
@@ -187,7 +188,7 @@ def random_traffic(k: int, count: int, seed: int, vcs: int = 2) -> list[Packet]:
     return packets
 
 
-def test_mixed_traffic_with_stalls_3x3():
+def test_mixed_traffic_with_stalls_3x3(seed):
     """Broadcasts and multicast sets from several nodes, wormhole unicast packets to the
     same nodes in between (the copies keep their order), then random traffic from every
     node, with idle injection and stalled ejection."""
@@ -199,14 +200,15 @@ def test_mixed_traffic_with_stalls_3x3():
                multicast(4, (2, 0), [(1, 0), (1, 1), (1, 2), (0, 1)], 0, k)]
     packets += [unicast(5 + i, (1, 1), n, 0, length=3) for i, n in enumerate(nodes)]
     packets.append(multicast(20, (1, 1), nodes[::2], 0, k))
-    packets += [replace(p, pid=p.pid + 100) for p in random_traffic(k, 100, seed=11)]
-    result = run(k, packets, seed=12, idle=0.3, eject_stall=0.5)
+    packets += [replace(p, pid=p.pid + 100) for p in random_traffic(k, 100, seed=seed + 11)]
+    result = run(k, packets, seed=seed + 12, idle=0.3, eject_stall=0.5)
     assert result["dropped"] == [0] * 9 and result["error"] == 0
 
 
-def test_random_traffic_saturated_2x2_four_vcs():
+def test_random_traffic_saturated_2x2_four_vcs(seed):
     """Everything offered at once, shallow buffers, four VCs: the network stays live."""
-    result = run(2, random_traffic(2, 80, seed=21, vcs=4), vcs=4, depth=2, seed=22,
+    result = run(2, random_traffic(2, 80, seed=seed + 21, vcs=4), vcs=4, depth=2,
+                 seed=seed + 22,
                  eject_stall=0.3)
     assert result["error"] == 0
 

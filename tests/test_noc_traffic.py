@@ -10,6 +10,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from tb.noc_run import check_complete, correctness_runs, figures, simulate
+from tb.runner import run_amaranth
 from tb.traffic import TrafficBench
 
 K = 3
@@ -48,7 +49,7 @@ def test_a_corrupted_flit_is_caught():
             counts.append(ctx.get(bench.errors))
 
         sim.add_testbench(drive)
-        sim.run()
+        run_amaranth(sim)
     assert counts[0] == 0 and counts[1] > 0
 
 

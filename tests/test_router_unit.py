@@ -12,6 +12,8 @@ from amaranth.sim import Simulator
 
 from rtl.noc import MessageClass, NocConfig, Port, branch_region, multicast_mask
 from rtl.router import Router
+from tb import coverage
+from tb.runner import run_amaranth
 
 K, HERE = 3, (1, 1)
 INDEX_BITS = 4  # payload = packet id << INDEX_BITS | flit index
@@ -97,6 +99,7 @@ class Scoreboard:
             f"packet {pid} interleaved into packet {holder} on {port.name} VC {flit.vc}"
         self.holder[port, flit.vc] = None if flit.tail else pid
         if index == 0:
+            coverage.router_flit(packet.source.name, port.name, flit.vc)
             key = (packet.source, packet.vc, port)
             assert self.last_pid.get(key, -1) < pid, f"packet {pid} overtook on {key}"
             self.last_pid[key] = pid
@@ -109,6 +112,9 @@ class Scoreboard:
     def finish(self) -> None:
         assert self.outstanding() == 0, "flits lost"
         assert all(h is None for h in self.holder.values()), "a packet never finished"
+        for pid, packet in self.packets.items():
+            if packet.mask and packet.source is Port.L and self.expect[pid]:
+                coverage.router_multicast({port.name for port in self.expect[pid]})
 
 
 def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
@@ -186,6 +192,8 @@ def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
                 if e_valid[v] and e_ready[v]:
                     board.deliver(cycle, Port.L, e_flit[v])
                     progress = True
+                elif e_valid[v]:
+                    coverage.router_backpressure("L")
             for i, p in enumerate(links):
                 valid, flit, credit = values[3 * i:3 * i + 3]
                 for v in range(vcs):
@@ -198,6 +206,8 @@ def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
                         f"{p.name} VC {flit.vc} sent past its credits"
                     progress = True
                 give_back[p] = 0
+                if any(len(queue) == depth for queue in downstream[p]):
+                    coverage.router_backpressure(p.name)
                 for v in range(vcs):
                     if downstream[p][v] and rng.random() >= stall:
                         downstream[p][v].pop(0)
@@ -216,7 +226,7 @@ def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
         result["cycles"] = cycle
 
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
     board.finish()
     return result
 
@@ -241,8 +251,8 @@ def test_single_flits_take_one_router_cycle():
             f"{packet.source.name} -> {packet.dst}"
 
 
-def test_wormhole_packets_on_both_vcs_under_stalls():
-    rng = np.random.default_rng(1)
+def test_wormhole_packets_on_both_vcs_under_stalls(seed):
+    rng = np.random.default_rng(seed + 1)
     packets, pid = [], 0
     sources = {Port.L: [(x, y) for x in range(K) for y in range(K)],
                Port.W: [(2, 0), (2, 2), (1, 0), (1, 2), (1, 1)],
@@ -254,17 +264,51 @@ def test_wormhole_packets_on_both_vcs_under_stalls():
             packets.append(Packet(pid, source, vc=int(rng.integers(2)),
                                   length=int(rng.integers(1, 6)), dst=dst))
             pid += 1
-    result = run(packets, seed=2, idle=0.2, stall=0.4, eject_stall=0.4)
+    result = run(packets, seed=seed + 2, idle=0.2, stall=0.4, eject_stall=0.4)
+    assert result["dropped"] == 0 and result["error"] == 0
+
+
+#: Destinations a packet arriving on each port can still have (XY: no U-turns, no
+#: turning from Y back into X).
+REACHABLE = {
+    Port.L: [(x, y) for x in range(K) for y in range(K)],
+    Port.W: [(x, y) for x in (1, 2) for y in range(K)],
+    Port.E: [(x, y) for x in (0, 1) for y in range(K)],
+    Port.N: [(1, 1), (1, 2)],
+    Port.S: [(1, 0), (1, 1)],
+}
+
+
+def test_random_unicast_and_multicast_traffic(seed):
+    """Random packets from every input to every destination it can reach, random
+    multicasts from the local port, both VCs, random lengths, idle inputs and stalled
+    outputs: every flit delivered once, in order, to the right outputs."""
+    rng = np.random.default_rng(seed + 100)
+    nodes = REACHABLE[Port.L]
+    packets = []
+    for pid in range(150):
+        source = list(Port)[rng.integers(len(Port))]
+        vc = int(rng.integers(2))
+        if source is Port.L and rng.random() < 0.3:
+            density = rng.uniform(0.05, 0.6)
+            chosen = [n for n in nodes if rng.random() < density] or [nodes[rng.integers(9)]]
+            packets.append(Packet(pid, source, vc=vc, mask=multicast_mask(chosen, K)))
+        else:
+            dsts = REACHABLE[source]
+            packets.append(Packet(pid, source, vc=vc, length=int(rng.integers(1, 5)),
+                                  dst=dsts[rng.integers(len(dsts))]))
+    result = run(packets, seed=seed + 101, idle=0.2, stall=0.4, eject_stall=0.3,
+                 max_cycles=6000)
     assert result["dropped"] == 0 and result["error"] == 0
 
 
 @pytest.mark.parametrize("vcs,depth", [(4, 2), (2, 1)])
-def test_more_vcs_and_shallow_buffers(vcs, depth):
-    rng = np.random.default_rng(vcs)
+def test_more_vcs_and_shallow_buffers(vcs, depth, seed):
+    rng = np.random.default_rng(vcs + seed)
     packets = [Packet(i, Port.L if i % 2 else Port.W, vc=int(rng.integers(vcs)),
                       length=int(rng.integers(1, 5)),
                       dst=[(2, 1), (1, 2), (2, 0)][i % 3]) for i in range(40)]
-    result = run(packets, vcs=vcs, depth=depth, seed=3, stall=0.3)
+    result = run(packets, vcs=vcs, depth=depth, seed=seed + 3, stall=0.3)
     outputs = {(port, pid) for _, port, pid in result["board"].delivered}
     assert len(outputs) == 40
 

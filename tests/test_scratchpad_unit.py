@@ -11,6 +11,7 @@ from amaranth.sim import Simulator
 from golden.ecc import Secded, flip_bits
 from rtl import _ecc
 from rtl.scratchpad import Scratchpad
+from tb.runner import run_amaranth
 from tb.scratchpad_tb import (
     ScratchpadModel,
     kv_traffic,
@@ -55,7 +56,7 @@ def test_ecc_rtl_matches_golden(data_bits):
 
     sim = Simulator(m)
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
 
 
 def simulate(config: dict, traffic: dict, *, idle: int = 0, stall: int = 0, seed: int = 1):
@@ -109,18 +110,18 @@ def simulate(config: dict, traffic: dict, *, idle: int = 0, stall: int = 0, seed
     for name in traffic:
         sim.add_testbench(source(name))
         sim.add_testbench(sink(name))
-    sim.run()
+    run_amaranth(sim)
     return got, want, model, sp
 
 
 @pytest.mark.parametrize(("idle", "stall"), [(0, 0), (30, 50)])
-def test_random_traffic_matches_model(idle, stall):
+def test_random_traffic_matches_model(idle, stall, seed):
     sp = Scratchpad(**SMALL)
-    rng = np.random.default_rng(idle + stall)
+    rng = np.random.default_rng(idle + stall + 100 * seed)
     model = ScratchpadModel(sp)
     traffic = {name: plain_traffic(sp, rng, name, 60, faults=True) for name in plain_ports(sp)}
     traffic["kv"] = kv_traffic(sp, rng, 150, model)
-    got, want, model, _ = simulate(SMALL, traffic, idle=idle, stall=stall, seed=idle + 7)
+    got, want, model, _ = simulate(SMALL, traffic, idle=idle, stall=stall, seed=idle + 7 + seed)
     for name in traffic:
         for i, (g, w) in enumerate(zip(got[name], want[name], strict=True)):
             assert g == w, f"{name} response {i} to {traffic[name][i]}: got {g}, want {w}"
@@ -155,7 +156,7 @@ def test_kv_latency_and_plain_latency():
                 await ctx.tick()
 
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
     assert seen == {"a": sp.latency, "kv": sp.kv_latency}
     assert (sp.latency, sp.kv_latency) == (5, 6)
 

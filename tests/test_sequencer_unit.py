@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
+from compiler.hazards import accesses, check_synchronisation
+from golden.vector_model import VectorOpcode as VOP
 from rtl.isa import Opcode, VecDst, decode, encode
 from rtl.sequencer import ErrorCode, Sequencer
+from tb import coverage
+from tb.runner import run_amaranth
 
 WORDS = 4096
 ENTRIES = 256
@@ -30,13 +35,15 @@ def dma(**fields):
 HALT = encode(Opcode.HALT)
 
 
-def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000):
+def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
+        rng=None):
     """Run ``program``; engines take a command when the cycle count is a multiple of
-    ``ready_every`` and report it done ``engine_delay`` cycles later. ``arrivals``:
-    (cycle, semaphore) network arrivals. Returns the trace and the final status."""
+    ``ready_every`` and report it done ``engine_delay`` cycles later (with ``rng``: ready
+    at random, done 1 to 12 cycles later). ``arrivals``: (cycle, semaphore) network
+    arrivals. Returns the trace (``dispatched`` and ``done`` cycles) and the status."""
     dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
                     mesh=(2, 2), program_depth=depth)
-    trace = {"dispatched": [], "halted_at": None}
+    trace = {"dispatched": [], "done": [], "halted_at": None}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
 
@@ -52,13 +59,14 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
         ctx.set(dut.start, 0)
         pending = []  # (cycle due, engine, signal)
         for cycle in range(max_cycles):
-            ready = cycle % ready_every == 0
+            ready = cycle % ready_every == 0 if rng is None else rng.random() < 0.7
             for name in ("gemm", "vec", "dma"):
                 ctx.set(getattr(dut, name).ready, ready)
                 done = getattr(dut, f"{name}_done")
                 due = [p for p in pending if p[0] == cycle and p[1] == name]
                 ctx.set(done.valid, bool(due))
                 if due:
+                    trace["done"].append((cycle, name))
                     ctx.set(done.payload.enable, due[0][2]["enable"])
                     ctx.set(done.payload.semaphore, due[0][2]["semaphore"])
             arrival = [s for c, s in arrivals if c == cycle]
@@ -72,7 +80,8 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
                     trace["dispatched"].append((cycle, name, args))
                     # One done per cycle per engine: later commands finish later.
                     last = max([p[0] for p in pending if p[1] == name], default=cycle)
-                    pending.append((max(cycle + engine_delay, last + 1), name, args["signal"]))
+                    delay = engine_delay if rng is None else int(rng.integers(1, 13))
+                    pending.append((max(cycle + delay, last + 1), name, args["signal"]))
             await ctx.tick()
             if ctx.get(dut.status.halted):
                 trace["halted_at"] = cycle
@@ -86,7 +95,7 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
         trace["semaphores"] = [ctx.get(dut.semaphores[i]) for i in range(16)]
 
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
     return trace
 
 
@@ -113,6 +122,81 @@ def test_program_dispatches_in_order_with_exact_fields():
         assert args == decode(word)[1]
     assert trace["status"] == {"running": 0, "halted": 1, "error": ErrorCode.NONE, "pc": 7}
     assert trace["semaphores"][0] == 0 and trace["semaphores"][1] == 0
+    coverage.sample_program([decode(word) for word in program], 8)
+
+
+#: The semaphore each engine signals in the random programs.
+ENGINE_SEMAPHORE = {"GEMM": 0, "VEC": 1, "DMA": 2}
+
+
+def random_program(rng, count: int) -> list:
+    """``count`` random GEMM, VEC and DMA operations over small overlapping regions, each
+    signalling its engine's semaphore, with a WAIT before every operation that depends
+    (RAW, WAR or WAW) on an unfinished operation of another engine; then HALT."""
+    def some(low, high):
+        return int(rng.integers(low, high))
+
+    ops, pending = [], {engine: [] for engine in ENGINE_SEMAPHORE}  # unwaited accesses
+    for _ in range(count):
+        engine = str(rng.choice(list(ENGINE_SEMAPHORE)))
+        if engine == "GEMM":
+            fields = {"a": some(0, 48), "b": some(0, 48), "c": some(0, 96), "m": some(1, 9),
+                      "k": some(1, 17), "p": some(1, 9), "accumulate": some(0, 2)}
+        elif engine == "VEC":
+            fields = {"op": int(rng.choice([VOP.ADD, VOP.MAX, VOP.EXP, VOP.REQUANT])),
+                      "a": some(0, 96), "b": some(0, 96), "c": some(0, 96), "dst": some(0, 48),
+                      "rows": some(1, 9), "beats": some(1, 3),
+                      "dst_kind": int(rng.choice(list(VecDst)).value)}
+        else:
+            fields = {"src": some(0, 48), "dst": some(0, 48), "length": some(1, 9), "tiles": 1}
+        fields["signal"] = {"enable": 1, "semaphore": ENGINE_SEMAPHORE[engine]}
+        reads, writes = accesses(Opcode[engine], fields, 8)
+        for other, unwaited in pending.items():
+            clash = any(reads & w or writes & r or writes & w for r, w in unwaited)
+            if unwaited and (len(unwaited) == 8 or other != engine and clash):
+                ops.append((Opcode.WAIT, {"semaphore": ENGINE_SEMAPHORE[other],
+                                          "count": len(unwaited)}))
+                unwaited.clear()
+        ops.append((Opcode[engine], fields))
+        pending[engine].append((reads, writes))
+    for other, unwaited in pending.items():
+        if unwaited:
+            ops.append((Opcode.WAIT, {"semaphore": ENGINE_SEMAPHORE[other],
+                                      "count": len(unwaited)}))
+    ops.append((Opcode.HALT, {}))
+    check_synchronisation(ops, 8)  # the generator's own check
+    return ops
+
+
+def test_random_programs_respect_every_wait(seed):
+    """Random programs with cross-engine dependencies, engines that accept and finish at
+    random: operations dispatch in program order with their exact fields, and none
+    dispatches before the operations it depends on (its WAITs) have finished."""
+    rng = np.random.default_rng(seed + 40)
+    ops = random_program(rng, 40)
+    program = [encode(op, **fields) for op, fields in ops]
+    trace = run(program, depth=128, max_cycles=6000, rng=rng)
+    assert trace["status"] == {"running": 0, "halted": 1, "error": ErrorCode.NONE,
+                               "pc": len(program) - 1}
+    engine_ops = [(i, op.name, f) for i, (op, f) in enumerate(ops)
+                  if op.name in ENGINE_SEMAPHORE]
+    assert [name.upper() for _, name, _ in trace["dispatched"]] == [n for _, n, _ in engine_ops]
+    dispatched, done = {}, {}
+    nth = {engine: 0 for engine in ENGINE_SEMAPHORE}
+    finish = {e: [c for c, name in trace["done"] if name.upper() == e] for e in ENGINE_SEMAPHORE}
+    for (cycle, _, args), (index, name, _) in zip(trace["dispatched"], engine_ops, strict=True):
+        assert args == decode(program[index])[1]
+        dispatched[index], done[index] = cycle, finish[name][nth[name]]
+        nth[name] += 1
+    for j, (index, name, fields) in enumerate(engine_ops):
+        reads, writes = accesses(Opcode[name], fields, 8)
+        for earlier, other, f in engine_ops[:j]:
+            r, w = accesses(Opcode[other], f, 8)
+            if other != name and (reads & w or writes & r or writes & w):
+                assert done[earlier] < dispatched[index], \
+                    f"op {index} ({name}) dispatched before op {earlier} ({other}) finished"
+    assert trace["semaphores"][:3] == [0, 0, 0]
+    coverage.sample_program(ops, 8)
 
 
 def test_wait_blocks_until_a_network_arrival():
@@ -166,6 +250,7 @@ def test_bad_instruction_stops_cleanly(bad, error):
     trace = run(program)
     assert [name for _, name, _ in trace["dispatched"]] == ["gemm"]  # nothing after it
     assert trace["status"] == {"running": 0, "halted": 1, "error": error, "pc": 1}
+    coverage.sequencer_error(error.name)
 
 
 def test_regions_that_just_fit_are_accepted():
@@ -187,11 +272,13 @@ def test_semaphore_overflow_is_an_error():
     trace = run(program)
     assert trace["status"]["error"] == ErrorCode.SEMAPHORE_OVERFLOW
     assert trace["semaphores"][3] == 0xFFFF  # kept, not wrapped
+    coverage.sequencer_error("SEMAPHORE_OVERFLOW")
 
 
 def test_running_off_the_end_of_the_program_is_an_error():
     trace = run([encode(Opcode.NOP)] * 4, depth=4)
     assert trace["status"]["error"] == ErrorCode.PC_OVERFLOW and trace["status"]["pc"] == 3
+    coverage.sequencer_error("PC_OVERFLOW")
 
 
 @pytest.mark.parametrize(

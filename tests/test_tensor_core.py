@@ -28,18 +28,18 @@ CASES = [
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_gemm(n):
+def test_gemm(n, seed):
     """Every case with two seeds, in one simulation per size (a reset between GEMMs)."""
     cases = [{"name": name, "m": m, "k": k, "p": p, "kind": kind, "idle": idle,
-              "stall": stall, "seed": seed}
-             for name, m, k, p, kind, idle, stall in CASES for seed in (1, 2)]
+              "stall": stall, "seed": case_seed}
+             for name, m, k, p, kind, idle, stall in CASES for case_seed in (seed + 1, seed + 2)]
     assert simulate_gemm_cases(n, cases)["cases"] == len(cases)
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_back_to_back_tiles_full_rate(n):
+def test_back_to_back_tiles_full_rate(n, seed):
     """K = 8N tiles back to back with no stalls keep the array busy >= 95% of the time."""
-    result = simulate_gemm(n, 4 * n, 8 * n, 4 * n, seed=3)
+    result = simulate_gemm(n, 4 * n, 8 * n, 4 * n, seed=seed + 3)
     assert result["utilisation"] >= 0.95, result
 
 
@@ -56,6 +56,7 @@ def test_operand_stream_ending_early_sets_error(n):
         params=params)
 
 
+@pytest.mark.nightly  # a traced Verilator build: ~60 s (test_regress records VCD quickly)
 def test_waves_are_recorded_on_request():
     result = simulate_gemm(2, 3, 4, 3, seed=1, waves=True)
     assert result["waves_file"] and Path(result["waves_file"]).stat().st_size > 0

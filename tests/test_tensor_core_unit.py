@@ -9,6 +9,7 @@ from amaranth.sim import Simulator
 from golden.gemm import gemm
 from rtl.tensor_core import TensorCore
 from tb.gemm_stream import assemble, operand_beats, result_rows
+from tb.runner import run_amaranth
 
 
 def simulate(n, a, b, *, stall_every=0, idle_every=0):
@@ -52,7 +53,7 @@ def simulate(n, a, b, *, stall_every=0, idle_every=0):
 
     sim.add_testbench(source)
     sim.add_testbench(sink)
-    sim.run()
+    run_amaranth(sim)
     values, last = result_rows(received, n)
     assert (last == (np.arange(len(received)) % n == n - 1)).all()
     return assemble(values, a.shape[0], b.shape[1], n)
@@ -115,5 +116,5 @@ def test_latency_attribute_matches_the_hardware(n):
             await ctx.tick()
 
     sim.add_testbench(bench)
-    sim.run()
+    run_amaranth(sim)
     assert observed == [dut.latency]

@@ -8,13 +8,18 @@ from tb.tile_run import simulate_attention, simulate_case, tile_config
 
 #: tiny: head_dim 12 (two words per token), 4-token pages (smaller than N = 8).
 TINY = tile_config("tiny")
+#: Prompt lengths by seed (make test: 11): with 4-token pages they end inside a page, on
+#: a page's last token and on a new page's first token.
+PREFILLS = (11, 8, 9, 6, 13)
 
 
 @pytest.mark.parametrize("layer", [0, 1])  # sliding window 5, then full causal
-def test_tiny_prefill_then_decode(layer):
-    result = simulate_attention(TINY, "tiny", layer, prefill=11, steps=3, seed=layer + 1)
+def test_tiny_prefill_then_decode(layer, seed):
+    prefill = PREFILLS[seed % len(PREFILLS)]
+    result = simulate_attention(TINY, "tiny", layer, prefill=prefill, steps=3,
+                                seed=layer + 1 + seed)
     phases = [(p["phase"], p["context"]) for p in result["phases"]]
-    assert phases == [("prefill", 11), ("decode", 12), ("decode", 13), ("decode", 14)]
+    assert phases == [("prefill", prefill)] + [("decode", prefill + s) for s in (1, 2, 3)]
 
 
 def test_faults_are_corrected_or_reported():

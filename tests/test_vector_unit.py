@@ -24,10 +24,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_programs(n):
+def test_programs(n, seed):
     """Every case with two seeds, in one simulation per N (a reset before each)."""
-    cases = [dict(name=name, kind=kind, count=count, idle=idle, stall=stall, seed=seed)
-             for name, kind, count, idle, stall in CASES for seed in (1, 2)]
+    cases = [dict(name=name, kind=kind, count=count, idle=idle, stall=stall, seed=case_seed)
+             for name, kind, count, idle, stall in CASES
+             for case_seed in (seed + 1, seed + 2)]
     assert simulate_programs(n, cases)["cases"] == len(cases)
 
 

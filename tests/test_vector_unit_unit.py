@@ -9,6 +9,7 @@ from amaranth.sim import Simulator
 from golden.moe import topk
 from rtl.vector_unit import VectorOpcode as OP
 from rtl.vector_unit import VectorResult, VectorUnit
+from tb.runner import run_amaranth
 from tb.vector_unit_tb import beat, build_program, check, expected_results, pack, unpack
 
 
@@ -50,7 +51,7 @@ def simulate(n, slots, program, *, stall_every=0, idle_every=0, max_top_k=None):
 
     sim.add_testbench(source)
     sim.add_testbench(sink)
-    sim.run()
+    run_amaranth(sim)
     data, total = unpack([int(w) for w in received], n)
     return data, total, cycles[0], dut
 
