@@ -17,7 +17,7 @@ SIM    ?= verilator
 export SIM
 
 .DEFAULT_GOAL := help
-.PHONY: help sim test regress bench synth formal lint clean
+.PHONY: help sim test regress mutate bench synth formal lint clean
 
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
@@ -42,6 +42,9 @@ test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
 
 regress: $(STAMP) ## nightly: the suite with every random test over SEEDS seeds (SHARD=i/k): JUnit, coverage, build/regress.json
 	$(BIN)/python -m tb.regress --seeds $(SEEDS) --seed-base $(SEED_BASE) --shard $(SHARD) --jobs $(JOBS) $(ARGS)
+
+mutate: $(STAMP) ## Yosys mutants of router, tensor core, vector unit vs the suite's checks: build/mutate.json
+	$(BIN)/python -m tb.mutate $(ARGS)
 
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 	$(BIN)/python -m bench $(ARGS)

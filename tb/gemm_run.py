@@ -16,6 +16,25 @@ MODULE = "tb.tensor_core_tb"
 MIN_OPERAND_DEPTH, MIN_RESULT_DEPTH = 2048, 512
 
 
+#: (name, m, k, p, kind, idle, stall): shapes not multiples of N, K < N, K = 1, long K.
+GEMM_CASES = [
+    ("ragged", 13, 21, 11, "random", 0.0, 0.0),
+    ("stalls", 13, 21, 11, "random", 0.3, 0.5),
+    ("short-k", 20, 3, 20, "random", 0.0, 0.0),
+    ("k1-stalls", 9, 1, 17, "random", 0.2, 0.2),
+    ("extremes", 16, 40, 16, "extreme", 0.1, 0.3),
+    ("min-long-k", 2, 1024, 2, "min", 0.0, 0.2),
+]
+
+
+def gemm_cases(seed: int = 0) -> list[dict]:
+    """:data:`GEMM_CASES` with seeds ``seed + 1`` and ``seed + 2`` (the suite's cases)."""
+    return [{"name": name, "m": m, "k": k, "p": p, "kind": kind, "idle": idle,
+             "stall": stall, "seed": case_seed}
+            for name, m, k, p, kind, idle, stall in GEMM_CASES
+            for case_seed in (seed + 1, seed + 2)]
+
+
 def memory_depth(beats: int, minimum: int = MIN_OPERAND_DEPTH) -> int:
     """Harness memory depth for ``beats``: a power of two >= ``minimum``, so builds get reused."""
     return max(minimum, 1 << (beats - 1).bit_length())
@@ -58,14 +77,21 @@ def simulate_gemm(n: int, m: int, k: int, p: int, *, seed: int = 1, kind: str = 
                tag=tag)
 
 
-def simulate_gemm_cases(n: int, cases: list[dict], *, simulator: str | None = None) -> dict:
-    """Several GEMMs in one simulation (one simulator start instead of one per GEMM):
-    ``cases`` of m, k, p, kind, idle, stall, seed and a name for the messages; the
-    harness is as deep as the largest needs. Raises SimulationFailed naming the case."""
+def cases_depths(n: int, cases: list[dict]) -> tuple[int, int]:
+    """Operand and result harness depths that hold every case of ``cases``."""
     sizes = [tile_grid(c["m"], c["p"], n) for c in cases]
     beats = max(r * q * c["k"] for (r, q), c in zip(sizes, cases, strict=True))
     rows = max(r * q * n for r, q in sizes)
-    handle = tensor_core_build(n, memory_depth(beats), memory_depth(rows, MIN_RESULT_DEPTH),
-                               simulator, None)
+    return memory_depth(beats), memory_depth(rows, MIN_RESULT_DEPTH)
+
+
+def simulate_gemm_cases(n: int, cases: list[dict], *, simulator: str | None = None,
+                        handle: SimBuild | None = None, mutant: int = 0) -> dict:
+    """Several GEMMs in one simulation (one simulator start instead of one per GEMM):
+    ``cases`` of m, k, p, kind, idle, stall, seed and a name for the messages; the
+    harness is as deep as the largest needs (``handle``: run on this build instead, with
+    ``mutant`` selected). Raises SimulationFailed naming the case."""
+    if handle is None:
+        handle = tensor_core_build(n, *cases_depths(n, cases), simulator, None)
     return run(handle, MODULE, testcase="gemm_cases", params={"n": n, "cases": cases},
-               tag=f"cases-{len(cases)}")
+               tag=f"cases-{len(cases)}", mutant=mutant)

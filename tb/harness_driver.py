@@ -9,6 +9,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
 
+from tb.runner import select_mutant
+
 CLOCK_NS = 10
 
 
@@ -30,6 +32,7 @@ class HarnessDriver:
 
     def __init__(self, dut):
         self.dut = dut
+        select_mutant(dut)
         # The GPI clock toggles in C, without a Python call per edge.
         cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start())
         dut.start.value = 0

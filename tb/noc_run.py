@@ -68,14 +68,16 @@ def traffic_build(k: int, vcs: int = 2, depth: int = 4, queue: int = 16) -> SimB
 
 
 def simulate(k: int, *, runs: list[dict] | None = None, sweep: dict | None = None,
-             vcs: int = 2, depth: int = 4, seed: int = 1) -> dict:
-    """Run ``runs`` (see :mod:`tb.noc_tb`) and/or one saturation ``sweep`` on a k x k mesh."""
+             vcs: int = 2, depth: int = 4, seed: int = 1, handle: SimBuild | None = None,
+             mutant: int = 0) -> dict:
+    """Run ``runs`` (see :mod:`tb.noc_tb`) and/or one saturation ``sweep`` on a k x k mesh
+    (``handle``: on this build of its traffic bench instead, with ``mutant`` selected)."""
     params = {"k": k, "runs": runs or []}
     if sweep is not None:
         params["sweep"] = sweep
     tag = f"k{k}-v{vcs}-d{depth}-" + ("sweep-" + sweep["pattern"] if sweep else f"{len(runs)}runs")
-    return run(traffic_build(k, vcs, depth), MODULE, testcase="traffic", seed=seed,
-               params=params, tag=tag)
+    return run(handle or traffic_build(k, vcs, depth), MODULE, testcase="traffic", seed=seed,
+               params=params, tag=tag, mutant=mutant)
 
 
 def figures(run: dict) -> dict:

@@ -16,7 +16,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
 from tb.noc_run import DRAIN_LIMIT, figures, saturation_search
-from tb.runner import parameters, report
+from tb.runner import parameters, report, select_mutant
 from tb.traffic import Pattern, TrafficBench
 
 CLOCK_NS = 10
@@ -30,6 +30,7 @@ def _probability(p: float) -> int:
 class Traffic:
     def __init__(self, dut, nodes: int):
         self.dut, self.nodes = dut, nodes
+        select_mutant(dut)
         cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start())
 
     def read(self) -> dict:

@@ -48,6 +48,10 @@ TOPLEVEL = "top"
 RESULT_ENV = "SERRANO_RESULT"
 #: Environment variable carrying the test's parameters as JSON (see :func:`parameters`).
 PARAMS_ENV = "SERRANO_PARAMS"
+#: Environment variable naming the mutant a mutation build runs (:mod:`tb.mutate`).
+MUTANT_ENV = "SERRANO_MUTANT"
+#: The input of a mutation build that selects its mutant (0: none).
+MUTANT_PORT = "mutsel"
 
 # Verilator: let it optimise freely (--x-* fast), and compile the per-cycle code with -O2
 # but the huge run-once constructors with -O0 (at -O2 gcc spends minutes on them).
@@ -177,7 +181,8 @@ def _safe(name: str) -> str:
 
 def build(component, name: str, *, simulator: str | None = None,
           waves: bool | None = None, opt_fast: str | None = None,
-          modules: dict | None = None, activity: bool = False) -> SimBuild:
+          modules: dict | None = None, activity: bool = False,
+          verilog_source: str | None = None) -> SimBuild:
     """Elaborate ``component`` to Verilog and compile it (or reuse an identical build).
 
     ``opt_fast`` overrides the optimisation of Verilator's per-cycle code (default
@@ -186,6 +191,8 @@ def build(component, name: str, *, simulator: str | None = None,
     sources, for designs that instantiate them several times (``rtl.chip``'s tiles).
     ``activity``: trace every run into a SAIF file of per-bit toggle counts (Verilator
     only; the energy proxy of :mod:`tb.energy`) instead of waves.
+    ``verilog_source``: compile this Verilog (a ``top`` module) instead of elaborating
+    ``component`` (the mutation builds of :mod:`tb.mutate`).
     """
     simulator = simulator or simulator_from_env()
     if simulator not in SIMULATORS:
@@ -214,14 +221,18 @@ def build(component, name: str, *, simulator: str | None = None,
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
         complete = stamp_file.exists() and (not activity or (directory / "top.il").exists())
-        if complete and key_file.exists() and key_file.read_text() == key:
+        if complete and key_file.exists() and key_file.read_text() == key \
+                and verilog_source is None:
             return SimBuild(name, directory, simulator, waves, stamp_file.read_text(),
                             activity)
 
-    source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
-    for module_name, module in (modules or {}).items():
-        source += verilog.convert(module, name=module_name, emit_src=False)
-    source = compact_memory_init(source)
+    if verilog_source is None:
+        source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
+        for module_name, module in (modules or {}).items():
+            source += verilog.convert(module, name=module_name, emit_src=False)
+        source = compact_memory_init(source)
+    else:
+        source = verilog_source
     stamp = hashlib.sha256(
         json.dumps([source, args, opt_fast, WAIVERS.read_text(), simulator, waves]).encode()
     ).hexdigest()
@@ -321,11 +332,12 @@ def _design_sources_digest() -> str:
 
 
 def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
-        params: dict | None = None, tag: str = "") -> dict:
+        params: dict | None = None, tag: str = "", mutant: int = 0) -> dict:
     """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`.
 
     With waves, ``waves_file`` in the result names the FST (or VCD) file of the run;
-    with an activity build, ``activity_file`` its SAIF file.
+    with an activity build, ``activity_file`` its SAIF file. ``mutant``: the mutant a
+    mutation build runs (:func:`select_mutant`).
     """
     toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
@@ -363,6 +375,7 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
                 extra_env={
                     RESULT_ENV: str(result_file),
                     PARAMS_ENV: json.dumps(params or {}),
+                    MUTANT_ENV: str(mutant),
                     "PYTHONPATH": os.pathsep.join(python_path),
                 },
                 log_file=log_file,
@@ -413,6 +426,14 @@ def run_amaranth(sim) -> None:
 def parameters() -> dict:
     """Inside a cocotb test: the ``params`` given to :func:`run`."""
     return json.loads(os.environ.get(PARAMS_ENV, "{}"))
+
+
+def select_mutant(dut) -> None:
+    """Inside a cocotb test, before reset: on a mutation build, drive its mutant select
+    from ``$SERRANO_MUTANT`` (elsewhere: nothing)."""
+    mutant = int(os.environ.get(MUTANT_ENV, "0"))
+    if mutant:
+        getattr(dut, MUTANT_PORT).value = mutant
 
 
 def report(**metrics) -> None:

@@ -439,13 +439,32 @@ def simulate_program(n: int, kind: str, *, slots: int = 4, seed: int = 1, count:
                seed=seed, params=params, tag=f"{kind}-c{count}-i{idle}-s{stall}")
 
 
+#: (name, kind, count, idle, stall): the program kinds of the suite.
+PROGRAM_CASES = [
+    ("random", "random", 600, 0.0, 0.0),
+    ("random-stalls", "random", 600, 0.3, 0.5),
+    ("attention", "attention", 400, 0.0, 0.0),
+    ("attention-sink-stalls", "attention-sink", 400, 0.2, 0.3),
+    ("gating-stalls", "gating", 400, 0.1, 0.4),
+    ("routing-stalls", "routing", 120, 0.1, 0.4),
+]
+
+
+def program_cases(seed: int = 0) -> list[dict]:
+    """:data:`PROGRAM_CASES` with seeds ``seed + 1`` and ``seed + 2`` (the suite's cases)."""
+    return [dict(name=name, kind=kind, count=count, idle=idle, stall=stall, seed=case_seed)
+            for name, kind, count, idle, stall in PROGRAM_CASES
+            for case_seed in (seed + 1, seed + 2)]
+
+
 def simulate_programs(n: int, cases: list[dict], *, slots: int = 4,
-                      simulator: str | None = None) -> dict:
+                      simulator: str | None = None, handle=None, mutant: int = 0) -> dict:
     """Several programs (``cases`` of name, kind, count, idle, stall, seed) in one
-    simulation, a reset between them: one simulator start instead of one per program."""
+    simulation, a reset between them: one simulator start instead of one per program
+    (``handle``: on this build instead, with ``mutant`` selected)."""
     from tb.runner import run
 
-    return run(vector_unit_build(n, slots, simulator=simulator), MODULE,
+    return run(handle or vector_unit_build(n, slots, simulator=simulator), MODULE,
                testcase="programs_match_golden", params={"n": n, "slots": slots,
                                                          "cases": cases},
-               tag=f"cases-{len(cases)}")
+               tag=f"cases-{len(cases)}", mutant=mutant)

@@ -11,28 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tb.gemm_run import MODULE, simulate_gemm, simulate_gemm_cases, tensor_core_build
+from tb.gemm_run import MODULE, gemm_cases, simulate_gemm, simulate_gemm_cases, tensor_core_build
 from tb.runner import run
 
 SIZES = [2, 4, 8]
 
-# (name, m, k, p, kind, idle, stall): shapes not multiples of N, K < N, K = 1, long K.
-CASES = [
-    ("ragged", 13, 21, 11, "random", 0.0, 0.0),
-    ("stalls", 13, 21, 11, "random", 0.3, 0.5),
-    ("short-k", 20, 3, 20, "random", 0.0, 0.0),
-    ("k1-stalls", 9, 1, 17, "random", 0.2, 0.2),
-    ("extremes", 16, 40, 16, "extreme", 0.1, 0.3),
-    ("min-long-k", 2, 1024, 2, "min", 0.0, 0.2),
-]
-
 
 @pytest.mark.parametrize("n", SIZES)
 def test_gemm(n, seed):
-    """Every case with two seeds, in one simulation per size (a reset between GEMMs)."""
-    cases = [{"name": name, "m": m, "k": k, "p": p, "kind": kind, "idle": idle,
-              "stall": stall, "seed": case_seed}
-             for name, m, k, p, kind, idle, stall in CASES for case_seed in (seed + 1, seed + 2)]
+    """Every case of ``gemm_cases`` (ragged shapes, K < N, K = 1, long K, extremes, with
+    and without stalls) with two seeds, in one simulation per size."""
+    cases = gemm_cases(seed)
     assert simulate_gemm_cases(n, cases)["cases"] == len(cases)
 
 

@@ -8,27 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from tb.vector_unit_tb import simulate_program, simulate_programs
+from tb.vector_unit_tb import program_cases, simulate_program, simulate_programs
 
 SIZES = [4, 8]
-
-# (name, kind, count, idle, stall)
-CASES = [
-    ("random", "random", 600, 0.0, 0.0),
-    ("random-stalls", "random", 600, 0.3, 0.5),
-    ("attention", "attention", 400, 0.0, 0.0),
-    ("attention-sink-stalls", "attention-sink", 400, 0.2, 0.3),
-    ("gating-stalls", "gating", 400, 0.1, 0.4),
-    ("routing-stalls", "routing", 120, 0.1, 0.4),
-]
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_programs(n, seed):
-    """Every case with two seeds, in one simulation per N (a reset before each)."""
-    cases = [dict(name=name, kind=kind, count=count, idle=idle, stall=stall, seed=case_seed)
-             for name, kind, count, idle, stall in CASES
-             for case_seed in (seed + 1, seed + 2)]
+    """Every case of ``program_cases`` (random ops, attention rows with and without
+    sinks, gating, routing; with and without stalls) with two seeds, in one simulation
+    per N (a reset before each)."""
+    cases = program_cases(seed)
     assert simulate_programs(n, cases)["cases"] == len(cases)
 
 

