@@ -12,18 +12,22 @@ JOBS   ?= 2
 SEEDS     ?= 4
 SEED_BASE ?= 1
 SHARD     ?= 1/1
+# make fpga: the board and what goes on it (tile or tensor_core).
+BOARD     ?= ulx3s-85f
+DESIGN    ?= tile
 # Simulator for cocotb runs: verilator (default) or icarus.
 SIM    ?= verilator
 export SIM
 
 .DEFAULT_GOAL := help
-.PHONY: help sim test regress mutate bench synth formal lint clean
+.PHONY: help sim test regress mutate bench synth formal fpga lint clean
 
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 16
 	@echo "variables: SIM=verilator|icarus  WAVES=1  JOBS=$(JOBS)  ARGS='extra CLI options'"
 	@echo "           make regress: SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE) SHARD=$(SHARD)"
+	@echo "           make fpga: BOARD=$(BOARD) DESIGN=$(DESIGN)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "serrano needs Python >= 3.11, found " + sys.version.split()[0])'
@@ -54,6 +58,9 @@ synth: $(STAMP) ## Yosys + nextpnr-ecp5 area and Fmax: print a table, write buil
 
 formal: $(STAMP) ## SymbiYosys proofs on the router: files and traces under build/formal/
 	$(BIN)/python -m formal $(ARGS)
+
+fpga: $(STAMP) ## bitstream of DESIGN behind a UART bridge for BOARD: utilisation, Fmax, build/fpga.json
+	$(BIN)/python -m fpga --board $(BOARD) --design $(DESIGN) $(ARGS)
 
 lint: $(STAMP) ## ruff, and Verilator --lint-only on every generated top
 	$(BIN)/ruff check .

@@ -52,6 +52,9 @@ PARAMS_ENV = "SERRANO_PARAMS"
 MUTANT_ENV = "SERRANO_MUTANT"
 #: The input of a mutation build that selects its mutant (0: none).
 MUTANT_PORT = "mutsel"
+#: Extra waivers for Verilog written by Yosys (``verilog_source`` builds): Yosys writes its
+#: one-hot ``$pmux`` cells as ``parallel_case`` case statements whose patterns overlap.
+YOSYS_WAIVERS = "lint_off -rule CASEOVERLAP\n"
 
 # Verilator: let it optimise freely (--x-* fast), and compile the per-cycle code with -O2
 # but the huge run-once constructors with -O0 (at -O2 gcc spends minutes on them).
@@ -253,7 +256,8 @@ def build(component, name: str, *, simulator: str | None = None,
         sources = [verilog_file]
         if simulator == "verilator":
             control = directory / "verilator.vlt"
-            control.write_text(WAIVERS.read_text() + _public_rules(source))
+            extra = YOSYS_WAIVERS if verilog_source is not None else ""
+            control.write_text(WAIVERS.read_text() + extra + _public_rules(source))
             sources.insert(0, VerilatorControlFile(control))
         runner = _runner(simulator)
         print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
