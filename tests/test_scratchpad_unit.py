@@ -131,6 +131,36 @@ def test_random_traffic_matches_model(idle, stall, seed):
         assert any(s[flag] for s in statuses), f"the traffic never produced {flag}"
 
 
+@pytest.mark.parametrize(("b_addr", "conflicts"), [(2, 1), (3, 0)])
+def test_bank_conflicts_are_counted(b_addr, conflicts):
+    """Ports a and b read at once: the same bank (0 and 2) costs one of them a cycle,
+    counted in its ``<port>_conflicts``; different banks (0 and 3) cost nothing."""
+    sp = Scratchpad(**SMALL)
+    sim = Simulator(sp)
+    sim.add_clock(1e-8)
+    counts = {}
+
+    async def bench(ctx):
+        for name, addr in (("a", 0), ("b", b_addr)):
+            ctx.set(getattr(sp, f"{name}_req").payload.as_value(),
+                    pack(sp.request_layout, {"addr": addr, "write": 0, "data": 0}))
+            ctx.set(getattr(sp, f"{name}_req").valid, 1)
+            ctx.set(getattr(sp, f"{name}_resp").ready, 1)
+        waiting = {"a", "b"}
+        while waiting:
+            sampled = await ctx.tick().sample(sp.a_req.ready, sp.b_req.ready)
+            for name, ready in zip("ab", sampled[2:], strict=True):
+                if ready and name in waiting:
+                    waiting.discard(name)
+                    ctx.set(getattr(sp, f"{name}_req").valid, 0)
+        await ctx.tick().repeat(2)
+        counts.update({name: ctx.get(getattr(sp, f"{name}_conflicts")) for name in "ab"})
+
+    sim.add_testbench(bench)
+    run_amaranth(sim)
+    assert counts["a"] + counts["b"] == conflicts, counts
+
+
 def test_kv_latency_and_plain_latency():
     """A lone read: response valid ``latency`` cycles after acceptance (kv_latency for KV)."""
     sp = Scratchpad(**SMALL)
@@ -191,4 +221,5 @@ def test_defaults_build_and_fit():
     assert sp.kv_base == 1024 - 16 * 4
     assert [n for n in sp.signature.members] == [
         "tc_req", "tc_resp", "vu_req", "vu_resp", "ni_req", "ni_resp", "kv_req", "kv_resp",
-        "corrected_count", "uncorrectable_count", "ecc_error"]
+        "corrected_count", "uncorrectable_count", "ecc_error", "tc_conflicts", "vu_conflicts",
+        "ni_conflicts", "kv_conflicts"]
