@@ -22,8 +22,9 @@ Groups (bins):
 - ``attention.context``: prefill and decode with the context ending on a page's last
   token, on a new page's first token, or inside a page; ``attention.gqa``: query heads
   per KV head;
-- ``moe.load``: experts' token loads balanced, skewed or with an idle expert;
-  ``moe.ties``: a top-k choice decided between equal router scores.
+- ``moe.load``: experts' token loads balanced, skewed, with an idle expert (a layer may
+  be several); ``moe.ties``: a top-k choice decided between equal router scores (on the
+  chip, and in the vector unit's routing programs).
 """
 
 from __future__ import annotations
@@ -184,21 +185,26 @@ def attention_gqa(heads: int, kv_heads: int) -> None:
     """Attention ran (bit-exact) with ``heads`` query heads over ``kv_heads`` KV heads."""
 
 
-def _load_bin(counts) -> str:
+def _load_is(counts, shape: str) -> bool:
     counts = list(counts)
-    if min(counts) == 0:
-        return "idle_expert"
-    return "skewed" if max(counts) >= 2 * sum(counts) / len(counts) else "balanced"
+    mean = sum(counts) / len(counts)
+    return {"balanced": min(counts) > 0 and max(counts) <= 1.5 * mean,
+            "skewed": max(counts) >= 2 * mean,
+            "idle_expert": min(counts) == 0}[shape]
 
 
-@CoverPoint("top.moe.load", xf=_load_bin, bins=["balanced", "skewed", "idle_expert"])
+@CoverPoint("top.moe.load", xf=lambda counts: tuple(counts), rel=_load_is, inj=False,
+            bins=["balanced", "skewed", "idle_expert"])
 def moe_load(counts: Iterable[int]) -> None:
-    """A MoE layer ran (bit-exact) with ``counts`` tokens per expert."""
+    """A MoE layer ran (bit-exact) with ``counts`` tokens per expert: every expert busy
+    and none above 1.5x the mean (balanced), one at 2x the mean or more (skewed), one
+    with no token (idle_expert); a layer may be skewed with an idle expert."""
 
 
 @CoverPoint("top.moe.ties", xf=lambda tied: "tie" if tied else "no_tie", bins=["tie", "no_tie"])
 def moe_ties(tied: bool) -> None:
-    """A MoE layer ran whose top-k choice did (or did not) break a tie between scores."""
+    """A top-k choice (a MoE layer, or a routing row on the vector unit) ran bit-exact
+    that did (or did not) decide between equal scores at the k-th place."""
 
 
 # --- export and merge -------------------------------------------------------------------

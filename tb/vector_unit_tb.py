@@ -29,6 +29,7 @@ from rtl.vector_unit import (
     VectorResult,
     default_max_top_k,
 )
+from tb import coverage
 from tb.harness_driver import HarnessDriver
 from tb.runner import parameters, report
 
@@ -235,7 +236,8 @@ def gating_program(rng: np.random.Generator, n: int, rows: int):
     return program, finals, softmax(x)
 
 
-def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int):
+def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int,
+                    ties: list | None = None):
     """MoE routing then gating, per row of router logits (as ``golden.moe.moe_layer``).
 
     Per row (slot r % slots): E experts (6, 32 or 48) in ceil(E / n) TOPK beats (``c`` =
@@ -243,7 +245,8 @@ def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int):
     the chosen experts, then the gating softmax over the k selected logits: LOGIT (to the
     log2 domain, max), EXP (sum), RECIP, DIV (Q0.15). k is the bound ``max_top_k`` on
     alternate rows, else a smaller one; some rows are all ties. Final beats: the
-    TOPK_INDEX (golden ``topk``) and the DIV (golden gates) of every row.
+    TOPK_INDEX (golden ``topk``) and the DIV (golden gates) of every row. ``ties``, if
+    given, receives per row whether the k-th and (k+1)-th best logits are equal.
     """
     k_list = default_max_top_k(n)
     program, finals, golden = [], [], []
@@ -261,6 +264,9 @@ def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int):
                                 slot=slot, first=start == 0))
         program.append(beat(OP.TOPK_INDEX, n, mask=0, slot=slot))
         chosen = topk(logits[None, :], k)[0]
+        if ties is not None:
+            ranked = np.sort(logits)[::-1]
+            ties.append(bool(k < experts and ranked[k - 1] == ranked[k]))
         finals.append(len(program) - 1)
         golden.append(chosen)
         selected = logits[chosen]
@@ -286,8 +292,10 @@ def _bits(flags) -> int:
     return sum(1 << i for i, f in enumerate(flags) if f)
 
 
-def build_program(kind: str, n: int, slots: int, seed: int, count: int):
-    """(program, final-beat indices, golden whole-row outputs or None) for a test kind."""
+def build_program(kind: str, n: int, slots: int, seed: int, count: int,
+                  ties: list | None = None):
+    """(program, final-beat indices, golden whole-row outputs or None) for a test kind
+    (``ties``: see :func:`routing_program`)."""
     rng = np.random.default_rng(seed)
     if kind == "random":
         return random_program(rng, n, slots, count), [], None
@@ -297,7 +305,7 @@ def build_program(kind: str, n: int, slots: int, seed: int, count: int):
     if kind == "gating":
         return gating_program(rng, n, rows=max(1, count // 4))
     if kind == "routing":
-        return routing_program(rng, n, slots, rows=max(1, count // 12))
+        return routing_program(rng, n, slots, rows=max(1, count // 12), ties=ties)
     raise ValueError(f"unknown program kind {kind!r}")
 
 
@@ -375,8 +383,9 @@ async def programs_match_golden(dut):
     n, slots = p["n"], p["slots"]
     tb = VectorUnitTB(dut, n, slots)
     for case in p["cases"]:
+        ties: list[bool] = []
         program, finals, golden = build_program(case["kind"], n, slots, case["seed"],
-                                                case["count"])
+                                                case["count"], ties)
         tb.set_idle_generator(case["idle"])
         tb.set_backpressure_generator(case["stall"])
         await tb.harness.reset()
@@ -386,6 +395,8 @@ async def programs_match_golden(dut):
         except AssertionError as failure:
             raise AssertionError(f"case {case['name']} (seed {case['seed']}): "
                                  f"{failure}") from None
+        for tied in ties:
+            coverage.moe_ties(tied)
     report(cases=len(p["cases"]))
 
 

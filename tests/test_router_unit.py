@@ -289,9 +289,15 @@ def test_random_unicast_and_multicast_traffic(seed):
     for pid in range(150):
         source = list(Port)[rng.integers(len(Port))]
         vc = int(rng.integers(2))
-        if source is Port.L and rng.random() < 0.3:
-            density = rng.uniform(0.05, 0.6)
-            chosen = [n for n in nodes if rng.random() < density] or [nodes[rng.integers(9)]]
+        if source is Port.L and rng.random() < 0.7:
+            # A random non-empty set of output branches, then some nodes of each.
+            branches = [p for p in Port if rng.random() < 0.5] or [Port(rng.integers(5))]
+            chosen = []
+            for branch in branches:
+                region = [n for n in nodes
+                          if multicast_mask([n], K) & branch_region(HERE, branch, K)]
+                chosen += [n for n in region if rng.random() < 0.5] or \
+                    [region[rng.integers(len(region))]]
             packets.append(Packet(pid, source, vc=vc, mask=multicast_mask(chosen, K)))
         else:
             dsts = REACHABLE[source]

@@ -13,8 +13,11 @@ from rtl import _ecc
 from rtl.scratchpad import Scratchpad
 from tb.runner import run_amaranth
 from tb.scratchpad_tb import (
+    APPEND,
+    RESET,
     ScratchpadModel,
     kv_traffic,
+    owned_addresses,
     pack,
     plain_ports,
     plain_traffic,
@@ -120,7 +123,17 @@ def test_random_traffic_matches_model(idle, stall, seed):
     rng = np.random.default_rng(idle + stall + 100 * seed)
     model = ScratchpadModel(sp)
     traffic = {name: plain_traffic(sp, rng, name, 60, faults=True) for name in plain_ports(sp)}
+    # Every seed sees both ECC events: a word written with one, then two, flipped bits
+    # and read back, at the end of a plain port's random traffic.
+    port = plain_ports(sp)[0]
+    word = owned_addresses(sp, port)[0]
+    for flip in (0b1, 0b11):
+        traffic[port] += [{"addr": word, "write": 1, "data": 5, "flip": flip},
+                          {"addr": word, "write": 0}]
     traffic["kv"] = kv_traffic(sp, rng, 150, model)
+    # ... and an append to a sequence just reset, whose first page is unmapped.
+    traffic["kv"] += [{"op": RESET, "seq": 0, "index": 0, "phys": 0},
+                      {"op": APPEND, "seq": 0, "word": 0, "last": 1, "data": 1}]
     got, want, model, _ = simulate(SMALL, traffic, idle=idle, stall=stall, seed=idle + 7 + seed)
     for name in traffic:
         for i, (g, w) in enumerate(zip(got[name], want[name], strict=True)):
