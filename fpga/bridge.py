@@ -142,8 +142,8 @@ class UartBridge(wiring.Component):
         width = 8 * max(c.nbytes for c in self.channels)
 
         errors = Signal(8)
-        error_events = Signal(4)
-        total = sum(error_events[i] for i in range(4))
+        error_events = Signal(3)  # a UART error, a refused frame, a dropped frame
+        total = sum(error_events[i] for i in range(3))
         m.d.sync += errors.eq(Mux(errors + total > 255, 255, errors + total))
 
         # Poke: the component's other inputs, held.

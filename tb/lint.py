@@ -1,8 +1,9 @@
 """``python -m tb.lint``: Verilator ``--lint-only -Wall`` on the Verilog of every design.
 
 The designs are those ``make synth`` measures (:data:`synth.designs.DESIGNS`) plus the
-simulation harness around the tensor core. Waivers, each with its reason, are in
-``tb/verilator.vlt``; anything else Verilator reports fails the lint.
+simulation harness around the tensor core and the board's UART bridge around it. Waivers,
+each with its reason, are in ``tb/verilator.vlt``; anything else Verilator reports fails
+the lint.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def _tops():
     from tb.harness import StreamHarness
 
     yield "harness_tensor_core_n4", StreamHarness(TensorCore(4), {"a": 64, "b": 64, "c": 64})
+    from fpga.bridge import UartBridge
+
+    yield "uart_bridge_tensor_core_n4", UartBridge(TensorCore(4), 25)
 
 
 def main() -> int:
