@@ -136,16 +136,18 @@ class NetworkInterface(wiring.Component):
         cfg, n, k = self.config, self.n, self.k
         word = self.tile_out.payload
         mask, single, routable = self._mesh_mask(m, word.tiles)
-        # The destination of a one-node mask, and its VC (a constant per node).
+        # The destination of a one-node mask. Every packet of this NI, unicast or
+        # multicast, takes one request VC, chosen by the source: a multicast follows the
+        # XY routes of its destinations, so each destination sees this tile's packets in
+        # the order they were sent (different sources spread over the class's VCs).
         dst = Signal.like(self.inject[0].payload.dst)
         request_vcs = cfg.class_vcs(MessageClass.REQUEST)
         vc = Signal(range(cfg.vcs))
-        m.d.comb += vc.eq(request_vcs.start)
+        m.d.comb += vc.eq(request_vcs.start + (self.y * k + self.x) % cfg.vcs_per_class)
         for y in range(k):
             for x in range(k):
                 with m.If(single & mask[y * k + x]):
-                    m.d.comb += [dst.x.eq(x), dst.y.eq(y),
-                                 vc.eq(request_vcs.start + (y * k + x) % cfg.vcs_per_class)]
+                    m.d.comb += [dst.x.eq(x), dst.y.eq(y)]
 
         # The held flit: sent once the next word (or its own `last`) decides its tail.
         held = Signal(cfg.flit)
