@@ -346,7 +346,12 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
 
-    run_name = f"{testcase}{'-' + tag if tag else ''}-seed{seed}"
+    # The directory names the run by its parameters too, and by the pytest-xdist worker:
+    # two runs at once (the same test over two seeds in `make regress`) never share it.
+    digest = hashlib.sha1(json.dumps([params, mutant], sort_keys=True).encode()).hexdigest()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    run_name = (f"{testcase}{'-' + tag if tag else ''}-seed{seed}-{digest[:8]}"
+                f"{'-' + worker if worker else ''}")
     run_dir = handle.directory / "runs" / _safe(run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     result_file = run_dir / "result.json"
