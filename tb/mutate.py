@@ -1,15 +1,17 @@
 """``make mutate`` (``python -m tb.mutate``): how many injected bugs the suite's checks catch.
 
 For each block (the router, the tensor core, the vector unit), Yosys ``mutate -list``
-picks ``--mutants`` single-bit mutations (a bit inverted, stuck at 0 or 1, or tied to
-another) evenly over the block's own cells (those whose source is the block's file
-under ``rtl/``) in the design the block's test simulates, flattened:
+picks ``--mutants`` (default 40) single-bit mutations (a bit inverted, stuck at 0 or 1,
+or flipped when another bit of the port is 0 or 1) evenly over the block's own cells
+(those whose source is the block's file under ``rtl/``) in the design the block's test
+simulates, flattened and optimised (:data:`_PREPARE`):
 
 - tensor core: N = 4 in its stream harness, running the suite's ``test_gemm`` cases;
 - vector unit: N = 4 in its stream harness, running the suite's ``test_programs`` cases;
-- router: the centre router of the 3 x 3 traffic bench (the one whose five ports all
-  carry traffic), running every pattern of
-  ``test_every_pattern_delivers_every_packet_exactly_once`` (fewer packets, same checks).
+- router: the router of its unit tests (the centre of a 3 x 3 mesh, two VCs, depth 4),
+  running those tests (``tests/test_router_unit.py``: latency, wormhole, random unicast
+  and multicast, round-robin fairness, multicast branches, backpressure, drops) on
+  Verilator through :mod:`tb.router_tb`.
 
 Every mutation is built into one Verilator model behind ``mutsel == i`` (``mutate
 -ctrl``), so one build serves them all; the test runs once with ``mutsel = 0`` (it must
@@ -31,12 +33,22 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-from tb.runner import MUTANT_PORT, ROOT, SimulationFailed, build
+from tb.runner import MUTANT_PORT, ROOT, SimulationFailed, build, run
 
 OUT = ROOT / "build" / "mutate"
 REPORT = ROOT / "build" / "mutate.json"
-#: Packets per pattern of the router's check (the suite runs 10 000 on 3 x 3).
-ROUTER_PACKETS = 3000
+#: The router's check: its unit tests that use the bench's router (the others build
+#: routers of other shapes, or none).
+ROUTER_TESTS = ("test_single_flits_take_one_router_cycle",
+                "test_wormhole_packets_on_both_vcs_under_stalls",
+                "test_random_unicast_and_multicast_traffic",
+                "test_round_robin_shares_every_output_fairly",
+                "test_multicast_branches_once_each",
+                "test_local_backpressure_holds_the_eject_stream",
+                "test_unroutable_packets_are_dropped_and_counted",
+                "test_every_input_vc_drops_whole_packets_and_keeps_going")
+#: The random ones among them run with the seeds of ``make regress`` too.
+ROUTER_SEEDS = (0, 1, 2, 3, 4)
 
 
 @dataclass
@@ -44,7 +56,6 @@ class Block:
     source: str  # the rtl/ file whose cells are mutated
     design: object  # () -> the component the test simulates
     check: object  # (handle, mutant) -> None; raises SimulationFailed on a failure
-    scope: str = ""  # a Yosys selection the mutated cells must also match
 
 
 def _tensor_core():
@@ -77,34 +88,29 @@ def _check_vector_unit(handle, mutant: int) -> None:
 
 
 def _router():
-    from tb.traffic import TrafficBench
+    from tb.router_bench import bench_router
 
-    return TrafficBench(3, vcs=2, depth=4, queue=16)
+    return bench_router()
 
 
 def _check_router(handle, mutant: int) -> None:
-    from tb.noc_run import check_complete, correctness_runs, simulate
-
-    result = simulate(3, runs=correctness_runs(3, ROUTER_PACKETS), handle=handle,
-                      mutant=mutant)
-    try:  # the sources are Bernoulli: at this length a run may fall a little short
-        check_complete(result, ROUTER_PACKETS * 9 // 10)
-    except AssertionError as why:
-        raise SimulationFailed(str(why)) from None
+    run(handle, "tb.router_tb", testcase="unit_tests",
+        params={"tests": list(ROUTER_TESTS), "seeds": list(ROUTER_SEEDS)}, mutant=mutant)
 
 
 BLOCKS = {
-    # The centre router of the 3 x 3 bench: the only one all five of whose ports carry
-    # traffic (a mutant of an edge router's unconnected port could never be caught).
-    "router": Block("rtl/router.py", _router, _check_router, "c:*router_1_1*"),
+    "router": Block("rtl/router.py", _router, _check_router),
     "tensor_core": Block("rtl/tensor_core.py", _tensor_core, _check_tensor_core),
     "vector_unit": Block("rtl/vector_unit.py", _vector_unit, _check_vector_unit),
 }
 
 #: The design as the mutants see it: processes lowered, memories collected and kept
-#: (the harness's result memories are only read by the testbench), flattened.
+#: (the harness's result memories are only read by the testbench), flattened, then
+#: optimised as ``prep`` would (constants folded, identical cells merged, unused upper
+#: bits trimmed): mutants land on logic a synthesis keeps, not on copies or dead bits.
 _PREPARE = ("read_rtlil design.il; hierarchy -top top; proc; memory_collect; "
-            "setattr -set keep 1 t:$mem_v2; flatten; opt_clean")
+            "setattr -set keep 1 t:$mem_v2; flatten; opt_expr -keepdc; opt_clean; "
+            "opt -noff -keepdc; wreduce -keepdc; opt_clean")
 
 
 def _yosys(directory: Path, script: str) -> None:
@@ -124,7 +130,7 @@ def mutants(name: str, count: int, seed: int, directory: Path) -> list[dict]:
     (directory / "design.il").write_text(rtlil.convert(block.design(), name="top",
                                                        emit_src=True))
     width = max(1, count.bit_length())
-    selection = f"a:src=*{block.source}*" + (f" {block.scope} %i" if block.scope else "")
+    selection = f"a:src=*{block.source}*"
     _yosys(directory, f"{_PREPARE}; mutate -list {count} -seed {seed} "
                       f"-ctrl {MUTANT_PORT} {width} 1 -o mutants.ys {selection}")
     out = []
@@ -176,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                     "suite's checks; writes build/mutate.json.")
     parser.add_argument("--blocks", nargs="+", choices=sorted(BLOCKS), default=sorted(BLOCKS),
                         help="blocks to mutate (default: all)")
-    parser.add_argument("--mutants", type=int, default=20,
-                        help="mutants per block (default 20)")
+    parser.add_argument("--mutants", type=int, default=40,
+                        help="mutants per block (default 40)")
     parser.add_argument("--seed", type=int, default=1, help="Yosys's mutant sampling seed")
     parser.add_argument("--json", type=Path, default=REPORT,
                         help="output file (default build/mutate.json)")

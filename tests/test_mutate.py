@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tb.mutate import main, mutants
 
 
@@ -26,3 +28,24 @@ def test_bad_options_are_refused(capsys):
             assert stop.code == 2
         else:
             raise AssertionError(f"{argv} was accepted")
+
+
+@pytest.mark.nightly
+def test_the_router_unit_tests_run_on_a_mutant_build_and_catch_mutants(tmp_path):
+    """The router's check (its unit tests on Verilator, tb/router_tb.py) passes on the
+    unmutated build and fails on some of its first mutants."""
+    from tb.mutate import BLOCKS
+    from tb.runner import SimulationFailed, build
+
+    found = mutants("router", 6, 1, tmp_path)
+    handle = build(None, "mutate-router-test",
+                   verilog_source=(tmp_path / "mutated.v").read_text())
+    check = BLOCKS["router"].check
+    check(handle, 0)
+    killed = 0
+    for mutant in found:
+        try:
+            check(handle, mutant["mutant"])
+        except SimulationFailed:
+            killed += 1
+    assert killed >= 3, f"{killed} of {len(found)} killed"
