@@ -103,11 +103,17 @@ def random_program(rng: np.random.Generator, n: int, slots: int, count: int) -> 
         slot, first = int(rng.integers(slots)), int(rng.random() < 0.3)
         common = {"mask": mask, "slot": slot, "first": first}
         if code == OP.REQUANT:
-            op = beat(code, n, a=rng.integers(*i32, n), mult=rng.integers(1 << 15, 1 << 16),
-                      shift=rng.integers(0, 64), **common)
+            shift = int(rng.choice([0, 1, 2, int(rng.integers(0, 64))]))
+            # Half the beats land inside int8 (a * mult >> shift small), so the rounding
+            # and shifting are seen, not only the saturation.
+            top = 1 << max(0, min(31, shift - 9)) if rng.random() < 0.5 else 1 << 31
+            op = beat(code, n, a=rng.integers(-top, top, n),
+                      mult=rng.integers(1 << 15, 1 << 16), shift=shift, **common)
         elif code == OP.LOGIT:
             m, sh = logit_multiplier(float(np.exp(rng.uniform(-12, 12))))
-            op = beat(code, n, a=rng.integers(*i32, n), mult=m, shift=sh,
+            # Small scores too: with a left shift (sh < 0) they stay unsaturated.
+            top = 1 << int(rng.choice([4, 12, 31]))
+            op = beat(code, n, a=rng.integers(-top, top, n), mult=m, shift=sh,
                       c=rng.choice([NEG_INF, int(rng.integers(-(1 << 30), 1 << 30))]), **common)
         elif code == OP.MAX:
             op = beat(code, n, a=rng.integers(-(1 << 41), 1 << 41, n),
@@ -142,8 +148,9 @@ def random_program(rng: np.random.Generator, n: int, slots: int, count: int) -> 
                       shift=rng.integers(0, 64) if sat else rng.integers(0, 32), sat=sat,
                       **common)
         elif code in (OP.TOPK, OP.TOPK_INDEX):
-            if first:
-                next_index[slot] = int(rng.integers(0, 64))
+            if first:  # low indices, or high ones (every index bit; c + N stays < 2**16)
+                next_index[slot] = int(rng.choice([rng.integers(0, 64),
+                                                   rng.integers(0, (1 << 16) - 4096)]))
             base = next_index[slot]
             next_index[slot] += n + int(rng.integers(0, 4))
             spread = int(rng.choice([3, 1 << 31, 1 << 47]))  # 3: many ties
