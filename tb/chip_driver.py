@@ -11,7 +11,7 @@ from cocotb.triggers import RisingEdge, Timer
 
 from rtl.tile import Counters
 from tb.harness_driver import CLOCK_NS, HarnessDriver
-from tb.tile_driver import POLL, Execution, TileDriver
+from tb.tile_driver import POLL, Execution, Packer, Responses, TileDriver
 
 __all__ = ["ChipDriver", "ChipRun"]
 
@@ -42,6 +42,7 @@ class ChipDriver(TileDriver):
         sig = chip.signature.members
         self.layouts = {name: sig[name].signature.members["payload"].shape
                         for name in self.STREAMS_IN + self.STREAMS_OUT}
+        self.packers = {name: Packer(self.layouts[name]) for name in self.STREAMS_IN}
         self.status_layout = sig["status"].shape
         self.dut.go.value = 0
         self.idle, self.stall, self.seed = 0.0, 0.0, 1
@@ -63,7 +64,7 @@ class ChipDriver(TileDriver):
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
         return await self._transfer_clean(beats)
 
-    async def host(self, beats: list[dict]) -> list:
+    async def host(self, beats: list[dict]) -> Responses:
         """Raw host requests (each names its ``tile``); returns their responses."""
         out = await self._transfer({"host_req": beats}, 64 + 8 * len(beats))
         return out["host_resp"]
@@ -73,7 +74,7 @@ class ChipDriver(TileDriver):
         order = [(t, a) for t, addrs in sorted(addresses.items()) for a in addrs]
         responses = await self.host([{"tile": t, "addr": a, "write": 0, "data": 0}
                                      for t, a in order])
-        bad = self._errors(responses)
+        bad = responses.errors()
         assert not bad, f"host reads reported errors: {bad[:8]}"
         words: dict[int, list[int]] = {t: [] for t in addresses}
         for (t, _), r in zip(order, responses, strict=True):

@@ -10,9 +10,12 @@ simulating the tile).
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from amaranth.hdl import Shape
 from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
 
@@ -39,8 +42,64 @@ class Execution:
     engine_error: int
 
 
-def _pack(layout, value: dict) -> int:
-    return layout.const(value).as_value().value
+class Packer:
+    """Packs a beat (a dict of field values, nested for a struct field) into the bits of
+    a ``data.StructLayout``: what ``layout.const(value)`` gives, without building an
+    Amaranth constant per beat (a chip round loads some 10^5 beats: that costs more than
+    simulating it). A value that does not fit its field is refused, never truncated."""
+
+    def __init__(self, layout: data.StructLayout):
+        self.layout = layout
+        self.fields = {}
+        for name, field in layout:
+            shape = field.shape
+            nested = Packer(shape) if isinstance(shape, data.StructLayout) else None
+            cast = Shape.cast(shape)
+            self.fields[name] = (field.offset, cast.width, cast.signed, nested)
+
+    def __call__(self, value: dict) -> int:
+        word = 0
+        for name, v in value.items():
+            if name not in self.fields:
+                raise ValueError(f"{name!r} is not a field of {self.layout!r}")
+            offset, width, signed, nested = self.fields[name]
+            if isinstance(v, dict):
+                if nested is None:
+                    raise ValueError(f"field {name!r} is not a struct, got {v!r}")
+                v = nested(v)
+            elif isinstance(v, enum.Enum):
+                v = v.value
+            v = int(v)
+            low, high = (-(1 << width - 1), 1 << width - 1) if signed else (0, 1 << width)
+            if not low <= v < high:
+                raise ValueError(f"{v} does not fit field {name!r} ({width} bits"
+                                 f"{', signed' if signed else ''})")
+            word |= (v & ((1 << width) - 1)) << offset
+        return word
+
+
+class Responses(Sequence):
+    """The response words of an output stream, each read as a ``data.Const`` of the
+    stream's layout when it is looked at (most are only checked for errors, on the bits)."""
+
+    def __init__(self, layout: data.StructLayout, words: list[int]):
+        self.layout, self.words = layout, words
+        status = layout["status"]
+        self._error_mask = sum(1 << status.offset + status.shape[flag].offset
+                               for flag in ERROR_STATUS)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [data.Const(self.layout, word) for word in self.words[index]]
+        return data.Const(self.layout, self.words[index])
+
+    def errors(self) -> list[str]:
+        """Every error flag set, as ``#index: flag``."""
+        return [f"#{index}: {flag}" for index, word in enumerate(self.words)
+                if word & self._error_mask for flag in ERROR_STATUS if self[index].status[flag]]
 
 
 class TileDriver:
@@ -55,6 +114,7 @@ class TileDriver:
         sig = tile.signature.members
         self.layouts = {name: sig[name].signature.members["payload"].shape
                         for name in self.STREAMS_IN + self.STREAMS_OUT}
+        self.packers = {name: Packer(self.layouts[name]) for name in self.STREAMS_IN}
         self.status_layout = sig["status"].shape
         self._halted_bit = self.status_layout["halted"].offset
         self.dut.go.value = 0
@@ -72,21 +132,22 @@ class TileDriver:
     async def _transfer(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
         """Send ``beats`` per input stream and collect every response, in as many harness
         runs as the memories need (each holds ``depth`` beats per stream)."""
-        out: dict[str, list] = {"host_resp": [], "kv_resp": []}
+        words: dict[str, list[int]] = {"host_resp": [], "kv_resp": []}
         rounds = max([-(-len(b) // self.depths[name]) for name, b in beats.items()] + [1])
         for r in range(rounds):
             part = {name: b[r * self.depths[name]:(r + 1) * self.depths[name]]
                     for name, b in beats.items()}
             got = await self._transfer_once(part, timeout_cycles)
-            for name in out:
-                out[name] += got[name]
-        return out
+            for name in words:
+                words[name] += got[name]
+        return {name: Responses(self.layouts[name], w) for name, w in words.items()}
 
     async def _transfer_once(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
+        """One harness run: the raw response words of each output stream."""
         expect = {"host_resp": len(beats.get("host_req", [])),
                   "kv_resp": len(beats.get("kv_req", [])), "net_out": 0}
         for name in self.STREAMS_IN:
-            words = [_pack(self.layouts[name], b) for b in beats.get(name, [])]
+            words = [self.packers[name](b) for b in beats.get(name, [])]
             self.harness.load(name, words)
             self.harness.set_idle(name, self.idle)
         for name in self.STREAMS_OUT:
@@ -95,20 +156,7 @@ class TileDriver:
         self.seed += 1
         stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
         assert stats.finished, f"host transfer did not finish in {timeout_cycles} cycles"
-        out = {}
-        for name in ("host_resp", "kv_resp"):
-            raw = self.harness.read(name, expect[name])
-            out[name] = [data.Const(self.layouts[name], word) for word in raw]
-        return out
-
-    @staticmethod
-    def _errors(responses) -> list[str]:
-        bad = []
-        for index, r in enumerate(responses):
-            for flag in ERROR_STATUS:
-                if r.status[flag]:
-                    bad.append(f"#{index}: {flag}")
-        return bad
+        return {name: self.harness.read(name, expect[name]) for name in ("host_resp", "kv_resp")}
 
     async def load(self, program: list[int], spad_writes: dict[int, int],
                    kv_requests: list[dict], *, flips: dict[int, int] | None = None) -> dict:
@@ -129,11 +177,11 @@ class TileDriver:
         """:meth:`_transfer` with a budget from the beat count; every response clean."""
         out = await self._transfer(beats, 64 + 8 * sum(len(b) for b in beats.values()))
         for name in ("host_resp", "kv_resp"):
-            bad = self._errors(out[name])
+            bad = out[name].errors()
             assert not bad, f"{name} reported errors: {bad[:8]}"
         return out
 
-    async def kv(self, requests: list[dict]) -> list:
+    async def kv(self, requests: list[dict]) -> Responses:
         """KV requests alone; returns their responses (errors included, for tests)."""
         out = await self._transfer({"kv_req": requests}, 64 + 8 * len(requests))
         return out["kv_resp"]
