@@ -43,32 +43,36 @@ def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
 
 @functools.cache
 def _chip_build(config_text: str, simulator: str | None, waves: bool | None,
-                activity: bool) -> SimBuild:
+                activity: bool, threads: int) -> SimBuild:
     config = chip_from_json(json.loads(config_text))
     digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
     chip = chip_from_config(config, shared_tile=True)
     return build(StreamHarness(chip, harness_depths(config)),
                  f"chip-k{config.k}-n{config.tile.n}-{digest}", simulator=simulator,
                  waves=waves, opt_fast="-O1", modules={TILE_MODULE: chip.tile_design},
-                 activity=activity)
+                 activity=activity, threads=threads)
 
 
 def chip_build(config: ChipConfig, *, simulator: str | None = None,
-               waves: bool | None = None, activity: bool = False) -> SimBuild:
+               waves: bool | None = None, activity: bool = False,
+               threads: int = 1) -> SimBuild:
     """The chip of ``config`` in a harness (built once per config and options;
-    ``activity``: the SAIF-traced build of the energy proxy, :mod:`tb.energy`)."""
+    ``activity``: the SAIF-traced build of the energy proxy, :mod:`tb.energy`;
+    ``threads``: Verilator threads, see :func:`tb.runner.build`)."""
     return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves,
-                       activity)
+                       activity, threads)
 
 
 def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int = 1,
                   tag: str | None = None, simulator: str | None = None,
-                  waves: bool | None = None, activity: bool = False) -> dict:
+                  waves: bool | None = None, activity: bool = False,
+                  threads: int = 1) -> dict:
     """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``; with
     ``activity``, ``energy`` in the result is the run's :class:`tb.energy.Energy`."""
     from tb.energy import energy
 
-    handle = chip_build(config, simulator=simulator, waves=waves, activity=activity)
+    handle = chip_build(config, simulator=simulator, waves=waves, activity=activity,
+                        threads=threads)
     result = run(handle, MODULE, testcase=testcase, seed=seed,
                  params={"chip": chip_json(config), **params}, tag=tag or testcase)
     if activity:
@@ -81,14 +85,16 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    placement: str = "local", seed: int = 1, moe: bool = True,
                    schedule: list | None = None, simulator: str | None = None,
                    waves: bool | None = None, progress: Path | None = None,
-                   dump: Path | None = None, activity: bool = False) -> dict:
+                   dump: Path | None = None, activity: bool = False,
+                   threads: int = 1) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and, with ``moe``, the MoE layer), every output checked against golden; returns the
     rounds' cycles, counters and traffic. ``schedule``: the steps of
     ``compiler.chip.attention_rounds`` (e.g. an agent loop) instead of prefill/steps.
     ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
     file the simulation appends a line to after every round; ``dump``: a directory that
-    receives every job's inputs, golden and RTL outputs (``tb.chip_tb._dump``)."""
+    receives every job's inputs, golden and RTL outputs (``tb.chip_tb._dump``);
+    ``threads``: Verilator threads of the chip's build."""
     from golden.workloads import WorkloadConfig
 
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
@@ -103,7 +109,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     if schedule:
         tag += "-schedule-" + hashlib.sha1(json.dumps(schedule).encode()).hexdigest()[:8]
     return simulate_chip(config, "chip_layer", params, seed=seed, tag=tag,
-                         simulator=simulator, waves=waves, activity=activity)
+                         simulator=simulator, waves=waves, activity=activity,
+                         threads=threads)
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,

@@ -187,7 +187,7 @@ def _safe(name: str) -> str:
 def build(component, name: str, *, simulator: str | None = None,
           waves: bool | None = None, opt_fast: str | None = None,
           modules: dict | None = None, activity: bool = False,
-          verilog_source: str | None = None) -> SimBuild:
+          verilog_source: str | None = None, threads: int = 1) -> SimBuild:
     """Elaborate ``component`` to Verilog and compile it (or reuse an identical build).
 
     ``opt_fast`` overrides the optimisation of Verilator's per-cycle code (default
@@ -198,6 +198,8 @@ def build(component, name: str, *, simulator: str | None = None,
     only; the energy proxy of :mod:`tb.energy`) instead of waves.
     ``verilog_source``: compile this Verilog (a ``top`` module) instead of elaborating
     ``component`` (the mutation builds of :mod:`tb.mutate`).
+    ``threads``: Verilator's ``--threads`` (the model evaluates on that many threads,
+    which spin while they wait: give a threaded build cores of its own).
     """
     simulator = simulator or simulator_from_env()
     if simulator not in SIMULATORS:
@@ -209,11 +211,16 @@ def build(component, name: str, *, simulator: str | None = None,
     toolchain_env(simulator)
     from cocotb_tools.runner import VerilatorControlFile
 
-    suffix = "-activity" if activity else "-waves" if waves else ""
+    if threads < 1 or (threads > 1 and simulator != "verilator"):
+        raise ValueError(f"threads must be 1, or more with Verilator, not {threads} with "
+                         f"{simulator}")
+    suffix = ("-activity" if activity else "-waves" if waves else "") + (
+        f"-t{threads}" if threads > 1 else "")
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{suffix}"
     directory.mkdir(parents=True, exist_ok=True)
     args = VERILATOR_ARGS + (["--trace-saif"] if activity else
                              _verilator_trace_args() if waves else [])
+    args += ["--threads", str(threads)] if threads > 1 else []
     waves = waves or activity
     if simulator != "verilator":
         args = []

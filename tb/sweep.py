@@ -40,6 +40,7 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
     """Simulate one run of the sweep; its figures (or the reason it could not run)."""
     from golden.workloads import get_workload
     from tb.chip_run import chip_config, chip_figures, simulate_layer
+    from tb.cli import threads_of
 
     cfg = get_workload(args.workload)
     k, n, batch = point["mesh"], point["array"], point["batch"]
@@ -49,7 +50,8 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
         started = time.monotonic()
         result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
                                 steps=1, placement=point["placement"], seed=args.seed,
-                                moe=args.moe, simulator=args.sim, activity=args.energy)
+                                moe=args.moe, simulator=args.sim, activity=args.energy,
+                                threads=threads_of(args))
     except (ValueError, SimulationFailed) as error:
         return {**point, "passed": False, "error": str(error).splitlines()[0]}
     figures = chip_figures(result, k, n)
@@ -164,7 +166,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands, workload_type, mesh_type, array_type, positive, non_negative,
-               simulators) -> None:
+               simulators) -> argparse.ArgumentParser:
     """Register ``serrano sweep`` (the option types come from :mod:`tb.cli`)."""
     parser = commands.add_parser(
         "sweep", help="one decode step over design points: JSON and Pareto/placement plots",
@@ -202,6 +204,7 @@ def add_parser(commands, workload_type, mesh_type, array_type, positive, non_neg
                         help="plot prefix: PREFIX_pareto.png, PREFIX_placement.png "
                              "(default build/sweep)")
     parser.set_defaults(handler=sweep)
+    return parser
 
 
 def _placement(text: str) -> str:
