@@ -24,6 +24,16 @@ def test_dma_between_tiles_unicast_and_multicast():
     assert sent[0] == 5 + 1 and sent[3] == 5, sent  # flits: 5 + a multicast; 5 back
 
 
+@pytest.mark.nightly
+def test_a_threaded_build_runs_the_layer_exactly():
+    """``--threads 2``: the chip evaluated on two Verilator threads (its own build)."""
+    result = simulate_layer(TINY, "tiny", 1, batch=2, prefill=5, context=9, steps=1,
+                            moe=False, threads=2)
+    assert [r["phase"] for r in result["rounds"]] == ["prefill", "decode"]
+    with pytest.raises(ValueError, match="threads must be 1"):
+        simulate_layer(TINY, "tiny", 1, prefill=5, threads=2, simulator="icarus")
+
+
 @pytest.mark.parametrize(("placement", "moe"), [("local", True), ("striped", False)])
 def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -44,6 +45,8 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
         (["--placement", "scattered"], "invalid choice"),
         (["--batch", "0"], "positive"),
         (["--heads", "-2"], "positive"),
+        (["--threads", "0"], "positive"),
+        (["--threads", str((os.cpu_count() or 1) + 1)], "would spin against each other"),
     ],
 )
 def test_chip_sim_refuses_bad_options(option, message, capsys):
