@@ -208,35 +208,38 @@ def _decode_chunks(layer: AttentionLayer, q: np.ndarray, context: int, rmax: int
     return chunks
 
 
-def _prefill_token_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, n: int):
-    """Consecutive tokens of one head per chunk. With pages not a multiple of N keys a
-    chunk stays inside one page's tokens (so its diagonal block needs no lane past the
-    page)."""
-    tokens, ps = q.shape[0], layer.page_size
+def _prefill_token_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, n: int,
+                          first: int):
+    """Consecutive tokens of one head per chunk; ``q``'s rows are the tokens at positions
+    ``first``, ``first`` + 1, ... With pages not a multiple of N keys a chunk stays inside
+    one page's tokens (so its diagonal block needs no lane past the page)."""
+    end, ps = first + q.shape[0], layer.page_size
     if ps % n == 0:
-        ranges = [(t, min(t + rmax, tokens)) for t in range(0, tokens, rmax)]
+        ranges = [(t, min(t + rmax, end)) for t in range(first, end, rmax)]
     else:
-        ranges = [(t, min(t + rmax, b + ps, tokens))
-                  for b in range(0, tokens, ps) for t in range(b, min(b + ps, tokens), rmax)]
+        ranges = [(t, min(t + rmax, b + ps, end))
+                  for b in range(first - first % ps, end, ps)
+                  for t in range(max(b, first), min(b + ps, end), rmax)]
     chunks = []
     for t0, t1 in ranges:
         for h in range(layer.heads):
             sinks = None if layer.sinks is None else (layer.sinks[h],) * (t1 - t0)
-            chunks.append(_Chunk(h // layer.group, q[t0:t1, h], np.arange(t0, t1),
-                                 [(t, h) for t in range(t0, t1)], sinks))
+            chunks.append(_Chunk(h // layer.group, q[t0 - first:t1 - first, h],
+                                 np.arange(t0, t1), [(t - first, h) for t in range(t0, t1)],
+                                 sinks))
     return chunks
 
 
-def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int):
+def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first: int):
     """A group's query heads at one token per chunk (every row has the same mask)."""
     chunks = []
-    for t in range(q.shape[0]):
+    for i in range(q.shape[0]):
         for kvh in range(layer.kv_heads):
             for g0 in range(0, layer.group, rmax):
                 heads = list(range(kvh * layer.group + g0,
                                    kvh * layer.group + min(layer.group, g0 + rmax)))
-                chunks.append(_Chunk(kvh, q[t, heads], np.full(len(heads), t),
-                                     [(t, h) for h in heads], _row_sinks(layer, heads)))
+                chunks.append(_Chunk(kvh, q[i, heads], np.full(len(heads), first + i),
+                                     [(i, h) for h in heads], _row_sinks(layer, heads)))
     return chunks
 
 
@@ -696,27 +699,42 @@ def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
     ``v`` (T, H_kv, dv) int8; the output (T, H, dv) equals
     ``attention_prefill(..., block_keys=page_size)``. The host appends all T tokens'
     K and V (``kv_map``, ``kv_appends``) before ``start``."""
+    return build_extend(config, layer, q, k, v, allocator=allocator, first_row=first_row)
+
+
+def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
+                 allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+    """Chunked prefill over a cached context: the last T of L tokens attend to all L.
+    ``q`` (T, H, d) the queries of positions L - T .. L - 1; ``k`` (L, H_kv, d) and ``v``
+    (L, H_kv, dv) every token so far. The output (T, H, dv) equals rows L - T .. L - 1 of
+    ``attention_prefill`` of all L tokens (``block_keys=page_size``); with T = L it is
+    :func:`build_prefill`. The host appends the tokens the cache does not hold yet
+    (``kv_appends`` lists all L; a caller that kept the cache sends only the new ones)."""
     q = np.asarray(q)
     tokens = q.shape[0] if q.ndim == 3 else 0
     if tokens < 1:
         raise ValueError(f"q must be (tokens >= 1, {layer.heads}, {layer.head_dim}), got "
                          f"{q.shape}")
     q = _check_int8("q", q, (tokens, layer.heads, layer.head_dim))
-    k = _check_int8("k", k, (tokens, layer.kv_heads, layer.head_dim))
-    v = _check_int8("v", v, (tokens, layer.kv_heads, layer.v_head_dim))
+    context = np.asarray(k).shape[0] if np.asarray(k).ndim == 3 else 0
+    if context < tokens:
+        raise ValueError(f"k holds {context} tokens, fewer than the {tokens} queries")
+    k = _check_int8("k", k, (context, layer.kv_heads, layer.head_dim))
+    v = _check_int8("v", v, (context, layer.kv_heads, layer.v_head_dim))
+    first = context - tokens
 
     def plan(rows: int) -> list[_Chunk]:
         try:
-            chunks = _prefill_token_chunks(layer, q, rows, config.n)
+            chunks = _prefill_token_chunks(layer, q, rows, config.n, first)
             for c in chunks:
                 _plan_steps(c, layer, config.n)
         except _Inexpressible:
-            chunks = _prefill_head_chunks(layer, q, rows)
+            chunks = _prefill_head_chunks(layer, q, rows, first)
             for c in chunks:
                 _plan_steps(c, layer, config.n)  # every row of a chunk has the same mask
         return chunks
 
-    return _build(config, layer, "prefill", plan, k, v,
+    return _build(config, layer, "prefill" if first == 0 else "extend", plan, k, v,
                   (tokens, layer.heads, layer.v_head_dim), allocator, first_row)
 
 

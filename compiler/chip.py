@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from compiler.attention import AttentionLayer, build_decode, build_prefill
+from compiler.attention import AttentionLayer, build_decode, build_extend
 from compiler.config import ChipConfig
 from compiler.kv import PageAllocator
 from compiler.program import TileProgram
@@ -41,6 +41,8 @@ __all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "Step",
            "moe_words"]
 
 PLACEMENTS = ("local", "striped")
+#: The phases of a schedule step (see :data:`Step`).
+PHASES = ("prefill", "extend", "decode")
 #: Tokens per MoE round (more tokens take several rounds).
 MOE_TOKENS = 32
 #: The semaphore striped pages raise on their compute tile (the attention programs use
@@ -72,7 +74,7 @@ class TileLoad:
 
 @dataclass
 class ChipRound:
-    """One run of every busy tile together (``phase`` prefill or decode)."""
+    """One run of every busy tile together (``phase`` prefill, extend or decode)."""
 
     phase: str
     contexts: tuple[int, ...]
@@ -83,6 +85,8 @@ class ChipRound:
     macs: int = 0
     kv_bytes: int = 0
     summaries: list[dict] = field(default_factory=list)
+    #: Tokens the step adds to each sequence (prefill: the context, decode: 1).
+    tokens: int = 1
 
 
 def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
@@ -212,8 +216,10 @@ def _striped_programs(chip: ChipConfig, loads: dict[int, TileLoad], sends: dict)
                              f"page sends included) exceed program_depth {cfg.program_depth}")
 
 
-#: One step of a schedule: the phase ("prefill" or "decode"), each sequence's context
-#: length after it, and whether the KV cache is evicted first (recomputed by a prefill).
+#: One step of a schedule: the phase, each sequence's context length after it, and
+#: whether the KV cache is evicted first (recomputed by a prefill). "prefill": every token
+#: of the context from the first; "extend": the tokens past those the cache holds (a
+#: chunked prefill over the cached context); "decode": one token.
 Step = tuple[str, tuple[int, ...], bool]
 
 
@@ -250,8 +256,20 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                      for step in range(steps)]
     if any(len(lengths) != batch for _, lengths, _ in schedule):
         raise ValueError(f"every schedule step needs {batch} context lengths")
+    if any(phase not in PHASES for phase, _, _ in schedule):
+        raise ValueError(f"a schedule step's phase is one of {', '.join(PHASES)}")
     if any(phase == "prefill" and len(set(lengths)) != 1 for phase, lengths, _ in schedule):
         raise ValueError("a prefill step prefills every sequence to the same length")
+    # What the cache holds before each step: the previous step's contexts, none if evicted.
+    cached, held = [], (0,) * batch
+    for phase, lengths, evict in schedule:
+        cached.append((0,) * batch if evict else held)
+        held = lengths
+        new = {length - before for length, before in zip(lengths, cached[-1], strict=True)}
+        if phase == "extend" and (len(new) != 1 or min(new) < 1):
+            raise ValueError(f"an extend step from cached contexts {list(cached[-1])} to "
+                             f"{list(lengths)}: it adds the same number (>= 1) of tokens "
+                             "to every sequence")
     data = []
     for s in range(batch):
         longest = max(lengths[s] for _, lengths, _ in schedule)
@@ -261,7 +279,8 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
         data.append((wl, t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"]))
     window = wcfg.windows[layer]
 
-    def run_round(phase: str, lengths: tuple[int, ...], slot: int, evict: bool) -> ChipRound:
+    def run_round(phase: str, lengths: tuple[int, ...], before: tuple[int, ...], slot: int,
+                  evict: bool) -> ChipRound:
         loads: dict[int, TileLoad] = {}
         jobs, sends, foreign, network = [], {}, {}, 0
         for j in range(slot * T, min((slot + 1) * T, jobs_total)):
@@ -269,20 +288,22 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             tile = j % T
             wl, q, k, v = data[s]
             length = lengths[s]
-            full = AttentionLayer.from_workload(wl, layer, phase)
+            numerics = "decode" if phase == "decode" else "prefill"  # extend: a prefill
+            full = AttentionLayer.from_workload(wl, layer, numerics)
             jl = _job_layer(full, g)
             group = full.group
             heads = slice(g * group, (g + 1) * group)
             kk, vv = k[:length, g:g + 1], v[:length, g:g + 1]
-            scales = wl.attention_scales(layer, phase)
+            scales = wl.attention_scales(layer, numerics)
             sinks = wl.sinks(layer)
-            if phase == "prefill":
-                program = build_prefill(chip.tile, jl, q[:length, heads], kk, vv,
-                                        allocator=tiles.allocator(slot), first_row=2 * slot)
+            if phase != "decode":
+                first = before[s] if phase == "extend" else 0
+                program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
+                                       allocator=tiles.allocator(slot), first_row=2 * slot)
                 golden = attention_prefill(q[:length], k[:length], v[:length], scales,
                                            window=window, sinks=sinks,
                                            block_keys=chip.tile.page_size)
-                expected = golden[:, heads]
+                expected = golden[first:, heads]
             else:
                 program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
                                        allocator=tiles.allocator(slot), first_row=2 * slot)
@@ -304,7 +325,8 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                 network += _stripe(chip, tiles, job, slot, loads, sends, foreign)
         if placement == "striped":
             _striped_programs(chip, loads, sends)
-        rnd = ChipRound(phase, lengths, loads, jobs, network)
+        tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
+        rnd = ChipRound(phase, lengths, loads, jobs, network, tokens=tokens[phase])
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -312,16 +334,17 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             rnd.summaries.append(summary.as_dict())
         return rnd
 
-    return [run_round(phase, lengths, slot, evict) for phase, lengths, evict in schedule
+    return [run_round(phase, lengths, before, slot, evict)
+            for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
             for slot in range(slots)]
 
 
 def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) -> list[Step]:
     """An agent loop of one sequence: prefill the ``prompt`` and decode an ``answer``;
     then ``turns - 1`` times append a ``tool`` result to the context and answer again.
-    ``cache`` "hit": the KV cache is kept, the tool result's tokens are appended one
-    decode step each (there is no chunked prefill over a cached context yet); "miss":
-    the cache is evicted and the whole context is prefilled again."""
+    ``cache`` "hit": the KV cache is kept and the tool result is prefilled over it (an
+    extend step: its tokens attend to the cached context); "miss": the cache is evicted
+    and the whole context is prefilled again."""
     if cache not in ("hit", "miss"):
         raise ValueError(f"cache must be 'hit' or 'miss', not {cache!r}")
     if turns < 1 or prompt < 1 or tool < 1 or answer < 1:
@@ -331,7 +354,7 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
     for turn in range(turns):
         if turn:
             if cache == "hit":
-                schedule += [("decode", (length + i + 1,), False) for i in range(tool)]
+                schedule.append(("extend", (length + tool,), False))
             else:
                 schedule.append(("prefill", (length + tool,), True))
             length += tool
@@ -417,7 +440,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         if following is not None and (following.phase, following.contexts) == \
                 (rnd.phase, rnd.contexts):
             continue  # the step has more attention rounds
-        produced = batch * (rnd.contexts[0] if rnd.phase == "prefill" else 1)
+        produced = batch * rnd.tokens
         for offset in range(0, produced, MOE_TOKENS):
             out.append(moe_round(chip, workload, rnd.phase, rnd.contexts,
                                  min(MOE_TOKENS, produced - offset), seed, offset))

@@ -78,8 +78,9 @@ def _sample_coverage(rnd, workload, config) -> None:
         return
     cfg = get_workload(workload) if isinstance(workload, str) else workload
     coverage.attention_gqa(cfg.heads, cfg.kv_heads)
+    phase = "decode" if rnd.phase == "decode" else "prefill"  # an extend is a prefill too
     for context in rnd.contexts:
-        coverage.attention_context(rnd.phase, context, cfg.page_size)
+        coverage.attention_context(phase, context, cfg.page_size)
 
 
 @cocotb.test()

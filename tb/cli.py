@@ -409,7 +409,7 @@ def agent(args: argparse.Namespace) -> int:
         print(f"  {cache}: {len(rounds)} rounds, every output bit-exact", flush=True)
     speedup = totals["miss"] / totals["hit"]
     print()
-    for cache, text in (("hit", "cache kept: tool tokens appended one decode step each"),
+    for cache, text in (("hit", "cache kept: each tool result prefilled over it"),
                         ("miss", "cache evicted: the context prefilled again every turn")):
         r = results[cache]
         print(f"{cache:<12} {r['cycles']:,} cycles end to end (attention "
@@ -566,10 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Simulate one sequence's agent loop on the chip twice: a prompt is "
                     "prefilled and answered, then each turn appends a tool result to the "
                     "context and decodes an answer. With the KV cache kept (hit) the tool "
-                    "result's tokens are appended as decode steps (no chunked prefill over "
-                    "a cached context yet); with it evicted (miss) the whole context is "
-                    "prefilled again. Every output is checked against golden; prints the "
-                    "end-to-end cycles of both and their ratio.",
+                    "result is prefilled over the cached context (an extend step); with it "
+                    "evicted (miss) the whole context is prefilled again. Every output is "
+                    "checked against golden; prints the end-to-end cycles of both and their "
+                    "ratio.",
     )
     agent_parser.add_argument("--layer", type=_non_negative, default=None,
                               help="attention layer (default: the workload's last)")

@@ -17,6 +17,7 @@ from compiler import (
     PageAllocator,
     TileConfig,
     build_decode,
+    build_extend,
     build_prefill,
     check_synchronisation,
     decode_from_workload,
@@ -161,6 +162,11 @@ def test_shapes_against_golden(shape):
     notes = program.summary.notes
     assert notes["rows_per_chunk"] <= slots
     assert (notes["lanes"], notes["pv_double"]) == (min(2, notes["chunks"]), 1)
+    for first in (1, tokens // 2, tokens - 1):  # a chunk over a cached context
+        program = build_extend(cfg, layer, q[first:], k, v)
+        np.testing.assert_array_equal(_run(program), expected[first:],
+                                      err_msg=f"extend from {first}")
+        assert program.kind == "extend"
     for context in (1, tokens):
         cache, table = build_cache([k[:context]], [v[:context]], ps, rng=rng)
         expected = attention_decode(q[context - 1:context], cache, table, np.array([context]),

@@ -110,10 +110,15 @@ def test_agent_loop_keeps_or_recomputes_the_cache_exactly(cache):
     config = chip_config("tiny", k=2)
     schedule = agent_schedule(3, prompt=5, tool=3, answer=2, cache=cache)
     lengths = [lengths[0] for _, lengths, _ in schedule]
-    if cache == "hit":  # every token after the prompt is one decode step
-        assert lengths == [5, *range(6, 18)] and not any(e for *_, e in schedule)
+    assert lengths == [5, 6, 7, 10, 11, 12, 15, 16, 17]
+    phases = [phase for phase, *_ in schedule]
+    if cache == "hit":  # the tool results are prefilled over the kept cache
+        assert phases == ["prefill", "decode", "decode", "extend", "decode", "decode",
+                          "extend", "decode", "decode"]
+        assert not any(e for *_, e in schedule)
     else:  # the tool results are prefilled again with the whole context, cache evicted
-        assert lengths == [5, 6, 7, 10, 11, 12, 15, 16, 17]
+        assert phases == ["prefill", "decode", "decode", "prefill", "decode", "decode",
+                          "prefill", "decode", "decode"]
         assert [e for *_, e in schedule] == [False, False, False, True, False, False, True,
                                              False, False]
     rounds = attention_rounds(config, "tiny", 1, schedule=schedule)
@@ -121,6 +126,29 @@ def test_agent_loop_keeps_or_recomputes_the_cache_exactly(cache):
               if r["op"] == KvOp.RESET]
     assert len(resets) == (0 if cache == "hit" else 2 * 2 * 2)  # 2 evictions x 2 jobs x K/V
     run_rounds(config, rounds)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_extend_steps_attend_to_the_cached_context(placement):
+    """Chunked prefills over a kept cache, across page boundaries (tiny: 4-token pages),
+    for a batch whose sequences hold different contexts."""
+    config = chip_config("tiny", k=2)
+    schedule = [("prefill", (5, 5), False), ("extend", (9, 9), False),
+                ("decode", (10, 10), False), ("extend", (13, 13), False)]
+    rounds = attention_rounds(config, "tiny", 1, batch=2, schedule=schedule,
+                              placement=placement)
+    assert [r.tokens for r in rounds] == [5, 4, 1, 3]
+    appends = [sum(r["op"] == KvOp.APPEND for load in rnd.loads.values()
+                   for r in load.kv_requests) for rnd in rounds]
+    if placement == "local":  # only the new tokens' K and V reach the cache
+        words = appends[0] // 5
+        assert appends == [5 * words, 4 * words, words, 3 * words]
+    run_rounds(config, rounds)
+    with pytest.raises(ValueError, match="same number"):
+        attention_rounds(config, "tiny", 1, batch=2, schedule=[
+            ("prefill", (5, 5), False), ("extend", (9, 8), False)])
+    with pytest.raises(ValueError, match="phase is one of"):
+        attention_rounds(config, "tiny", 1, schedule=[("refill", (5,), False)])
 
 
 def test_agent_schedule_refuses_nonsense():
