@@ -207,11 +207,36 @@ def _fmax_line(tiles: int) -> tuple[float | None, str]:
                              "measured")
 
 
-def sim(args: argparse.Namespace) -> int:
-    """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
+def _with_progress(simulate, prefix: str = "") -> dict:
+    """``simulate(progress_file)`` in a thread, echoing the lines the simulation appends
+    to the file (one per round) as they come; returns {"result": ...} or {"failure": ...}."""
     import tempfile
     import threading
 
+    progress = Path(tempfile.mkstemp(prefix="serrano-progress-")[1])
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = simulate(progress)
+        except (SimulationFailed, ValueError) as failure:
+            outcome["failure"] = failure
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    shown = 0
+    while worker.is_alive():
+        worker.join(1.0)
+        lines = progress.read_text().splitlines()
+        for line in lines[shown:]:
+            print(f"  {prefix}{line}", flush=True)
+        shown = len(lines)
+    progress.unlink(missing_ok=True)
+    return outcome
+
+
+def sim(args: argparse.Namespace) -> int:
+    """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
     from golden.workloads import get_workload
     from tb.chip_run import chip_config, chip_figures, simulate_layer
 
@@ -252,30 +277,13 @@ def sim(args: argparse.Namespace) -> int:
           f"{args.steps} decode steps from contexts {list(starts)}; {len(rounds)} rounds; "
           f"seed {args.seed}, simulator {args.sim}", flush=True)
 
-    progress = Path(tempfile.mkstemp(prefix="serrano-progress-")[1])
-    outcome: dict = {}
-
-    def simulate() -> None:
-        try:
-            outcome["result"] = simulate_layer(
-                config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
-                context=args.context, steps=args.steps, placement=args.placement,
-                seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
-                progress=progress, dump=args.dump, activity=args.energy,
-                threads=threads_of(args))
-        except (SimulationFailed, ValueError) as failure:
-            outcome["failure"] = failure
-
-    worker = threading.Thread(target=simulate)
-    worker.start()
-    shown = 0
-    while worker.is_alive():
-        worker.join(1.0)
-        lines = progress.read_text().splitlines()
-        for line in lines[shown:]:
-            print(f"  {line}", flush=True)
-        shown = len(lines)
-    progress.unlink(missing_ok=True)
+    outcome = _with_progress(
+        lambda progress: simulate_layer(
+            config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
+            context=args.context, steps=args.steps, placement=args.placement,
+            seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
+            progress=progress, dump=args.dump, activity=args.energy,
+            threads=threads_of(args)))
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
         result, passed = {}, False
@@ -393,13 +401,15 @@ def agent(args: argparse.Namespace) -> int:
           f"cache kept (hit) or evicted and recomputed (miss); seed {args.seed}", flush=True)
     totals, results = {}, {}
     for cache, schedule in schedules.items():
-        try:
-            result = simulate_layer(config, cfg, layer, moe=args.moe, schedule=schedule,
-                                    seed=args.seed, simulator=args.sim, waves=args.waves,
-                                    threads=threads_of(args))
-        except (SimulationFailed, ValueError) as failure:
-            print(f"\nresult       FAIL ({cache})\n{failure}")
+        outcome = _with_progress(
+            lambda progress, schedule=schedule: simulate_layer(
+                config, cfg, layer, moe=args.moe, schedule=schedule, seed=args.seed,
+                simulator=args.sim, waves=args.waves, progress=progress,
+                threads=threads_of(args)), prefix=f"{cache}: ")
+        if "failure" in outcome:
+            print(f"\nresult       FAIL ({cache})\n{outcome['failure']}")
             return 1
+        result = outcome["result"]
         rounds = result["rounds"]
         attention = sum(r["cycles"] for r in rounds if not r["phase"].endswith("moe"))
         moe = sum(r["cycles"] for r in rounds if r["phase"].endswith("moe"))
