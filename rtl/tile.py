@@ -63,14 +63,17 @@ class Tile(wiring.Component):
     ``token_words``, ``num_pages``, ``sequences``, ``max_pages``, see
     :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
-    port can flip stored bits, a test hook).
+    port can flip stored bits, a test hook), ``sim_gating`` (for simulation: the vector
+    unit's clock is gated while it is idle, which Verilator skips; see
+    :class:`rtl.vec_engine.VecEngine`).
     """
 
     def __init__(self, *, n: int = 8, position: tuple[int, int] | None = (0, 0),
                  mesh: tuple[int, int] = (1, 1), banks: int = 8, depth: int = 2048,
                  page_size: int = 16, token_words: int = 4, num_pages: int = 64,
                  sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
-                 slots: int = 8, program_depth: int = 4096, fault_injection: bool = False):
+                 slots: int = 8, program_depth: int = 4096, fault_injection: bool = False,
+                 sim_gating: bool = False):
         if position is not None:
             x, y = position
             if not (0 <= x < mesh[0] and 0 <= y < mesh[1]):
@@ -86,6 +89,7 @@ class Tile(wiring.Component):
                                    acc_depth=acc_depth, slots=slots, mesh=mesh,
                                    program_depth=program_depth)
         self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
+        self.sim_gating = sim_gating
         pc_bits = ceil_log2(program_depth)
         # Without a position, the tile's mask bit (y * 8 + x) is an input: every tile of
         # a chip is then the same design (rtl.chip builds it once for simulation).
@@ -115,7 +119,8 @@ class Tile(wiring.Component):
             n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
             writers=("vec", "gemm"))
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
-        m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth)
+        m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
+                                                   gate_unit_clock=self.sim_gating)
         m.submodules.dma = dma = DmaEngine(n, position=self.position)
         if self.position is None:
             m.d.comb += dma.mask_bit.eq(self.mask_bit)

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import (
+    Array,
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -141,7 +153,7 @@ class VecEngine(wiring.Component):
 
     def __init__(self, n: int = 8, slots: int = 4, acc_depth: int = 256,
                  addr_bits: int = ADDR_BITS, max_top_k: int | None = None,
-                 in_flight: int = 4, queue: int = 8):
+                 in_flight: int = 4, queue: int = 8, gate_unit_clock: bool = False):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"vector engine lanes must be a power of two from 2 to 32, not {n}")
         if not (isinstance(acc_depth, int) and 2 <= acc_depth <= 1 << ACC_ADDR_BITS
@@ -156,6 +168,7 @@ class VecEngine(wiring.Component):
         if not (isinstance(queue, int) and 2 <= queue <= 64):
             raise ValueError(f"queue must be 2..64 commands, not {queue}")
         self.in_flight, self.queue = in_flight, queue
+        self.gate_unit_clock = gate_unit_clock
         #: The vector unit inside (its parameters are checked here).
         self.unit = VectorUnit(n, slots, max_top_k)
         #: Cycles from taking a command into an idle engine to its done beat, without
@@ -183,7 +196,23 @@ class VecEngine(wiring.Component):
         m = Module()
         n, log_n = self.n, exact_log2(self.n)
         flights, log_f = self.in_flight, exact_log2(self.in_flight)
-        m.submodules.unit = unit = self.unit
+        unit = self.unit
+        if self.gate_unit_clock:
+            # For simulation only: the unit's clock ticks only in cycles it can change
+            # (VectorUnit.active, an op offered, reset), sampled on the falling edge as a
+            # clock gate does; Verilator then skips the unit's logic in idle cycles.
+            # Cycle for cycle the same as the ungated unit; not for synthesis.
+            m.domains.unit = ClockDomain("unit", local=True)
+            m.domains.unit_gate = ClockDomain("unit_gate", clk_edge="neg", reset_less=True,
+                                              local=True)
+            enable = Signal(init=1)
+            m.d.unit_gate += enable.eq(unit.active | unit.ops.valid | ResetSignal())
+            m.d.comb += [ClockSignal("unit_gate").eq(ClockSignal()),
+                         ClockSignal("unit").eq(ClockSignal() & enable),
+                         ResetSignal("unit").eq(ResetSignal())]
+            m.submodules.unit = DomainRenamer("unit")(unit)
+        else:
+            m.submodules.unit = unit
         ops, results = unit.ops, unit.results
 
         # --- intake: the command queue, the pending command, its accumulator ranges ---

@@ -205,6 +205,11 @@ class VectorUnit(wiring.Component):
         #: Stages of the reciprocal: seed, then two multiplies and an add per Newton step.
         self.recip_latency = 2 + 3 * NUMERICS.recip_newton_steps
         self.result_depth = self.latency + 4
+        #: 1 in every cycle whose clock edge can change the unit's state (an op taken or
+        #: in flight, a result waiting); 0 when the next edge changes nothing that is
+        #: ever read (the payload registers of empty stages), so the unit's clock may be
+        #: gated then (:class:`rtl.vec_engine.VecEngine`, ``gate_unit_clock``).
+        self.active = Signal()
         super().__init__({
             "ops": In(stream.Signature(VectorOp(n, slots))),
             "results": Out(stream.Signature(VectorResult(n))),
@@ -246,10 +251,13 @@ class VectorUnit(wiring.Component):
             m.d.sync += p0.eq(self.ops.payload)
 
         # Op fields travel down the pipeline with each beat.
+        valids = [take, v0]  # every valid bit of the pipeline: self.active
+
         def carry(payload, valid, stage):
             p = Signal(op_layout, name=f"p{stage}")
             v = Signal(name=f"v{stage}")
             m.d.sync += [p.eq(payload), v.eq(valid)]
+            valids.append(v)
             return p, v
 
         # --- SiLU table: one copy per lane (N read ports), written by SILU_LOAD ------
@@ -578,6 +586,8 @@ class VectorUnit(wiring.Component):
             data_out.append(out)
 
         push = _reg(m, v_t, "push")
+        m.d.comb += self.active.eq(Cat(*valids, *rv, push, results.r_rdy,
+                                       credits != self.result_depth).any())
         push_row = Signal(VectorResult(n))
         m.d.sync += [push_row.data.eq(Cat(*data_out)), push_row.total.eq(total_out)]
         m.d.comb += [
