@@ -87,10 +87,11 @@ class Chip(wiring.Component):
         first = self.tile_design
         self.n = n = first.n
         spad_words = first.scratchpad.words
+        # A 1 x 1 chip has no network (no interfaces, no mesh): its tile's network ports
+        # are tied off.
         self.nis = [NetworkInterface(n, x, y, k=k, vcs=vcs, depth=depth, max_packet=max_packet,
                                      spad_words=spad_words)
-                    for y in range(k) for x in range(k)]
-        # A 1 x 1 chip has no network: its tile's network ports are tied off.
+                    for y in range(k) for x in range(k)] if k > 1 else []
         self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth) if k > 1 else None
         tiles = k * k
         self.tile_bits = tile_bits = max(1, ceil_log2(tiles))
@@ -115,7 +116,7 @@ class Chip(wiring.Component):
         if self.mesh is not None:
             m.submodules.mesh = self.mesh
         bad_tile = Signal()
-        for index, (tile, ni) in enumerate(zip(self.tiles, self.nis, strict=True)):
+        for index, tile in enumerate(self.tiles):
             x, y = index % self.k, index // self.k
             if self.shared_tile:
                 m.submodules[f"tile_{x}_{y}"] = self._instance(tile)
@@ -131,7 +132,7 @@ class Chip(wiring.Component):
             if self.mesh is None:
                 m.d.comb += [tile.net_out.ready.eq(1), tile.net_in.valid.eq(0)]
                 continue
-            m.submodules[f"ni_{x}_{y}"] = ni
+            m.submodules[f"ni_{x}_{y}"] = ni = self.nis[index]
             wiring.connect(m, tile.net_out, ni.tile_out)
             wiring.connect(m, ni.tile_in, tile.net_in)
             for v in range(len(ni.inject)):

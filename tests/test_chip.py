@@ -73,3 +73,9 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
 def test_bad_designs_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_a_one_tile_chip_has_no_network():
+    """``--mesh 1x1``: one tile, its network ports tied off (no interface, no mesh)."""
+    chip = Chip(1)
+    assert (len(chip.tiles), chip.nis, chip.mesh) == (1, [], None)
