@@ -3,7 +3,7 @@ and vector instructions read and write their operands (see docs/isa.md)."""
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, signed
+from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -29,26 +29,35 @@ class AccWrite(data.StructLayout):
 
 
 class AccumulatorMemory(wiring.Component):
-    """``depth`` entries of N lanes, several read ports, several prioritised writers.
+    """``depth`` entries of N lanes in ``banks`` banks, several read ports, several
+    prioritised writers.
 
-    Per read port ``r``: ``r_addr`` (in) and ``r_data`` (out), the entry addressed in the
-    previous cycle (a synchronous read that does not see a write of the same cycle).
-    Per writer ``w``: ``w`` (stream in of :class:`AccWrite`); one write per cycle is
-    taken, the writer named first winning, so a later writer waits (``ready`` low) and
-    nothing is dropped. Each read port is one copy of the memory (block RAM on an FPGA).
+    Entry ``e`` lives in bank ``e % banks``. Per read port ``r``: ``r_addr`` (in) and
+    ``r_data`` (out), the entry addressed in the previous cycle (a synchronous read that
+    does not see a write of the same cycle). Per writer ``w``: ``w`` (stream in of
+    :class:`AccWrite`). Each bank takes one write per cycle, the writer named first
+    winning it, so a later writer of the same bank waits (``ready`` low) and nothing is
+    dropped; writers of different banks write in the same cycle (the tile's GEMM engine
+    and vector engine both write rows of consecutive entries, so with two banks they
+    mostly pass each other instead of taking turns). Each read port is one copy of every
+    bank (block RAM on an FPGA).
     """
 
-    def __init__(self, n: int = 8, depth: int = 256, read_ports=("r",), writers=("w",)):
+    def __init__(self, n: int = 8, depth: int = 256, read_ports=("r",), writers=("w",),
+                 banks: int = 1):
         if not isinstance(n, int) or not 2 <= n <= 32:
             raise ValueError(f"accumulator lane count must be 2..32, not {n!r}")
         if not isinstance(depth, int) or depth < 2 or depth & (depth - 1) or depth > 1024:
             raise ValueError(f"accumulator depth must be a power of two, 2..1024, not {depth!r}")
+        if not isinstance(banks, int) or banks < 1 or banks & (banks - 1) or banks > depth // 2:
+            raise ValueError(f"accumulator banks must be a power of two, 1..{depth // 2} "
+                             f"(depth {depth}), not {banks!r}")
         for kind, names in (("read port", read_ports), ("writer", writers)):
             if not names or len(set(names)) != len(names) or not all(
                     isinstance(name, str) and name.isidentifier() for name in names):
                 raise ValueError(f"accumulator {kind} names must be unique identifiers, "
                                  f"not {names!r}")
-        self.n, self.depth = n, depth
+        self.n, self.depth, self.banks = n, depth, banks
         self.read_ports, self.writers = tuple(read_ports), tuple(writers)
         members = {}
         for name in self.read_ports:
@@ -64,27 +73,49 @@ class AccumulatorMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n = self.n
-        # The winning write of this cycle, chosen by priority.
-        addr = Signal(range(self.depth))
-        value = Signal(Entry(n))
-        lanes = Signal(n)
-        taken = None
-        for name in self.writers:
-            port = getattr(self, name)
-            free = ~taken if taken is not None else 1
-            m.d.comb += port.ready.eq(free)
-            with m.If(port.valid & free):
-                m.d.comb += [addr.eq(port.payload.addr), value.eq(port.payload.data),
-                             lanes.eq(port.payload.lanes)]
-            taken = port.valid if taken is None else (taken | port.valid)
+        n, banks = self.n, self.banks
+        bank_bits = ceil_log2(banks)
+        writers = [getattr(self, name) for name in self.writers]
+
+        def same_bank(a, b):
+            return a.payload.addr[:bank_bits] == b.payload.addr[:bank_bits] if banks > 1 else 1
+
+        # A writer is ready unless a writer named before it writes the same bank.
+        for i, port in enumerate(writers):
+            blocked = [other.valid & same_bank(other, port) for other in writers[:i]]
+            m.d.comb += port.ready.eq(~Cat(*blocked).any() if blocked else 1)
+
+        # Each bank's write of this cycle: its first writer.
+        writes = []
+        for b in range(banks):
+            addr = Signal(range(self.depth // banks), name=f"b{b}_addr")
+            value = Signal(Entry(n), name=f"b{b}_value")
+            lanes = Signal(n, name=f"b{b}_lanes")
+            for port in reversed(writers):  # the last assignment wins: the first writer
+                in_bank = port.payload.addr[:bank_bits] == b if banks > 1 else 1
+                with m.If(port.valid & in_bank):
+                    m.d.comb += [addr.eq(port.payload.addr[bank_bits:]),
+                                 value.eq(port.payload.data), lanes.eq(port.payload.lanes)]
+            writes.append((addr, value, lanes))
+
         for name in self.read_ports:
-            mem = memory.Memory(shape=Entry(n), depth=self.depth, init=[])
-            m.submodules[f"{name}_mem"] = mem
-            write = mem.write_port(granularity=1)  # one enable per lane
-            m.d.comb += [write.addr.eq(addr), write.data.eq(value),
-                         write.en.eq(lanes & taken.replicate(n))]
-            read = mem.read_port()
-            m.d.comb += [read.addr.eq(getattr(self, f"{name}_addr")),
-                         getattr(self, f"{name}_data").eq(read.data)]
+            r_addr, r_data = getattr(self, f"{name}_addr"), getattr(self, f"{name}_data")
+            datas = []
+            for b, (addr, value, lanes) in enumerate(writes):
+                mem = memory.Memory(shape=Entry(n), depth=self.depth // banks, init=[])
+                m.submodules[f"{name}_mem{b}" if banks > 1 else f"{name}_mem"] = mem
+                write = mem.write_port(granularity=1)  # one enable per lane
+                m.d.comb += [write.addr.eq(addr), write.data.eq(value), write.en.eq(lanes)]
+                read = mem.read_port()
+                m.d.comb += read.addr.eq(r_addr[bank_bits:])
+                datas.append(read.data)
+            if banks == 1:
+                m.d.comb += r_data.eq(datas[0])
+            else:  # the bank of the entry addressed last cycle
+                bank = Signal(bank_bits, name=f"{name}_bank")
+                m.d.sync += bank.eq(r_addr[:bank_bits])
+                with m.Switch(bank):
+                    for b, data in enumerate(datas):
+                        with m.Case(b):
+                            m.d.comb += r_data.eq(data)
         return m

@@ -117,7 +117,7 @@ class Tile(wiring.Component):
         m.submodules.sequencer = seq = self.sequencer
         m.submodules.acc = acc = AccumulatorMemory(
             n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
-            writers=("vec", "gemm"))
+            writers=("vec", "gemm"), banks=2)
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
         m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
                                                    gate_unit_clock=self.sim_gating)
