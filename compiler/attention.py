@@ -23,6 +23,7 @@ per key block and the semaphore protocol; in short:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import zip_longest
 
 import numpy as np
@@ -246,19 +247,28 @@ def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first:
 # --- memory map ------------------------------------------------------------------------------
 
 class _SpadAllocator:
-    """First-fit word regions of the scratchpad outside the KV region."""
+    """First-fit word regions of the scratchpad outside the KV region.
+
+    A ``skewed`` region starts in bank ``banks / 2``, half the banks away from every KV
+    page (pages start in bank 0): the GEMM's A operands (queries, P) are skewed, so the
+    A and B operand streams, each asking for the next word every cycle, ask different
+    banks in the same cycle instead of taking turns at one (a skew measured 2 000 cycles
+    faster per decode token at context 1025 on gpt-oss).
+    """
 
     def __init__(self, config: TileConfig):
         self.free = [(0, config.kv_start), (config.kv_end, config.spad_words)]
         self.used = 0
         self.config = config
 
-    def take(self, words: int, what: str) -> int:
+    def take(self, words: int, what: str, skewed: bool = False) -> int:
+        banks = self.config.banks
         for i, (lo, hi) in enumerate(self.free):
-            if hi - lo >= words:
-                self.free[i] = (lo + words, hi)
-                self.used += words
-                return lo
+            pad = (banks // 2 - lo) % banks if skewed else 0
+            if hi - lo >= words + pad:
+                self.free[i] = (lo + pad + words, hi)
+                self.used += words + pad
+                return lo + pad
         room = sum(hi - lo for lo, hi in self.free)
         raise _ScratchpadFull(f"scratchpad full: {what} needs {words} words; "
                          f"{self.used} words already taken, {room} left outside the KV "
@@ -317,7 +327,7 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
     nb, dq, dvc = _ceil(layer.page_size, n), _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
     mp, spad = _Map(lanes=lanes, pv_double=pv_double), _SpadAllocator(config)
     for c in chunks:
-        c.q_addr = spad.take(dq * c.rows, "the queries")
+        c.q_addr = spad.take(dq * c.rows, "the queries", skewed=True)
     for c in chunks:
         c.out_addr = spad.take(dvc * c.rows, "the outputs")
 
@@ -329,8 +339,9 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
             regions.append([first, take(size, what) if double else first])
         return regions
 
-    mp.p_hi = per_block(spad.take, nb * rmax, "P (high limb)")
-    mp.p_lo = per_block(spad.take, nb * rmax, "P (low limb)")
+    skewed = partial(spad.take, skewed=True)
+    mp.p_hi = per_block(skewed, nb * rmax, "P (high limb)")
+    mp.p_lo = per_block(skewed, nb * rmax, "P (low limb)")
 
     entries = 0
 

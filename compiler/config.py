@@ -3,7 +3,7 @@
 One :class:`TileConfig` names every hardware parameter the program builder needs; the
 same numbers configure the RTL blocks (``rtl.sequencer.Sequencer``: ``array_size``,
 ``scratchpad_words``, ``acc_depth``, ``slots``, ``program_depth``;
-``rtl.scratchpad.Scratchpad``: ``page_size``, ``token_words``, ``num_pages``,
+``rtl.scratchpad.Scratchpad``: ``banks``, ``page_size``, ``token_words``, ``num_pages``,
 ``sequences``, ``max_pages``, ``kv_base``) and the functional model
 (``golden.tile_model.TileModel``).
 """
@@ -35,13 +35,14 @@ class TileConfig:
 
     ``n``: tensor-core size and lanes per word (a scratchpad word holds n int8 values, an
     accumulator entry n signed 48-bit lanes). ``spad_words``: scratchpad words (at most
-    2**16). ``acc_depth``: accumulator entries (a power of two, at most 1024).
-    ``slots``: vector-unit slots (a VEC of r rows uses r of them). ``program_depth``:
-    instruction words (a power of two; loops are unrolled, so this bounds the work of one
-    program). KV cache: ``num_pages`` physical pages of ``page_size`` tokens x
-    ``token_words`` words starting at ``kv_base`` (default: the top of the scratchpad),
-    addressed through a block table of ``kv_sequences`` rows x ``max_pages`` entries
-    (one row per (sequence, KV head, K or V)).
+    2**16) in ``banks`` banks (word ``w`` in bank ``w % banks``). ``acc_depth``:
+    accumulator entries (a power of two, at most 1024). ``slots``: vector-unit slots (a
+    VEC of r rows uses r of them). ``program_depth``: instruction words (a power of two;
+    loops are unrolled, so this bounds the work of one program). KV cache: ``num_pages``
+    physical pages of ``page_size`` tokens x ``token_words`` words starting at
+    ``kv_base`` (default: the top of the scratchpad), addressed through a block table of
+    ``kv_sequences`` rows x ``max_pages`` entries (one row per (sequence, KV head, K or
+    V)).
 
     The defaults hold one gpt-oss-shaped layer (head_dim 32, 16-token pages) at a 1500-
     token decode context: 32 Ki scratchpad words, 384 pages, a 4 Ki-word program.
@@ -49,6 +50,7 @@ class TileConfig:
 
     n: int = 8
     spad_words: int = 32768
+    banks: int = 8
     acc_depth: int = 256
     slots: int = 8
     program_depth: int = 4096
@@ -72,12 +74,15 @@ class TileConfig:
                  f"{name} must be an integer, not {value!r}")
             return value
 
-        for name in ("n", "spad_words", "acc_depth", "slots", "program_depth", "page_size",
+        for name in ("n", "spad_words", "banks", "acc_depth", "slots", "program_depth", "page_size",
                      "token_words", "num_pages", "kv_sequences", "max_pages"):
             integer(name)
         need(self.n in (2, 4, 8, 16, 32), f"n must be a power of two 2..32, not {self.n}")
         need(1 <= self.spad_words <= 1 << ADDR_BITS,
              f"spad_words must be 1..{1 << ADDR_BITS}, not {self.spad_words}")
+        need(_is_pow2(self.banks) and self.banks <= 64 and self.spad_words % self.banks == 0,
+             f"banks must be a power of two up to 64 that divides spad_words "
+             f"({self.spad_words}), not {self.banks}")
         need(_is_pow2(self.acc_depth) and 2 <= self.acc_depth <= 1 << ACC_ADDR_BITS,
              f"acc_depth must be a power of two 2..{1 << ACC_ADDR_BITS}, not {self.acc_depth}")
         need(1 <= self.slots <= 64, f"slots must be 1..64, not {self.slots}")

@@ -293,13 +293,23 @@ class _Emitter:
 # --- memory ----------------------------------------------------------------------------------
 
 class _Bump:
-    """Consecutive regions of one memory, refused past ``limit`` with a clear message."""
+    """Consecutive regions of one memory, refused past ``limit`` with a clear message.
 
-    def __init__(self, start: int, limit: int, memory: str, tile: str):
+    In a memory of ``banks`` banks (word ``w`` in bank ``w % banks``) a region may be
+    placed to start in a given ``bank``: a GEMM's A operands start in bank ``banks / 2``
+    and its B operands in bank 0, so the two operand streams, each asking for the next
+    word every cycle, ask different banks in the same cycle (see
+    ``compiler.attention._SpadAllocator``).
+    """
+
+    def __init__(self, start: int, limit: int, memory: str, tile: str, banks: int = 1):
         self.next, self.limit, self.memory, self.tile = start, limit, memory, tile
+        self.banks = banks
         self.uses: list[tuple[str, int]] = []
 
-    def take(self, size: int, what: str) -> int:
+    def take(self, size: int, what: str, bank: int | None = None) -> int:
+        if bank is not None:
+            self.next += (bank - self.next) % self.banks
         base = self.next
         self.next += size
         self.uses.append((what, size))
@@ -455,12 +465,13 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
 
     # -- scratchpad: global regions (same address on every tile), then each tile's own ---
     limit = config.kv_start
-    glob = _Bump(0, limit, "scratchpad", "every tile")
-    x_addr = glob.take(tb * hidden, "tokens")
+    glob = _Bump(0, limit, "scratchpad", "every tile", config.banks)
+    a_bank, b_bank = config.banks // 2, 0  # where GEMM A and B operands start
+    x_addr = glob.take(tb * hidden, "tokens", a_bank)
     y_stride = tb * hc * n
-    y_addr = [glob.take(y_stride, f"expert{e} output") for e in range(layer.total)]
+    y_addr = [glob.take(y_stride, f"expert{e} output", b_bank) for e in range(layer.total)]
     out_addr = glob.take(y_stride, "output")
-    spad = [_Bump(glob.next, limit, "scratchpad", f"tile {t} ({t % k}, {t // k})")
+    spad = [_Bump(glob.next, limit, "scratchpad", f"tile {t} ({t % k}, {t // k})", config.banks)
             for t in range(tiles)]
     words = [_Words(n) for _ in range(tiles)]
     words[home].put(x_addr, _token_layout(x, n))
@@ -475,34 +486,34 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
         mine = [e for e in range(layer.total) if expert_tile[e] == t]
         if not mine and t != home:
             continue
-        ident[t] = spad[t].take(n, "identity")
+        ident[t] = spad[t].take(n, "identity", a_bank)
         words[t].put(ident[t], identity)
-        iota[t] = spad[t].take(q_words, "table-index constants")
+        iota[t] = spad[t].take(q_words, "table-index constants", b_bank)
         words[t].put(iota[t], iota_rows)
-        h_addr[t] = spad[t].take(fc * n, "SwiGLU activations")
+        h_addr[t] = spad[t].take(fc * n, "SwiGLU activations", a_bank)
         for e in mine:
-            wg = spad[t].take(fc * hidden, f"expert{e} gate weights")
-            wu = spad[t].take(fc * hidden, f"expert{e} up weights")
-            wd = spad[t].take(hc * ffn, f"expert{e} down weights")
+            wg = spad[t].take(fc * hidden, f"expert{e} gate weights", b_bank)
+            wu = spad[t].take(fc * hidden, f"expert{e} up weights", b_bank)
+            wd = spad[t].take(hc * ffn, f"expert{e} down weights", b_bank)
             w_addr[e] = (wg, wu, wd)
             words[t].put(wg, _column_layout(weights.w_gate[e], n))
             words[t].put(wu, _column_layout(weights.w_up[e], n))
             words[t].put(wd, _column_layout(weights.w_down[e], n))
-            tbl_addr[e] = spad[t].take(q_words, f"expert{e} SiLU table")
+            tbl_addr[e] = spad[t].take(q_words, f"expert{e} SiLU table", b_bank)
             table = np.zeros((q_words, n), np.int64)
             for q in range(q_entries):
                 part = layer.silu[e][q * r_load:(q + 1) * r_load]
                 table[q, :len(part)] = part
             words[t].put(tbl_addr[e], table)
     # Home: the router, the encoding constants, the accumulator constants.
-    router_addr = spad[home].take(ec * hidden, "router weights")
+    router_addr = spad[home].take(ec * hidden, "router weights", b_bank)
     words[home].put(router_addr, _column_layout(weights.router, n))
     a2, b2, cb = _encoding(experts, tokens)
-    enc_a = spad[home].take(tb * 2, "encoding constants")
+    enc_a = spad[home].take(tb * 2, "encoding constants", a_bank)
     words[home].put(enc_a, _token_layout(a2, n))
-    enc_b = spad[home].take(ec * 2, "encoding constants")
+    enc_b = spad[home].take(ec * 2, "encoding constants", b_bank)
     words[home].put(enc_b, _column_layout(b2, n))
-    const_addr = spad[home].take(2 * n, "accumulator constants")
+    const_addr = spad[home].take(2 * n, "accumulator constants", b_bank)
     consts = np.zeros((2 * n, n), np.int64)
     consts[1] = sel_value
     consts[n:] = -128

@@ -50,12 +50,9 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
 
 
 def tile_kwargs(config: TileConfig, *, fault_injection: bool = False) -> dict:
-    """The :class:`rtl.tile.Tile` parameters of a compiler :class:`TileConfig` (8
-    scratchpad banks), without its position."""
-    banks = 8
-    if config.spad_words % banks:
-        raise ValueError(f"spad_words {config.spad_words} is not a multiple of {banks} banks")
-    return dict(n=config.n, banks=banks, depth=config.spad_words // banks,
+    """The :class:`rtl.tile.Tile` parameters of a compiler :class:`TileConfig`, without
+    its position."""
+    return dict(n=config.n, banks=config.banks, depth=config.spad_words // config.banks,
                 page_size=config.page_size, token_words=config.token_words,
                 num_pages=config.num_pages, sequences=config.kv_sequences,
                 max_pages=config.max_pages, acc_depth=config.acc_depth, slots=config.slots,
@@ -63,7 +60,7 @@ def tile_kwargs(config: TileConfig, *, fault_injection: bool = False) -> dict:
 
 
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
-    """The RTL tile of a compiler :class:`TileConfig` (8 scratchpad banks)."""
+    """The RTL tile of a compiler :class:`TileConfig`."""
     return Tile(**tile_kwargs(config, fault_injection=fault_injection))
 
 
