@@ -128,11 +128,17 @@ def run_engine(program, *, n=4, slots=4, acc_depth=256, spad_words=256, seed=1,
                 dones.append(int(payload))
                 finished.append(state["cycle"])
 
+    def in_time() -> None:  # a wedged engine fails the test instead of hanging it
+        assert state["cycle"] < timeout, (
+            f"timed out: {len(dones)} of {state['issued']} instructions done, "
+            f"{len(program)} steps")
+
     async def driver(ctx):
         for name, fields in program:
             if name != "VEC":
                 while len(dones) < state["issued"]:
                     await ctx.tick()
+                    in_time()
                 load(hw, fields) if name == "LOAD" else hw.step(name, fields)
                 continue
             while rng.random() < idle:
@@ -141,13 +147,14 @@ def run_engine(program, *, n=4, slots=4, acc_depth=256, spad_words=256, seed=1,
                          pack=IsaVecPack(fields.get("pack", 0)))
             ctx.set(dut.cmd.payload.as_value(), layout.const(value).as_bits())
             ctx.set(dut.cmd.valid, 1)
-            await ctx.tick().until(dut.cmd.ready)
+            while not (await ctx.tick().sample(dut.cmd.ready))[-1]:
+                in_time()
             accepted.append(state["cycle"])
             ctx.set(dut.cmd.valid, 0)
             state["issued"] += 1
         while len(dones) < state["issued"]:
             await ctx.tick()
-            assert state["cycle"] < timeout, f"timed out: {len(dones)} of {state['issued']}"
+            in_time()
         for _ in range(2 * dut.unit.latency):  # nothing more may appear
             await ctx.tick()
             assert not ctx.get(dut.busy) and not ctx.get(dut.acc_w.valid)
