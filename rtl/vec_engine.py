@@ -97,7 +97,7 @@ class VecEngine(wiring.Component):
       of state is read and updated at one pipeline stage (totals and top-k lists in the
       last stage, the SiLU table at stage 0, which its read addresses too), so an op
       sees every earlier op's update exactly as consecutive beats of one row already
-      do; the reciprocal is the exception and the unit interlocks it (no op is taken
+      do; the reciprocal is the exception and the unit interlocks it (no DIV is taken
       while a RECIP is in its pipeline).
     - Inside an instruction, operands are read about ``unit.latency`` beats before
       their results are written: a beat must not read what an earlier beat of the same

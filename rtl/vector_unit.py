@@ -169,11 +169,11 @@ class VectorUnit(wiring.Component):
 
     Latency and throughput
     ----------------------
-    - One op per cycle, fully pipelined, except RECIP: after a RECIP no op is taken for
-      ``recip_latency`` cycles (it runs a 9-stage Newton pipeline whose result the next
-      DIV reads). Flow control happens only at ``ops``: an op is taken only when the
-      result FIFO has room reserved for it, so a stalled ``results`` backs up into
-      ``ops`` and the pipeline never stalls.
+    - One op per cycle, fully pipelined, RECIP too: but a DIV is not taken while a
+      RECIP is in its ``recip_latency``-stage Newton pipeline (whose result DIV reads).
+      Flow control happens only at ``ops``: an op is taken only when the result FIFO
+      has room reserved for it, so a stalled ``results`` backs up into ``ops`` and the
+      pipeline never stalls.
     - A result is valid on ``results`` ``latency`` cycles after its op was taken (when the
       FIFO is empty); ``latency`` = 8 + ceil(log2(n) / 2) + 1.
     - TOPK/TOPK_INDEX run at one op per cycle with the same latency, any slot order:
@@ -237,7 +237,8 @@ class VectorUnit(wiring.Component):
         recip_busy = Signal()
         take = Signal()
         m.d.comb += [
-            self.ops.ready.eq((credits != 0) & ~recip_busy),
+            self.ops.ready.eq((credits != 0) & ~(recip_busy & (self.ops.payload.opcode
+                                                               == VectorOpcode.DIV))),
             take.eq(self.ops.valid & self.ops.ready),
         ]
         popped = self.results.valid & self.results.ready
@@ -331,8 +332,9 @@ class VectorUnit(wiring.Component):
         busy = rv[0]
         for valid in rv[1:-1]:
             busy = busy | valid
-        # The op after a RECIP is taken once the RECIP has written its slot (the cycle
-        # its last stage is valid), so its stage-2 read sees the new value.
+        # A DIV (the only op that reads a slot's reciprocal) is taken once every RECIP in
+        # the pipeline has written its slot (the cycle its last stage is valid), so its
+        # stage-2 read sees the new value; other ops, RECIPs too, pass.
         m.d.comb += recip_busy.eq(busy)
         assert len(rv) - 1 == self.recip_latency, (len(rv), self.recip_latency)
 
