@@ -307,6 +307,18 @@ def test_unbalanced_or_deadlocked_semaphores_are_refused(tiny):
         check_synchronisation([extra] + ops, cfg.n)
 
 
+@pytest.mark.parametrize("banks", [8, 4])
+def test_gemm_operands_start_half_the_banks_apart(gpt_oss, banks):
+    """Every scores and P·V GEMM reads its A operand (queries, P) from a region starting
+    in bank banks/2 and its B operand (a K or V page) from one starting in bank 0, so the
+    two streams do not ask the same bank in the same cycle."""
+    cfg = _config(gpt_oss, banks=banks)
+    program = decode_from_workload(cfg, gpt_oss, 1, 1, allocator=PageAllocator(cfg, seed=7))
+    kv = [f for op, f in program.ops if op == Opcode.GEMM and f["b"] >= cfg.kv_start]
+    assert len(kv) == 3 * program.summary.notes["key_blocks"]  # scores + two P·V limbs
+    assert {(f["a"] % banks, f["b"] % banks) for f in kv} == {(banks // 2, 0)}
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -319,6 +331,9 @@ def test_unbalanced_or_deadlocked_semaphores_are_refused(tiny):
     ({"num_pages": 1000}, "do not fit"),
     ({"kv_base": 100}, "kv_base"),
     ({"kv_sequences": 16, "max_pages": 128}, "at most 1024"),
+    ({"banks": 6}, "banks must be a power of two"),
+    ({"banks": 128}, "banks must be a power of two up to 64"),
+    ({"spad_words": 1000, "banks": 16, "num_pages": 1}, "divides spad_words"),
 ])
 def test_bad_tile_config(fields, message):
     with pytest.raises(ValueError, match=message):
