@@ -13,9 +13,10 @@ per key block and the semaphore protocol; in short:
   keys), a group's heads at one token.
 - Each chunk streams its key blocks (one KV page = ``page_size`` keys, golden's
   ``block_keys``) through the FlashAttention-2 step: scores GEMM, LOGIT (running max),
-  EXP (alpha), EXP (P, two 7-bit limbs into the scratchpad), two P·V GEMMs (limbs,
-  accumulate with shift 7), RESCALE of the accumulator and the denominator. Blocks no
-  row can see are skipped. After the last block: RECIP, DIV, REQUANT to int8 words.
+  EXP (alpha), EXP (P, two 7-bit limbs into the scratchpad), one P·V GEMM (its A
+  joined from the two limbs, read in step), RESCALE of the accumulator and the
+  denominator. Blocks no row can see are skipped. After the last block: RECIP, DIV,
+  REQUANT to int8 words.
 - Steps are software-pipelined over two buffers (scores, P, P·V): the scores GEMM of
   step i + 1 and the P·V GEMM of step i - 1 run while the vector unit works on step i.
 """
@@ -51,8 +52,10 @@ MAX_COUNT = min(64, (1 << COUNT_FIELD_BITS) - 1)
 MAX_GEMM_DIM = (1 << 12) - 1
 #: Signed range of a VEC key bound.
 BOUND_MIN, BOUND_MAX = -(1 << (BOUND_BITS - 1)), (1 << (BOUND_BITS - 1)) - 1
-#: Bits per P limb and the shift that joins them (``PV = (hi·V << 7) + lo·V``).
-LIMB_BITS = NUMERICS.operand_bits - 1
+#: Bits per int8 limb (P's two limbs; the base-128 digits of the sink logits).
+LIMB_BITS = NUMERICS.limb_bits
+#: Longest key block whose P·V (A joined from P's limbs, V int8) cannot wrap int32.
+MAX_PV_KEYS = NUMERICS.acc_max // (NUMERICS.attn_p_max * -NUMERICS.operand_min)
 
 
 @dataclass(frozen=True)
@@ -249,11 +252,12 @@ def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first:
 class _SpadAllocator:
     """First-fit word regions of the scratchpad outside the KV region.
 
-    A ``skewed`` region starts in bank ``banks / 2``, half the banks away from every KV
-    page (pages start in bank 0): the GEMM's A operands (queries, P) are skewed, so the
-    A and B operand streams, each asking for the next word every cycle, ask different
-    banks in the same cycle instead of taking turns at one (a skew measured 2 000 cycles
-    faster per decode token at context 1025 on gpt-oss).
+    A region can be made to start in a given ``bank``. The GEMM's A operands (queries,
+    P's high limbs) start in bank ``banks / 2``, half the banks away from every KV page
+    (pages start in bank 0), and P's low limbs, read in step with the high ones, in bank
+    ``3·banks / 4``: the operand streams, each asking for the next word every cycle, ask
+    different banks in the same cycle instead of taking turns at one (the A/B skew
+    measured 2 000 cycles faster per decode token at context 1025 on gpt-oss).
     """
 
     def __init__(self, config: TileConfig):
@@ -261,10 +265,10 @@ class _SpadAllocator:
         self.used = 0
         self.config = config
 
-    def take(self, words: int, what: str, skewed: bool = False) -> int:
+    def take(self, words: int, what: str, bank: int | None = None) -> int:
         banks = self.config.banks
         for i, (lo, hi) in enumerate(self.free):
-            pad = (banks // 2 - lo) % banks if skewed else 0
+            pad = 0 if bank is None else (bank - lo) % banks
             if hi - lo >= words + pad:
                 self.free[i] = (lo + pad + words, hi)
                 self.used += words + pad
@@ -326,8 +330,9 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
     n, rmax = config.n, max(c.rows for c in chunks)
     nb, dq, dvc = _ceil(layer.page_size, n), _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
     mp, spad = _Map(lanes=lanes, pv_double=pv_double), _SpadAllocator(config)
+    a_bank = config.banks // 2
     for c in chunks:
-        c.q_addr = spad.take(dq * c.rows, "the queries", skewed=True)
+        c.q_addr = spad.take(dq * c.rows, "the queries", bank=a_bank)
     for c in chunks:
         c.out_addr = spad.take(dvc * c.rows, "the outputs")
 
@@ -339,9 +344,9 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
             regions.append([first, take(size, what) if double else first])
         return regions
 
-    skewed = partial(spad.take, skewed=True)
-    mp.p_hi = per_block(skewed, nb * rmax, "P (high limb)")
-    mp.p_lo = per_block(skewed, nb * rmax, "P (low limb)")
+    mp.p_hi = per_block(partial(spad.take, bank=a_bank), nb * rmax, "P (high limb)")
+    mp.p_lo = per_block(partial(spad.take, bank=a_bank + config.banks // 4), nb * rmax,
+                        "P (low limb)")
 
     entries = 0
 
@@ -493,13 +498,13 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 lambda: p_limb(VecPack.LIMB_HI, mp.p_hi[g][buf]),
                 lambda: p_limb(VecPack.LIMB_LO, mp.p_lo[g][buf])]
 
-    def pv_gemms(g: int, r: int, signal: bool) -> None:
+    def pv_gemm(g: int, r: int, signal: bool) -> None:
+        # One pass: A joined from P's two limbs (hi·2⁷ + lo <= 2¹⁴ - 1), so a key adds at
+        # most 2²¹ to an int32 sum: exact for pages of up to MAX_PV_KEYS (_check_fit).
         c, s, _, _ = lane_steps[g][r]
-        v_page = page_base(c.kv_head, 1, s.block)
-        for limb, a in enumerate((mp.p_hi[g][r % 2], mp.p_lo[g][r % 2])):
-            e.gemm(a=a, b=v_page, c=mp.pv[g][r % 2], m=c.rows, k=ps, p=layer.v_head_dim,
-                   a_rows=1, b_rows=0, accumulate=limb, acc_shift=LIMB_BITS * limb,
-                   signal=SEM_PV if limb and signal else None)
+        e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
+               b=page_base(c.kv_head, 1, s.block), c=mp.pv[g][r % 2], m=c.rows, k=ps,
+               p=layer.v_head_dim, a_rows=1, b_rows=0, signal=SEM_PV if signal else None)
 
     def rescale_ops(g: int, r: int) -> tuple[list, list]:
         """Ops 8-9 of the block, and the chunk's end (if it is the last), as emitters."""
@@ -568,7 +573,7 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
             rescale(r - 1, signal=not mp.pv_double)
         e.wait(SEM_P)
         for g in members[r]:
-            pv_gemms(g, r, signal=g == members[r][-1])
+            pv_gemm(g, r, signal=g == members[r][-1])
     e.wait(SEM_PV)
     rescale(rounds - 1, signal=False)
     e.halt()
@@ -610,6 +615,9 @@ def _check_fit(config: TileConfig, layer: AttentionLayer) -> int:
     for name in ("head_dim", "v_head_dim", "page_size"):
         if getattr(layer, name) > MAX_GEMM_DIM:
             raise ValueError(f"{name} {getattr(layer, name)} exceeds a GEMM's 12-bit field")
+    if layer.page_size > MAX_PV_KEYS:
+        raise ValueError(f"page_size {layer.page_size}: a P·V GEMM sums at most "
+                         f"{MAX_PV_KEYS} keys without wrapping int32")
     if layer.page_size > -BOUND_MIN:
         raise ValueError(f"page_size {layer.page_size} exceeds the VEC key bounds "
                          f"({BOUND_BITS}-bit signed)")

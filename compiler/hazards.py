@@ -49,6 +49,8 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
         a_words = _ceil(k, n) * m if f.get("a_rows") else _ceil(m, n) * k
         b_words = _ceil(k, n) * p if f.get("b_rows") else _ceil(p, n) * k
         reads |= set(range(f["a"], f["a"] + a_words)) | set(range(f["b"], f["b"] + b_words))
+        if f.get("a_limbs"):
+            reads |= set(range(f["a_lo"], f["a_lo"] + a_words))
         c = range(_ACC + f["c"], _ACC + f["c"] + _ceil(m, n) * _ceil(p, n) * n)
         writes |= set(c)
         if f.get("accumulate"):

@@ -31,10 +31,10 @@ class ProgramSummary:
     """Static, cycle-free figures of a program.
 
     ``instructions``: words by opcode (``GEMM``, ``VEC``, ``WAIT``, ``HALT``, ...) and
-    ``vec_ops`` by vector opcode. ``macs``: sum of m·k·p over the GEMMs (the useful
-    multiply-accumulates; the P·V limbs count twice, as the tensor core does them twice).
-    ``kv_bytes_read``: bytes the GEMMs fetch from the KV region (a V page is read by both
-    limb GEMMs); ``kv_bytes_unique``: distinct KV words touched x N. ``spad_words`` and
+    ``vec_ops`` by vector opcode. ``macs``: sum of m·k·p over the GEMMs (the tensor
+    core's multiply-accumulates; a GEMM with A joined from two limbs counts once).
+    ``kv_bytes_read``: bytes the GEMMs fetch from the KV region; ``kv_bytes_unique``:
+    distinct KV words touched x N. ``spad_words`` and
     ``acc_entries``: the non-KV scratchpad words and accumulator entries the program uses.
     """
 

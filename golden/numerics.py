@@ -83,6 +83,18 @@ class Numerics:
         return -(-self.attn_p_bits // (self.operand_bits - 1))
 
     @property
+    def limb_bits(self) -> int:
+        """Value bits of one int8 limb of a wider GEMM operand (a P limb is in [0, 127])."""
+        return self.operand_bits - 1
+
+    @property
+    def joined_operand_bits(self) -> int:
+        """Width of a GEMM A value joined from two int8 limbs, ``hi * 2**limb_bits + lo``
+        (signed; both limbs may be negative, so one bit more than ``2 * limb_bits + 1``).
+        The tile's tensor core takes A at this width: an ECP5 DSP multiplies 18 x 18."""
+        return 2 * self.operand_bits
+
+    @property
     def attn_p_max(self) -> int:
         """Largest probability code: 1.0 saturates to this."""
         return (1 << self.attn_p_bits) - 1

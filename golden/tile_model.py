@@ -40,7 +40,7 @@ SEMAPHORES, COUNT_BITS = 16, 16
 FIELDS = {
     "HALT": (), "NOP": (),
     "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
-             "acc_shift"),
+             "acc_shift", "a_limbs", "a_lo"),
     "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
             "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
             "shift", "sat", "lo", "hi", "causal"),
@@ -214,21 +214,30 @@ class TileModel:
 
     # --- GEMM -------------------------------------------------------------------------
 
+    def _gemm_a(self, f: dict, base: int, what: str) -> np.ndarray:
+        """The A operand (``ceil(m / N)·N`` rows x k) of a GEMM from the region at ``base``."""
+        n, m, k = self.n, f["m"], f["k"]
+        tm, tk = _ceil(m, n), _ceil(k, n)
+        a = np.zeros((tm * n, k), np.int64)  # rows >= m: zero unless the words hold them
+        if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
+            self._spad_region(what, base, tk * m)
+            for c in range(tk):
+                a[:m, c * n:(c + 1) * n] = self._block(base + c * m, m)[:, :k - c * n]
+        else:  # word a + t*k + kk = A[t*N : t*N + N, kk]
+            self._spad_region(what, base, tm * k)
+            for t in range(tm):
+                a[t * n:(t + 1) * n, :] = self._block(base + t * k, k).T
+        return a
+
     def _gemm(self, f: dict) -> None:
         n, m, k, p = self.n, f["m"], f["k"], f["p"]
         if min(m, k, p) < 1:
             raise ValueError(f"GEMM shape m={m} k={k} p={p}: each must be >= 1")
         tm, tp, tk = _ceil(m, n), _ceil(p, n), _ceil(k, n)
-        a = np.zeros((tm * n, k), np.int64)  # rows >= m: zero unless the words hold them
+        a = self._gemm_a(f, f["a"], "GEMM A")
+        if f["a_limbs"]:  # A = A_hi * 2**7 + A_lo, the low limbs at a_lo
+            a = (a << NUMERICS.limb_bits) + self._gemm_a(f, f["a_lo"], "GEMM A low limb")
         b = np.zeros((k, tp * n), np.int64)
-        if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
-            self._spad_region("GEMM A", f["a"], tk * m)
-            for c in range(tk):
-                a[:m, c * n:(c + 1) * n] = self._block(f["a"] + c * m, m)[:, :k - c * n]
-        else:  # word a + t*k + kk = A[t*N : t*N + N, kk]
-            self._spad_region("GEMM A", f["a"], tm * k)
-            for t in range(tm):
-                a[t * n:(t + 1) * n, :] = self._block(f["a"] + t * k, k).T
         if f["b_rows"]:  # word b + c*p + j = B[c*N : c*N + N, j]
             self._spad_region("GEMM B", f["b"], tk * p)
             for c in range(tk):

@@ -8,6 +8,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from golden.numerics import NUMERICS
 from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, SIGNAL, GemmArgs
 from rtl.scratchpad import Request, Response, failed
@@ -28,22 +29,36 @@ class OperandFetch(data.StructLayout):
     the block's N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks,
     word ``start + chunk * extent + i`` with ``start = base + block * N``, transposed
     into k beats.
+
+    With ``limbs`` (a fetch layout for a streamer built with ``limbs``): the values are
+    joined from two int8 limbs, the high limbs from ``start`` on, the low ones at the
+    same offsets from ``start_lo``: value = hi·2⁷ + lo.
     """
 
-    def __init__(self, addr_bits: int):
-        super().__init__({
+    def __init__(self, addr_bits: int, limbs: bool = False):
+        fields = {
             "start": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
             "extent": unsigned(DIM_BITS), "rows": 1,
-        })
+        }
+        if limbs:
+            fields.update(start_lo=unsigned(addr_bits), limbs=1)
+        super().__init__(fields)
 
 
 class OperandStreamer(wiring.Component):
     """Turns :class:`OperandFetch` requests into tensor-core beats read from one
     scratchpad port, transposing row-major operands through a double-buffered N x N
-    byte buffer (one chunk fills while the previous one drains, so a row-major operand
+    value buffer (one chunk fills while the previous one drains, so a row-major operand
     streams at one beat per cycle like a block-layout one). A draining chunk is read
-    by a byte index, not shifted, so a beat's handshake fans out to a few counters
+    by a value index, not shifted, so a beat's handshake fans out to a few counters
     rather than to every buffer flip-flop.
+
+    Built with ``limbs``, the streamer has a second port (``req_lo``/``resp_lo``) and
+    beats of :attr:`golden.numerics.Numerics.joined_operand_bits`-bit values: a fetch
+    with its ``limbs`` flag reads each word and its low-limb word in the same step (one
+    request on each port) and joins them lane by lane, ``hi·2⁷ + lo``; other fetches
+    give their int8 values sign-extended. Both ports issue at one word per cycle, so a
+    joined operand streams as fast as a plain one.
 
     ``error`` (sticky) is set when a response carries an error status (the data, zero
     for an uncorrectable word, is still used, so the beat count never changes); a
@@ -53,29 +68,35 @@ class OperandStreamer(wiring.Component):
     #: Words issued but not yet consumed (tag FIFO depth); covers the scratchpad latency.
     IN_FLIGHT = 16
 
-    def __init__(self, n: int, addr_bits: int = 16):
-        self.n, self.addr_bits = n, addr_bits
-        super().__init__({
-            "fetch": In(stream.Signature(OperandFetch(addr_bits))),
-            "beats": Out(stream.Signature(OperandBeat(n))),
+    def __init__(self, n: int, addr_bits: int = 16, limbs: bool = False):
+        self.n, self.addr_bits, self.limbs = n, addr_bits, limbs
+        #: Width of a beat's value.
+        self.bits = NUMERICS.joined_operand_bits if limbs else NUMERICS.operand_bits
+        ports = {
+            "fetch": In(stream.Signature(OperandFetch(addr_bits, limbs))),
+            "beats": Out(stream.Signature(OperandBeat(n, self.bits))),
             "req": Out(stream.Signature(Request(addr_bits, 8 * n))),
             "resp": In(stream.Signature(Response(8 * n))),
             "error": Out(1),
-        })
+        }
+        if limbs:
+            ports.update(req_lo=Out(stream.Signature(Request(addr_bits, 8 * n))),
+                         resp_lo=In(stream.Signature(Response(8 * n))))
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
-        n, log_n = self.n, ceil_log2(self.n)
-        word_bits = 8 * n
+        n, log_n, bits = self.n, ceil_log2(self.n), self.bits
 
         # --- issue side: addresses (or zero words) in order ------------------------
-        # Per word a tag says whether a response will come (1) or the word is zero (0).
-        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=1, depth=self.IN_FLIGHT)
+        # Per word a tag says whether a response will come (bit 0; else the word is
+        # zero) and whether a low-limb response comes with it (bit 1).
+        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=2, depth=self.IN_FLIGHT)
         # Per fetch, for the consume side: k and the layout.
         desc_layout = data.StructLayout({"k": unsigned(DIM_BITS), "rows": 1})
         m.submodules.descs = descs = fifo.SyncFIFOBuffered(width=desc_layout.size, depth=4)
 
-        f = Signal(OperandFetch(self.addr_bits))
+        f = Signal(OperandFetch(self.addr_bits, self.limbs))
         addr = Signal(self.addr_bits + DIM_BITS + 1)  # next word (wide: bounds were checked)
         chunk_base = Signal.like(addr)
         row = Signal(DIM_BITS + log_n + 1)  # rows layout: the row the next word belongs to
@@ -84,14 +105,40 @@ class OperandStreamer(wiring.Component):
         issuing = Signal()
 
         zero_word = f.rows & (row >= f.extent)
+        asking = issuing & ~zero_word & tags.w_rdy
         m.d.comb += [
             self.req.payload.addr.eq(addr),
             self.req.payload.write.eq(0),
-            self.req.valid.eq(issuing & ~zero_word & tags.w_rdy),
-            tags.w_data.eq(~zero_word),
         ]
         step = Signal()
-        m.d.comb += step.eq(issuing & tags.w_rdy & (zero_word | self.req.ready))
+        if self.limbs:
+            # The two requests of a word may be accepted in different cycles; each port
+            # asks until it has, and the word's step waits for both.
+            lo_delta = Signal(self.addr_bits)  # start_lo - start: the low limbs' offset
+            hi_sent, lo_sent = Signal(), Signal()
+            m.d.comb += [
+                self.req.valid.eq(asking & ~hi_sent),
+                self.req_lo.valid.eq(asking & f.limbs & ~lo_sent),
+                self.req_lo.payload.addr.eq(addr + lo_delta),
+                self.req_lo.payload.write.eq(0),
+                tags.w_data.eq(Cat(~zero_word, ~zero_word & f.limbs)),
+                step.eq(issuing & tags.w_rdy & (
+                    zero_word | (hi_sent | self.req.ready)
+                    & (~f.limbs | lo_sent | self.req_lo.ready))),
+            ]
+            with m.If(step):
+                m.d.sync += [hi_sent.eq(0), lo_sent.eq(0)]
+            with m.Else():
+                with m.If(self.req.valid & self.req.ready):
+                    m.d.sync += hi_sent.eq(1)
+                with m.If(self.req_lo.valid & self.req_lo.ready):
+                    m.d.sync += lo_sent.eq(1)
+        else:
+            m.d.comb += [
+                self.req.valid.eq(asking),
+                tags.w_data.eq(~zero_word),
+                step.eq(issuing & tags.w_rdy & (zero_word | self.req.ready)),
+            ]
         m.d.comb += tags.w_en.eq(step)
         with m.If(step):
             with m.If(~f.rows):
@@ -129,26 +176,45 @@ class OperandStreamer(wiring.Component):
                 lane.eq(0),
                 remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
             ]
+            if self.limbs:
+                m.d.sync += lo_delta.eq(p.start_lo - p.start)
 
         # --- consume side ----------------------------------------------------------
         desc = Signal(desc_layout)
         m.d.comb += desc.eq(descs.r_data)
-        have_word = tags.r_rdy & (~tags.r_data | self.resp.valid)
-        word = Mux(tags.r_data, self.resp.payload.data, 0)
+        tag_resp, tag_lo = tags.r_data[0], tags.r_data[1]
+        responses = [(self.resp, tag_resp)]
+        if self.limbs:
+            responses.append((self.resp_lo, tag_lo))
+        have_word = tags.r_rdy & (~tag_resp | self.resp.valid)
+        if self.limbs:
+            have_word &= ~tag_lo | self.resp_lo.valid
         pop_word = Signal()
-        m.d.comb += [tags.r_en.eq(pop_word), self.resp.ready.eq(pop_word & tags.r_data)]
-        with m.If(self.resp.valid & self.resp.ready & failed(self.resp.payload.status)):
-            m.d.sync += self.error.eq(1)
+        m.d.comb += tags.r_en.eq(pop_word)
+        for resp, tagged in responses:
+            m.d.comb += resp.ready.eq(pop_word & tagged)
+            with m.If(resp.valid & resp.ready & failed(resp.payload.status)):
+                m.d.sync += self.error.eq(1)
+        # The word's values (sign-extended bytes, or joined limbs), `bits` wide each.
+        word = Signal(bits * n)
+        hi_word = Mux(tag_resp, self.resp.payload.data, 0)
+        for i in range(n):
+            hi = hi_word.word_select(i, 8).as_signed()
+            value = hi
+            if self.limbs:
+                lo = self.resp_lo.payload.data.word_select(i, 8).as_signed()
+                value = Mux(tag_lo, (hi << NUMERICS.limb_bits) + lo, hi)
+            m.d.comb += word.word_select(i, bits).eq(value)
 
-        # Transpose buffers: two chunks of N words; a chunk drains one byte of every word
-        # per beat (byte `drain_pos`), `count` beats, the last one `final` when it ends a
+        # Transpose buffers: two chunks of N words; a chunk drains one value of every word
+        # per beat (value `drain_pos`), `count` beats, the last one `final` when it ends a
         # fetch.
-        bufs = [[Signal(word_bits, name=f"t{b}_row{i}") for i in range(n)] for b in range(2)]
+        bufs = [[Signal(bits * n, name=f"t{b}_row{i}") for i in range(n)] for b in range(2)]
         full = Signal(2)
         count = [Signal(range(n + 1), name=f"t{b}_count") for b in range(2)]
         final = Signal(2)
         fill_sel, drain_sel = Signal(), Signal()
-        drain_pos = Signal(range(n))  # the byte of each row the next beat takes
+        drain_pos = Signal(range(n))  # the value of each row the next beat takes
         fill_row = Signal(range(n))
         words_left = Signal(DIM_BITS + 1)  # this fetch: words (normal) or values (rows)
         consuming = Signal()  # a descriptor is being consumed
@@ -157,7 +223,7 @@ class OperandStreamer(wiring.Component):
         ending = Signal()  # the descriptor being consumed takes its last word
 
 
-        drain_beat = Signal(OperandBeat(n))
+        drain_beat = Signal(OperandBeat(n, bits))
         drain_valid = Signal()
         sel_rows = [Mux(drain_sel, bufs[1][i], bufs[0][i]) for i in range(n)]
         sel_count = Mux(drain_sel, count[1], count[0])
@@ -167,7 +233,7 @@ class OperandStreamer(wiring.Component):
             drain_beat.last.eq(sel_final & (sel_count == 1)),
         ]
         for i in range(n):
-            m.d.comb += drain_beat.data[i].eq(sel_rows[i].word_select(drain_pos, 8))
+            m.d.comb += drain_beat.data[i].eq(sel_rows[i].word_select(drain_pos, bits))
 
         # Block layout: each word is a beat, passed straight through once no transposed
         # chunk is waiting to drain (so the order of fetches is kept).
@@ -251,11 +317,15 @@ class GemmEngine(wiring.Component):
     previous GEMM's last write (so a GEMM accumulating onto the one before it reads
     that one's results).
 
+    A GEMM with ``a_limbs`` reads A's high limbs on the A port and its low limbs on the
+    A-low port in step, and multiplies the joined values (the tensor core's A operand is
+    :attr:`golden.numerics.Numerics.joined_operand_bits` wide): P·V in one pass.
+
     Ports
     -----
     cmd : stream in of :class:`GemmArgs` (checked by the sequencer)
     done : stream out of :data:`rtl.isa.SIGNAL`
-    a_req/a_resp, b_req/b_resp : scratchpad ports (reads only)
+    a_req/a_resp, a_lo_req/a_lo_resp, b_req/b_resp : scratchpad ports (reads only)
     acc_addr, acc_data : an accumulator read port (data the cycle after the address)
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     busy : out, a GEMM is in the engine, queued or running (for utilisation counters)
@@ -278,6 +348,8 @@ class GemmEngine(wiring.Component):
             "done": Out(stream.Signature(SIGNAL)),
             "a_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
             "a_resp": In(stream.Signature(Response(8 * n))),
+            "a_lo_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
+            "a_lo_resp": In(stream.Signature(Response(8 * n))),
             "b_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
             "b_resp": In(stream.Signature(Response(8 * n))),
             "acc_addr": Out(range(acc_depth)),
@@ -291,15 +363,17 @@ class GemmEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n, log_n = self.n, ceil_log2(self.n)
-        m.submodules.core = core = TensorCore(n)
-        m.submodules.fetch_a = fetch_a = OperandStreamer(n, self.addr_bits)
+        m.submodules.core = core = TensorCore(n, a_bits=NUMERICS.joined_operand_bits)
+        m.submodules.fetch_a = fetch_a = OperandStreamer(n, self.addr_bits, limbs=True)
         m.submodules.fetch_b = fetch_b = OperandStreamer(n, self.addr_bits)
         wiring.connect(m, fetch_a.beats, core.a)
         wiring.connect(m, fetch_b.beats, core.b)
-        for streamer, req, resp in ((fetch_a, self.a_req, self.a_resp),
-                                    (fetch_b, self.b_req, self.b_resp)):
-            wiring.connect(m, streamer.req, wiring.flipped(req))
-            wiring.connect(m, wiring.flipped(resp), streamer.resp)
+        for source, sink, req, resp in (
+                (fetch_a.req, fetch_a.resp, self.a_req, self.a_resp),
+                (fetch_a.req_lo, fetch_a.resp_lo, self.a_lo_req, self.a_lo_resp),
+                (fetch_b.req, fetch_b.resp, self.b_req, self.b_resp)):
+            wiring.connect(m, source, wiring.flipped(req))
+            wiring.connect(m, wiring.flipped(resp), sink)
 
         # --- writeback queue: what the result rows of each GEMM become -------------
         wb_layout = data.StructLayout({
@@ -314,6 +388,7 @@ class GemmEngine(wiring.Component):
         # First word of the current A and B blocks: running sums, advanced by k (block
         # layout) or N (row layout) as the tiles advance.
         a_start, b_start = Signal(self.addr_bits), Signal(self.addr_bits)
+        a_lo_start = Signal(self.addr_bits)
         a_step = Mux(cmd.a_rows, n, cmd.k)
         b_step = Mux(cmd.b_rows, n, cmd.k)
         ti, tj = Signal(DIM_BITS), Signal(DIM_BITS)
@@ -349,13 +424,14 @@ class GemmEngine(wiring.Component):
         ]
         with m.If(setup):
             m.d.sync += [setup.eq(0), feeding.eq(1), a_sent.eq(0), b_sent.eq(0),
-                         a_start.eq(cmd.a), b_start.eq(cmd.b)]
+                         a_start.eq(cmd.a), a_lo_start.eq(cmd.a_lo), b_start.eq(cmd.b)]
 
         for streamer, sent, layout in ((fetch_a, a_sent, "a"), (fetch_b, b_sent, "b")):
             f = streamer.fetch.payload
             if layout == "a":
                 m.d.comb += [f.start.eq(a_start), f.block.eq(ti), f.extent.eq(cmd.m),
-                             f.rows.eq(cmd.a_rows)]
+                             f.rows.eq(cmd.a_rows), f.start_lo.eq(a_lo_start),
+                             f.limbs.eq(cmd.a_limbs)]
             else:
                 m.d.comb += [f.start.eq(b_start), f.block.eq(tj), f.extent.eq(cmd.p),
                              f.rows.eq(cmd.b_rows)]
@@ -369,7 +445,8 @@ class GemmEngine(wiring.Component):
                 with m.If(ti == row_tiles - 1):
                     m.d.sync += feeding.eq(0)
                 with m.Else():
-                    m.d.sync += [ti.eq(ti + 1), a_start.eq(a_start + a_step)]
+                    m.d.sync += [ti.eq(ti + 1), a_start.eq(a_start + a_step),
+                                 a_lo_start.eq(a_lo_start + a_step)]
             with m.Else():
                 m.d.sync += [tj.eq(tj + 1), b_start.eq(b_start + b_step)]
         with m.Else():

@@ -70,9 +70,13 @@ class GemmArgs(data.StructLayout):
     - ``b_rows = 0``: ⌈p⌉ blocks of k words, word = a row of an N-column block of B;
       ``b_rows = 1``: Bᵀ row-major in chunks, word ``b + c·p + j`` = ``B[c·N : c·N + N, j]``
       (a KV page: one word per key per chunk of N channels).
+    - ``a_limbs = 1``: A is joined from two int8 limb regions of the same layout,
+      ``A = A_hi·2⁷ + A_lo`` with the high limbs at ``a`` and the low limbs at ``a_lo``
+      (a probability of 14 bits, multiplied in one pass; int32 products and sums wrap
+      as always). ``a_lo`` is ignored when ``a_limbs = 0``.
     - C: tile (ti, tj), row r at entry ``c + (ti·⌈p⌉ + tj)·N + r``, N int32 results
       sign-extended to 48 bits; ``accumulate`` adds to the entry shifted left by
-      ``acc_shift`` instead: ``C = (C << acc_shift) + A·B`` (the two int8 limbs of P).
+      ``acc_shift`` instead: ``C = (C << acc_shift) + A·B``.
     """
 
     def __init__(self):
@@ -88,6 +92,8 @@ class GemmArgs(data.StructLayout):
             "b_rows": 1,
             "accumulate": 1,
             "acc_shift": unsigned(4),
+            "a_limbs": 1,
+            "a_lo": unsigned(ADDR_BITS),
         })
 
 

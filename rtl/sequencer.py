@@ -303,6 +303,7 @@ class Sequencer(wiring.Component):
                 m.d.sync += [
                     gemm_ok_shape.eq((gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)),
                     gemm_ok_bounds.eq(fits(gemm.a, a_words) & fits(gemm.b, b_words)
+                                      & (~gemm.a_limbs | fits(gemm.a_lo, a_words))
                                       & fits(gemm.c, c_entries, entries)),
                     vec_ok_shape.eq((vec.rows != 0) & (vec.beats != 0)
                                     & ((vec.slot + vec.rows) <= self.slots)),

@@ -12,19 +12,22 @@ __all__ = ["OperandBeat", "ResultRow", "TensorCore"]
 
 #: Array sizes the tensor core can be built at.
 MIN_N, MAX_N = 2, 32
+#: Widest A operand: a signed 17 x 8 product fits an ECP5 MULT18X18D.
+MAX_A_BITS = 17
 
 
 class OperandBeat(data.StructLayout):
-    """One beat of an operand stream: ``n`` int8 values and the end-of-tile flag.
+    """One beat of an operand stream: ``n`` signed values of ``bits`` (int8 by default)
+    and the end-of-tile flag.
 
     On the A stream a beat is one *column* of the A block (``data[i] = A[i, k]``); on the
     B stream it is one *row* of the B block (``data[j] = B[k, j]``). ``last`` marks
     ``k = K - 1`` and must be set on the same beat of both streams.
     """
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, bits: int = NUMERICS.operand_bits):
         super().__init__({
-            "data": data.ArrayLayout(signed(NUMERICS.operand_bits), n),
+            "data": data.ArrayLayout(signed(bits), n),
             "last": 1,
         })
 
@@ -40,7 +43,8 @@ class ResultRow(data.StructLayout):
 
 
 class TensorCore(wiring.Component):
-    """N x N output-stationary systolic array computing C = A · B one N x N tile at a time.
+    """N x N output-stationary systolic array computing C = A · B one N x N tile at a time
+    (B int8, A int8 or wider: ``a_bits``).
 
     A tile is an N x K block of A times a K x N block of B (any K >= 1). The operands
     arrive as K paired beats on ``a`` and ``b`` (see :class:`OperandBeat`); the tile's C
@@ -65,6 +69,11 @@ class TensorCore(wiring.Component):
     ----------
     n : int
         Array size, 2 to 32. Peak N² multiply-accumulates per cycle.
+    a_bits : int
+        Width of an A value, 8 (int8, the default) to 17: the tile's GEMM engine uses 16
+        to multiply by a probability joined from two int8 limbs in one pass
+        (:attr:`golden.numerics.Numerics.joined_operand_bits`). Up to 17 bits, each
+        product still fits one ECP5 MULT18X18D.
 
     Attributes
     ----------
@@ -85,12 +94,15 @@ class TensorCore(wiring.Component):
       beat is accepted, and row i follows i cycles later when ``c`` is ready.
     """
 
-    def __init__(self, n: int = 8):
+    def __init__(self, n: int = 8, a_bits: int = NUMERICS.operand_bits):
         if not isinstance(n, int) or isinstance(n, bool):
             raise TypeError(f"tensor core size must be an integer, not {n!r}")
         if not MIN_N <= n <= MAX_N:
             raise ValueError(f"tensor core size must be between {MIN_N} and {MAX_N}, not {n}")
-        self.n = n
+        if type(a_bits) is not int or not NUMERICS.operand_bits <= a_bits <= MAX_A_BITS:
+            raise ValueError(f"A operand width must be {NUMERICS.operand_bits} to "
+                             f"{MAX_A_BITS} bits, not {a_bits!r}")
+        self.n, self.a_bits = n, a_bits
         #: Cycles from accepting a tile's ``last`` beat to its row 0 being valid on ``c``.
         self.latency = n + 6
         # Tiles whose rows are in the array or the FIFO when C is never stalled, plus the
@@ -99,7 +111,7 @@ class TensorCore(wiring.Component):
         #: Rows the result FIFO holds (the reservation unit is one tile, N rows).
         self.result_depth = n * tiles_in_flight
         super().__init__({
-            "a": In(stream.Signature(OperandBeat(n))),
+            "a": In(stream.Signature(OperandBeat(n, a_bits))),
             "b": In(stream.Signature(OperandBeat(n))),
             "c": Out(stream.Signature(ResultRow(n))),
             "error": Out(1),
@@ -154,7 +166,8 @@ class TensorCore(wiring.Component):
 
         # --- the array --------------------------------------------------------------
         operand = signed(NUMERICS.operand_bits)
-        a_reg = [[Signal(operand, name=f"a_{i}_{j}") for j in range(n)] for i in range(n)]
+        a_operand = signed(self.a_bits)
+        a_reg = [[Signal(a_operand, name=f"a_{i}_{j}") for j in range(n)] for i in range(n)]
         b_reg = [[Signal(operand, name=f"b_{i}_{j}") for j in range(n)] for i in range(n)]
         v_reg = [[Signal(name=f"v_{i}_{j}") for j in range(n)] for i in range(n)]
         l_reg = [[Signal(name=f"l_{i}_{j}") for j in range(n)] for i in range(n)]
@@ -177,7 +190,7 @@ class TensorCore(wiring.Component):
                 # can sit next to its DSP, while a_reg/b_reg also feed the next PE. They
                 # load only on a valid beat, which also keeps Yosys from merging them
                 # with the next PE's a_reg/b_reg (a `keep` attribute on them does not).
-                mul_a = Signal(operand, name=f"ma_{i}_{j}")
+                mul_a = Signal(a_operand, name=f"ma_{i}_{j}")
                 mul_b = Signal(operand, name=f"mb_{i}_{j}")
                 mul_valid = Signal(name=f"mv_{i}_{j}")
                 mul_last = Signal(name=f"ml_{i}_{j}")
@@ -187,7 +200,8 @@ class TensorCore(wiring.Component):
                     mul_valid.eq(v_reg[i][j]),
                     mul_last.eq(v_reg[i][j] & l_reg[i][j]),
                 ]
-                product = Signal(signed(2 * NUMERICS.operand_bits), name=f"p_{i}_{j}")
+                product = Signal(signed(self.a_bits + NUMERICS.operand_bits),
+                                 name=f"p_{i}_{j}")
                 p_valid = Signal(name=f"pv_{i}_{j}")
                 p_last = Signal(name=f"pl_{i}_{j}")
                 m.d.sync += [

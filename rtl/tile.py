@@ -49,7 +49,8 @@ class Tile(wiring.Component):
     ``host`` port, appends KV tokens and maps pages through the ``kv`` port, pulses
     ``go`` (the sequencer's ``start``) and watches ``status``. The sequencer dispatches
     GEMM, VEC and DMA instructions to their engines, which run in parallel and share the
-    scratchpad (ports ``ga``/``gb`` for the GEMM operands, ``vec``, ``dma``, ``net`` for arriving
+    scratchpad (ports ``ga``/``gal``/``gb`` for the GEMM operands — ``gal`` reads the low
+    limbs of a joined A — ``vec``, ``dma``, ``net`` for arriving
     words, ``host``, ``kv``) and the accumulator memory (GEMM and VEC write, the VEC
     engine writing first when both do).
 
@@ -81,7 +82,7 @@ class Tile(wiring.Component):
                                  f"{mesh[1]} mesh")
         self.n, self.position, self.mesh = n, position, mesh
         self.scratchpad = Scratchpad(
-            banks, depth, 8 * n, ports=("ga", "gb", "vec", "dma", "net", "host", "kv"),
+            banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "host", "kv"),
             kv_port="kv", page_size=page_size, token_words=token_words, num_pages=num_pages,
             sequences=sequences, max_pages=max_pages, fault_injection=fault_injection)
         sp = self.scratchpad
@@ -141,7 +142,9 @@ class Tile(wiring.Component):
             wiring.connect(m, engine.done, getattr(seq, f"{name}_done"))
 
         # Engines to the scratchpad.
-        for req, resp, port in ((gemm.a_req, gemm.a_resp, "ga"), (gemm.b_req, gemm.b_resp, "gb"),
+        for req, resp, port in ((gemm.a_req, gemm.a_resp, "ga"),
+                                (gemm.a_lo_req, gemm.a_lo_resp, "gal"),
+                                (gemm.b_req, gemm.b_resp, "gb"),
                                 (vec.spad_req, vec.spad_resp, "vec"),
                                 (dma.req, dma.resp, "dma")):
             _join(m, req, getattr(sp, f"{port}_req"))

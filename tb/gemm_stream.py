@@ -32,17 +32,23 @@ def _pad(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
 def _pack(elements: np.ndarray, bits: int, last: np.ndarray) -> list[int]:
     """Rows of ``elements`` (signed) as little-endian integers with ``last`` on top."""
     count, n = elements.shape
-    raw = (elements.astype(np.int64) & ((1 << bits) - 1)).astype(f"<u{bits // 8}").tobytes()
-    step = n * bits // 8
+    fields = elements.astype(np.int64) & ((1 << bits) - 1)
     flag = 1 << (n * bits)
+    if bits % 8:  # not whole bytes: join the fields one by one
+        return [sum(int(v) << (bits * j) for j, v in enumerate(row)) | (flag if last[i] else 0)
+                for i, row in enumerate(fields)]
+    raw = fields.astype(f"<u{bits // 8}").tobytes()
+    step = n * bits // 8
     return [
         int.from_bytes(raw[i * step : (i + 1) * step], "little") | (flag if last[i] else 0)
         for i in range(count)
     ]
 
 
-def operand_beats(a: np.ndarray, b: np.ndarray, n: int) -> tuple[list[int], list[int]]:
-    """The A and B stream words for ``a @ b``, every output tile in order."""
+def operand_beats(a: np.ndarray, b: np.ndarray, n: int,
+                  a_bits: int = OPERAND_BITS) -> tuple[list[int], list[int]]:
+    """The A and B stream words for ``a @ b``, every output tile in order (A values
+    ``a_bits`` wide, as ``TensorCore(n, a_bits)`` takes them)."""
     m, k = a.shape
     if b.shape[0] != k:
         raise ValueError(f"inner dimensions differ: a is {a.shape}, b is {b.shape}")
@@ -51,7 +57,7 @@ def operand_beats(a: np.ndarray, b: np.ndarray, n: int) -> tuple[list[int], list
     last = np.arange(k) == k - 1
     a_words, b_words = [], []
     for ti in range(rows):
-        a_tile = _pack(a_pad[ti * n : (ti + 1) * n, :].T, OPERAND_BITS, last)
+        a_tile = _pack(a_pad[ti * n : (ti + 1) * n, :].T, a_bits, last)
         for tj in range(cols):
             a_words += a_tile
             b_words += _pack(b_pad[:, tj * n : (tj + 1) * n], OPERAND_BITS, last)

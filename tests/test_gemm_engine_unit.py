@@ -1,5 +1,6 @@
 """The GEMM engine in the Amaranth simulator: a modelled scratchpad (random latency and
-ready), the real accumulator memory, every operand layout and the accumulate mode."""
+ready), the real accumulator memory, every operand layout, the accumulate mode and A
+joined from two limb regions."""
 
 from __future__ import annotations
 
@@ -81,12 +82,14 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3):
     spad: dict[int, int] = {}
     commands = []
     for g in gemms:
-        a_words = place(g["A"], g.get("a_rows", 0), n)
-        b_words = place(g["B"].T, g.get("b_rows", 0), n)
-        for base, words in ((g["a"], a_words), (g["b"], b_words)):
+        regions = [(g["a"], place(g["A"], g.get("a_rows", 0), n)),
+                   (g["b"], place(g["B"].T, g.get("b_rows", 0), n))]
+        if "A_lo" in g:
+            regions.append((g["a_lo"], place(g["A_lo"], g.get("a_rows", 0), n)))
+        for base, words in regions:
             for i, w in enumerate(words):
                 spad[base + i] = to_int(w)
-        fields = {k: v for k, v in g.items() if k not in ("A", "B")}
+        fields = {k: v for k, v in g.items() if k not in ("A", "B", "A_lo")}
         fields.update(m=g["A"].shape[0], k=g["A"].shape[1], p=g["B"].shape[1])
         commands.append(fields)
     dones, result = [], {}
@@ -104,7 +107,7 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3):
             ctx.set(engine.cmd.valid, 1)
             await ctx.tick().until(engine.cmd.ready)
             ctx.set(engine.cmd.valid, 0)
-            for name in ("a_rows", "b_rows", "accumulate", "acc_shift"):
+            for name in ("a_rows", "b_rows", "accumulate", "acc_shift", "a_limbs"):
                 ctx.set(getattr(engine.cmd.payload, name), 0)
 
     def scratchpad(req, resp):
@@ -147,6 +150,7 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3):
 
     sim.add_testbench(commander)
     sim.add_process(scratchpad(engine.a_req, engine.a_resp))
+    sim.add_process(scratchpad(engine.a_lo_req, engine.a_lo_resp))
     sim.add_process(scratchpad(engine.b_req, engine.b_resp))
     sim.add_testbench(watcher)
     run_amaranth(sim)
@@ -206,6 +210,39 @@ def test_accumulate_with_shift_combines_limbs(stall, seed):
     want = reference(p_full, v.astype(np.int64), n)
     np.testing.assert_array_equal(acc[16:16 + len(want)], want)
     assert dones == [(0, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("a_rows", [0, 1])
+@pytest.mark.parametrize("stall", [0.0, 0.3])
+def test_joined_limbs_multiply_in_one_pass(a_rows, stall, seed):
+    """A = hi·2⁷ + lo from two regions read in step, between plain GEMMs; the limbs
+    are any int8 (negative ones too), so the joined value spans 16 bits."""
+    n = 4
+    rng = np.random.default_rng(11 + a_rows + 2 * seed)
+    gemms, c, wants = [], 0, []
+    for index, (m, k, p) in enumerate([(5, 6, 7), (4, 16, 8), (9, 3, 2)]):
+        hi, b = operands(rng, m, k, p)
+        lo, _ = operands(rng, m, k, p)
+        g = {"A": hi, "B": b, "a": 100 * index, "b": 1000 + 100 * index, "c": c,
+             "a_rows": a_rows, "signal": {"enable": 1, "semaphore": index}}
+        if index != 1:  # the middle GEMM is a plain one
+            g.update(A_lo=lo, a_lo=500 + 100 * index, a_limbs=1)
+        joined = (hi.astype(np.int64) << 7) + (lo.astype(np.int64) if index != 1 else 0)
+        wants.append((c, joined, b))
+        gemms.append(g)
+        c += -(-m // n) * -(-p // n) * n
+    acc, dones, error = run(n, gemms, seed=5 + a_rows + 2 * seed, stall=stall)
+    assert dones == [(1, i) for i in range(len(gemms))] and error == 0
+    for (c, joined, b), g in zip(wants, gemms, strict=True):
+        if "A_lo" not in g:
+            joined = g["A"].astype(np.int64)
+        want = reference(joined, b.astype(np.int64), n)
+        got = acc[c:c + len(want)]
+        m, p = joined.shape[0], b.shape[1]
+        for t in range(len(want) // n):  # rows beyond m are padding (block layout)
+            rows = [r for r in range(n) if (t // -(-p // n)) * n + r < m]
+            np.testing.assert_array_equal(got[t * n:(t + 1) * n][rows],
+                                          want[t * n:(t + 1) * n][rows])
 
 
 def test_impossible_parameters_are_refused():

@@ -230,6 +230,7 @@ def test_backpressure_delays_but_loses_nothing():
         (gemm(a=WORDS - 8, k=16), ErrorCode.BAD_ADDRESS),  # A runs past the end
         (gemm(a=WORDS - 8, k=16, m=5, a_rows=1), ErrorCode.BAD_ADDRESS),  # 2 chunks x 5 rows
         (gemm(b=WORDS - 31, k=16, p=16, b_rows=1), ErrorCode.BAD_ADDRESS),  # 2 x 16 words
+        (gemm(a_lo=WORDS - 8, k=16, a_limbs=1), ErrorCode.BAD_ADDRESS),  # A's low limbs
         (gemm(c=ENTRIES - 8, m=9), ErrorCode.BAD_ADDRESS),  # two row tiles: 16 entries
         (vec(rows=0), ErrorCode.BAD_SHAPE),
         (vec(beats=0), ErrorCode.BAD_SHAPE),

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from golden.gemm import gemm
+from golden.gemm import gemm, wrap
 from rtl.tensor_core import TensorCore
 from tb.gemm_stream import assemble, operand_beats, result_rows
 from tb.runner import run_amaranth
 
 
-def simulate(n, a, b, *, stall_every=0, idle_every=0):
-    """Drive ``a @ b`` through TensorCore(n) in the Amaranth simulator; return C and cycles."""
-    dut = TensorCore(n)
-    a_words, b_words = operand_beats(a, b, n)
+def simulate(n, a, b, *, stall_every=0, idle_every=0, a_bits=8):
+    """Drive ``a @ b`` through TensorCore(n, a_bits) in the Amaranth simulator; return C."""
+    dut = TensorCore(n, a_bits)
+    a_words, b_words = operand_beats(a, b, n, a_bits)
     rows_expected = len(a_words) // a.shape[1] * n
     received = []
     sim = Simulator(dut)
@@ -72,6 +72,23 @@ def test_small_gemm_with_idle_and_backpressure():
     rng = np.random.default_rng(11)
     a, b = rng.integers(-128, 128, (4, 5)), rng.integers(-128, 128, (5, 4))
     assert (simulate(2, a, b, stall_every=3, idle_every=4) == gemm(a, b)).all()
+
+
+@pytest.mark.parametrize("a_bits", [16, 17])
+def test_wide_a_operand(a_bits):
+    """A values of a_bits (the tile's GEMM engine joins two int8 limbs into 16), the
+    extremes included; sums wrap at int32 like golden's."""
+    rng = np.random.default_rng(a_bits)
+    low, high = -(1 << (a_bits - 1)), 1 << (a_bits - 1)
+    a, b = rng.integers(low, high, (5, 300)), rng.integers(-128, 128, (300, 3))
+    a[0], b[:, 0] = low, -128  # row 0 x column 0: 300 x 2^(a_bits+6) wraps int32 at 17
+    assert (simulate(2, a, b, a_bits=a_bits) == wrap(a @ b, 32)).all()
+
+
+@pytest.mark.parametrize("a_bits", [7, 18, 12.0])
+def test_a_width_out_of_range_is_refused(a_bits):
+    with pytest.raises(ValueError, match="A operand width"):
+        TensorCore(4, a_bits)
 
 
 @pytest.mark.parametrize("n", [0, 1, 33, -4])

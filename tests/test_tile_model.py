@@ -87,6 +87,27 @@ def test_gemm_layouts_against_golden(a_rows, b_rows, m, k, p):
     assert model.semaphores[3] == 0 and model.done["GEMM"] == [{"enable": 1, "semaphore": 3}]
 
 
+@pytest.mark.parametrize("a_rows", [0, 1])
+def test_gemm_joins_a_from_two_limb_regions(a_rows):
+    """``a_limbs``: A = hi·2⁷ + lo from two regions of the same layout, any int8 limbs."""
+    n, m, k, p = 4, 6, 9, 5
+    rng = np.random.default_rng(5 + a_rows)
+    hi, lo = rng.integers(-128, 128, (2, m, k))
+    hi[0], lo[0] = -128, -128  # row 0 joins to -16512, the smallest joined value
+    b = rng.integers(-128, 128, (k, p))
+    model = TileModel(n, spad_words=512, acc_depth=256)
+    _store_a(model, 0, hi, a_rows)
+    _store_a(model, 100, lo, a_rows)
+    _store_a(model, 200, b.T, 0)
+    model.step("GEMM", {"a": 0, "a_lo": 100, "a_limbs": 1, "b": 200, "c": 0, "m": m, "k": k,
+                        "p": p, "a_rows": a_rows})
+    want = wrap(((hi << 7) + lo) @ b, 32)
+    tp = -(-p // n)
+    got = np.array([[model.acc[((i // n) * tp + j // n) * n + i % n, j % n]
+                     for j in range(p)] for i in range(m)])
+    assert (got == want).all()
+
+
 def test_gemm_accumulate_with_shift_wraps_at_48_bits():
     n = 2
     model = TileModel(n, spad_words=16, acc_depth=8)
@@ -161,6 +182,7 @@ def test_dma_local_copy_and_remote_refused():
     (("GEMM", {"m": 0, "k": 1, "p": 1}), "must be >= 1"),
     (("GEMM", {"a": 60, "m": 4, "k": 8, "p": 4}), "GEMM A"),
     (("GEMM", {"c": 61, "m": 4, "k": 1, "p": 4}), "GEMM C"),
+    (("GEMM", {"a_limbs": 1, "a_lo": 60, "m": 4, "k": 8, "p": 4}), "GEMM A low limb"),
     (("VEC", {"rows": 0, "beats": 1}), "rows=0"),
     (("VEC", {"rows": 3, "beats": 1, "slot": 2}), "slots"),
     (("VEC", {"op": 15, "rows": 1, "beats": 1}), "not a vector opcode"),
