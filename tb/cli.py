@@ -186,25 +186,29 @@ SHAPE_OPTIONS = (("heads", "query heads"), ("kv_heads", "KV heads"),
 
 def _fmax_line(tiles: int) -> tuple[float | None, str]:
     """The clock the report converts cycles to time with: the tile's measured ECP5 Fmax,
-    else the slowest of its blocks measured alone (an upper bound), from build/synth.json
-    or the committed reference figures (synth/reference.json)."""
+    else the slowest of its blocks measured alone (an upper bound), from build/synth.json;
+    blocks not measured yet are named."""
     from synth import load_area
 
     tile = load_area("tile") or {}
     if tile.get("ecp5_fmax_mhz"):
         return tile["ecp5_fmax_mhz"], f"{tile['ecp5_fmax_mhz']:.1f} MHz (tile, ECP5)"
-    blocks = {}
+    blocks, missing = {}, []
     for design in ("tensor_core_n8", "vector_unit", "scratchpad", "sequencer", "gemm_engine",
                    "network_interface", "router_v2_d4"):
         fmax = (load_area(design) or {}).get("ecp5_fmax_mhz")
         if fmax:
             blocks[design] = fmax
+        else:
+            missing.append(design)
     if not blocks:
         return None, "not measured (run `make synth`)"
     slowest = min(blocks, key=blocks.get)
-    return blocks[slowest], (f"{blocks[slowest]:.1f} MHz: an upper bound, the slowest block "
-                             f"measured alone ({slowest}); the whole tile's Fmax is not "
-                             "measured")
+    line = (f"{blocks[slowest]:.1f} MHz: an upper bound, the slowest block measured alone "
+            f"({slowest}); the whole tile's Fmax is not measured")
+    if missing:
+        line += f"; blocks not measured yet: {', '.join(missing)} (`make synth`)"
+    return blocks[slowest], line
 
 
 def _with_progress(simulate, prefix: str = "") -> dict:

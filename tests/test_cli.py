@@ -195,3 +195,21 @@ def test_sweep_reports_a_point_that_does_not_fit(tmp_path, capsys):
     assert "FAIL: the MoE layer of kimi-k2 does not fit" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["sweep", "--mesh", "2x2,2x3"])
+
+
+def test_clock_line_says_which_figure_it_uses(monkeypatch):
+    """The report's clock: the tile's Fmax when measured; else the slowest block measured
+    alone, naming the blocks without a figure; else none."""
+    import synth
+    from tb.cli import _fmax_line
+
+    measured: dict[str, dict] = {}
+    monkeypatch.setattr(synth, "load_area", lambda design: measured.get(design))
+    assert _fmax_line(4) == (None, "not measured (run `make synth`)")
+    measured["gemm_engine"] = {"ecp5_fmax_mhz": 69.6}
+    measured["vector_unit"] = {"ecp5_fmax_mhz": 41.5}
+    fmax, line = _fmax_line(4)
+    assert fmax == 41.5 and "upper bound" in line and "(vector_unit)" in line
+    assert "not measured yet: tensor_core_n8, scratchpad" in line
+    measured["tile"] = {"ecp5_fmax_mhz": 38.2}
+    assert _fmax_line(4) == (38.2, "38.2 MHz (tile, ECP5)")
