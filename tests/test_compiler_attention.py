@@ -373,6 +373,12 @@ def test_refuses_what_does_not_fit(tiny, gpt_oss):
         build_prefill(ok, layer, t["attn1.q_prefill"][0], k, k)
     with pytest.raises(ValueError, match="multiple"):
         AttentionLayer(6, 4, 12, 12, 4, None, None, 1, 1, 1, 1)
+    # A page of 2048 keys fits the VEC beats at N = 32, but its one-pass P·V could wrap.
+    wide = TileConfig.for_attention(8, 8, 2048, n=32, num_pages=2, spad_words=16384)
+    k8 = np.zeros((5, 1, 8), np.int8)
+    with pytest.raises(ValueError, match="sums at most 1024 keys"):
+        build_decode(wide, AttentionLayer(1, 1, 8, 8, 2048, None, None, 1, 1, 1, 1),
+                     np.zeros((1, 8), np.int8), k8, k8)
     with pytest.raises(ValueError, match="phase"):
         AttentionLayer.from_workload(tiny, 0, "train")
     # A 1024-token gpt-oss decode fits the default config; 4096 tokens do not fit its
