@@ -64,7 +64,12 @@ def _area_line(design: str) -> str:
         f"{area.get('ecp5_ebr', '?')} EBR",
     ]
     fmax = area.get("ecp5_fmax_mhz")
-    parts.append(f"Fmax {fmax:.1f} MHz" if fmax else "Fmax not measured")
+    if fmax:
+        parts.append(f"Fmax {fmax:.1f} MHz")
+    elif area.get("ecp5_fits") == 0:
+        parts.append("does not fit the 85F, so no place and route")
+    else:
+        parts.append("Fmax not measured")
     return "ECP5-85F: " + ", ".join(parts) + f"; {area.get('generic_cells', '?')} generic cells"
 
 

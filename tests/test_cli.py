@@ -213,3 +213,18 @@ def test_clock_line_says_which_figure_it_uses(monkeypatch):
     assert "not measured yet: tensor_core_n8, scratchpad" in line
     measured["tile"] = {"ecp5_fmax_mhz": 38.2}
     assert _fmax_line(4) == (38.2, "38.2 MHz (tile, ECP5)")
+
+
+def test_area_line_says_when_a_design_does_not_fit(monkeypatch):
+    import synth
+    from tb.cli import _area_line
+
+    measured = {"tile": {"ecp5_lut4": 69557, "ecp5_ff": 39287, "ecp5_mult18": 133,
+                         "ecp5_ebr": 126, "ecp5_fits": 0, "generic_cells": 323231}}
+    monkeypatch.setattr(synth, "load_area", lambda design: measured.get(design))
+    assert _area_line("tile") == ("ECP5-85F: 69557 LUT4, 39287 FF, 133 MULT18X18D, 126 EBR, "
+                                  "does not fit the 85F, so no place and route; 323231 "
+                                  "generic cells")
+    measured["tile"].update(ecp5_fits=1, ecp5_fmax_mhz=38.25)
+    assert "Fmax 38.2 MHz" in _area_line("tile")
+    assert "not measured (run" in _area_line("vector_unit")
