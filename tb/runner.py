@@ -208,12 +208,12 @@ def build(component, name: str, *, simulator: str | None = None,
     if activity and simulator != "verilator":
         raise ValueError("toggle counts (activity) need Verilator's SAIF trace, not "
                          f"{simulator}")
-    toolchain_env(simulator)
-    from cocotb_tools.runner import VerilatorControlFile
-
     if threads < 1 or (threads > 1 and simulator != "verilator"):
         raise ValueError(f"threads must be 1, or more with Verilator, not {threads} with "
                          f"{simulator}")
+    toolchain_env(simulator)
+    from cocotb_tools.runner import VerilatorControlFile
+
     suffix = ("-activity" if activity else "-waves" if waves else "") + (
         f"-t{threads}" if threads > 1 else "")
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{suffix}"
