@@ -73,9 +73,10 @@ def reference(a, b, n, c_old=None, shift=0):
     return tiles
 
 
-def run(n, gemms, *, seed=0, depth=128, stall=0.3):
+def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
     """Run ``gemms`` (dicts of GemmArgs fields + operand arrays) back to back; return
-    the accumulator contents, done signals and the error flag."""
+    the accumulator contents, done signals and the error flag. A read of an address in
+    ``bad`` returns 0 with the ``uncorrectable`` status (a double-bit ECC error)."""
     rng = np.random.default_rng(seed)
     bench = Bench(n, depth)
     engine = bench.engine
@@ -121,14 +122,16 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3):
                 ctx.set(resp.valid, bool(head))
                 if head:
                     ctx.set(resp.payload.data, pending[0][1])
-                ctx.set(resp.payload.status, {})
+                ctx.set(resp.payload.status, {"uncorrectable": bool(head and pending[0][2])})
                 _, _, valid, addr, resp_ready = await ctx.tick().sample(
                     req.valid, req.payload.addr, resp.ready)
                 if head and resp_ready:
                     pending.pop(0)
                 if ready and valid:
                     assert addr in spad, f"read of unwritten word {addr}"
-                    pending.append((cycle + 5 + int(rng.integers(3)), spad[addr]))
+                    failed = addr in bad
+                    pending.append((cycle + 5 + int(rng.integers(3)), 0 if failed else spad[addr],
+                                    failed))
                 cycle += 1
         return port
 
@@ -243,6 +246,25 @@ def test_joined_limbs_multiply_in_one_pass(a_rows, stall, seed):
             rows = [r for r in range(n) if (t // -(-p // n)) * n + r < m]
             np.testing.assert_array_equal(got[t * n:(t + 1) * n][rows],
                                           want[t * n:(t + 1) * n][rows])
+
+
+@pytest.mark.parametrize("port", ["a", "a_lo", "b"])
+def test_an_uncorrectable_word_sets_the_error_and_the_gemms_still_finish(port):
+    """A double-bit ECC error on any operand port, the low-limb one included, sets the
+    sticky error; the beat count does not change, so every GEMM still finishes."""
+    n = 4
+    rng = np.random.default_rng(21)
+    hi, b = operands(rng, 5, 6, 7)
+    lo, _ = operands(rng, 5, 6, 7)
+    gemm = {"A": hi, "A_lo": lo, "B": b, "a": 0, "a_lo": 100, "b": 200, "c": 0,
+            "a_rows": 1, "a_limbs": 1, "signal": {"enable": 1, "semaphore": 1}}
+    clean = dict(gemm, a=300, a_lo=400, b=500, c=32, signal={"enable": 1, "semaphore": 2})
+    acc, dones, error = run(n, [gemm, clean], bad={gemm[port] + 3})
+    assert error == 1 and dones == [(1, 1), (1, 2)]
+    want = reference((clean["A"].astype(np.int64) << 7) + clean["A_lo"], b.astype(np.int64), n)
+    np.testing.assert_array_equal(acc[32:32 + len(want)], want)  # the next GEMM is exact
+    _, _, error = run(n, [clean])
+    assert error == 0
 
 
 def test_impossible_parameters_are_refused():
