@@ -9,9 +9,9 @@ proofs use 4 VCs with 3-flit buffers and 1-flit buffers.
 Properties (see :data:`PROOFS` for the proofs that check them):
 
 - ``credits``: every credit counter equals the buffer slots its neighbour has free
-  (credits + flits in the neighbour's buffer or on the link == depth), so it can never
-  overflow or underflow; every input buffer, likewise, never takes more flits than it
-  has room for.
+  (credits + flits on the link, in the neighbour's buffer or freed there with the
+  credit not yet sent back == depth), so it can never overflow or underflow; every
+  input buffer, likewise, never takes more flits than it has room for.
 - ``ownership``: once a head flit of a multi-flit packet has left through an output
   VC, every flit on that output VC comes from the same input VC until the tail flit;
   no other packet's flit interleaves. Strengthened by the router's own holder state.
@@ -26,15 +26,17 @@ Properties (see :data:`PROOFS` for the proofs that check them):
   outputs at once: the assumptions do not make the proofs vacuous.
 
 The assertions are proved by k-induction (unbounded), with invariants that tie the
-harness's view to the router's state (buffer pointers and occupancy, holders, per-input
-packet state, where the tracked flit sits and that no other flit carries its payload).
+harness's view to the router's state (occupancy, the age order of each buffer's slots
+is a total order, the flits an input VC holds for one output form whole packets in
+order, holders, per-input packet state, where the tracked flit sits and that no other
+flit carries its payload).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth import Array, Cat, Module, Mux, ResetSignal, Signal
+from amaranth import Cat, Module, Mux, ResetSignal, Signal
 from amaranth.hdl import Assert, Assume, Cover, Fragment
 from amaranth.lib import wiring
 
@@ -115,24 +117,55 @@ class RouterHarness(wiring.Component):
         for port in LINK_PORTS:
             incoming, outgoing = self.link(port, True), self.link(port, False)
             for v in range(cfg.vcs):
-                credit, count = probe["credit"][port][v], probe["count"][port][v]
+                credit = probe["credit"][port][v]
+                count, pending = probe["inputs"][port][v]["count"], probe["pending"][port][v]
                 on_link = outgoing.valid & (outgoing.flit.vc == v)
                 m.d.comb += [
                     Assert(credit <= depth),
                     Assert(credit + self.down[port, v] + on_link == depth),
-                    Assert(count <= depth),
-                    Assert(self.up[port, v] + count + incoming.credit[v] == depth),
+                    Assert(self.up[port, v] + count + pending + incoming.credit[v] == depth),
                 ]
-        # Every buffer's pointers agree with its occupancy.
-        for buffer in probe["buffers"]:
+        # The ejection FIFOs' pointers agree with their occupancy.
+        for buffer in probe["ejects"]:
             end = buffer["r_ptr"] + buffer["count"]
             m.d.comb += [Assert(buffer["count"] <= depth), Assert(buffer["r_ptr"] < depth),
                          Assert(buffer["w_ptr"] < depth),
                          Assert(Mux(end >= depth, end - depth, end) == buffer["w_ptr"])]
+        # The age order of every input buffer's used slots is a total order (so each
+        # output's ``oldest`` pick is at most one slot).
+        for row in probe["inputs"]:
+            for b in row:
+                used, older = b["used"], b["is_older"]
+                for i in range(depth):
+                    for j in range(depth):
+                        for k in range(depth):
+                            if len({i, j, k}) == 3:
+                                m.d.comb += Assert(~(used[i] & used[j] & used[k]
+                                                     & older(i, j) & older(j, k))
+                                                   | older(i, k))
+
+    @staticmethod
+    def _order(b, o: Port, depth: int):
+        """For output ``o`` of input buffer ``b``: the used slots bound there, and for
+        each slot whether it is the youngest of them, and for each pair whether slot i
+        comes right before slot j among them."""
+        needs = [b["slots"][i].route[o] for i in range(depth)]
+        older = b["is_older"]
+        youngest = [needs[i] & ~Cat(*[needs[j] & older(i, j) for j in range(depth)
+                                      if j != i]).any() for i in range(depth)]
+        before = {}
+        for i in range(depth):
+            for j in range(depth):
+                if i != j:
+                    between = Cat(*[needs[k] & older(i, k) & older(k, j)
+                                    for k in range(depth) if k not in (i, j)]).any()
+                    before[i, j] = needs[i] & needs[j] & older(i, j) & ~between
+        return needs, youngest, before
 
     def _ownership(self, m, cfg, probe):
-        vcs = cfg.vcs
+        vcs, depth = cfg.vcs, cfg.depth
         self.held = {}
+        held_now, owner_now = {}, {}
         for o in LINK_PORTS:
             out = self.link(o, False)
             for v in range(vcs):
@@ -150,35 +183,47 @@ class RouterHarness(wiring.Component):
                     with m.Elif(~held):
                         m.d.sync += [held.eq(1), owner.eq(src)]
                 # Invariants linking this view (one cycle behind) to the router's state.
-                held_now = Mux(sending, ~out.flit.tail, held)
-                owner_now = Mux(sending & ~held, src, owner)
-                m.d.comb += Assert(probe["busy"][o][v] == held_now)
-                for p in Port:
-                    if p is o:
-                        continue
-                    holds = probe["active"][p][v] & probe["cur_route"][p][v][o]
-                    m.d.comb += Assert(holds == (held_now & (owner_now == p * vcs + v)))
+                held_now[o, v] = Mux(sending, ~out.flit.tail, held)
+                owner_now[o, v] = Mux(sending & ~held, src, owner)
+                m.d.comb += Assert(probe["busy"][o][v] == held_now[o, v])
         for p in Port:
             for v in range(vcs):
-                route = probe["cur_route"][p][v]
-                one_hot = Cat(*[route == 1 << o for o in Port
-                                if o is Port.L or o is not p]).any()  # never a U-turn
-                m.d.comb += Assert(~probe["active"][p][v] | one_hot)
-                m.d.comb += Assert(~probe["active"][p][v] | (probe["sent"][p][v] == 0))
-                m.d.comb += Assert(~(probe["active"][p][v] & probe["dropping"][p][v]))
-                # Only a single-flit packet (a multicast) has several outputs, and only
-                # it is ever part-sent.
-                for slot in probe["slots"][p][v]:
-                    several = (slot.route & (slot.route - 1)[:5]) != 0
-                    m.d.comb += Assert(~several | slot.flit.tail)
-                head, sent = probe["head"][p][v], probe["sent"][p][v]
-                m.d.comb += Assert((sent == 0) | (
-                    ~probe["active"][p][v] & ~probe["dropping"][p][v]
-                    & (probe["count"][p][v] != 0) & head.flit.head
-                    & head.flit.tail & ((sent & ~head.route) == 0) & (sent != head.route)))
+                b = probe["inputs"][p][v]
+                is_open, open_route = probe["is_open"][p][v], probe["open_route"][p][v]
+                turns = [o for o in Port if o is Port.L or o is not p]  # never a U-turn
+                one_hot = Cat(*[open_route == 1 << o for o in turns]).any()
+                m.d.comb += Assert(~is_open | (open_route == 0) | one_hot)
+                for slot in b["slots"]:
+                    route = slot.route
+                    m.d.comb += Assert((route & (0b11111 ^ sum(1 << o for o in turns))) == 0)
+                    # Only a single-flit packet (a multicast) has several outputs.
+                    several = (route & (route - 1)[:5]) != 0
+                    # A packet's first flit is a head flit (later ones may be too).
+                    m.d.comb += Assert((route == 0) | ~slot.start | slot.flit.head)
+                    m.d.comb += Assert(~several | (slot.start & slot.flit.tail))
+                for o in turns:
+                    needs, youngest, before = self._order(b, o, depth)
+                    oldest = b["oldest"][o]
+                    slots = b["slots"]
+                    # The flits bound for o, oldest first, are whole packets in order ...
+                    for (i, j), adjacent in before.items():
+                        m.d.comb += Assert(~adjacent | (slots[i].flit.tail == slots[j].start))
+                    # ... the youngest one is unfinished exactly when its packet is open ...
+                    bound_open = is_open & (open_route == 1 << o)
+                    for i in range(depth):
+                        m.d.comb += Assert(~youngest[i] | (slots[i].flit.tail == ~bound_open))
+                    # ... and the input holds o exactly when its oldest flit there is not a
+                    # head (its packet's head has left), or none is, with its packet open.
+                    oldest_body = Cat(*[oldest[i] & ~slots[i].start
+                                        for i in range(depth)]).any()
+                    carrying = Mux(Cat(*needs).any(), oldest_body, bound_open)
+                    if o is Port.L:
+                        continue
+                    m.d.comb += Assert(carrying == (held_now[o, v]
+                                                    & (owner_now[o, v] == p * vcs + v)))
 
     def _delivery(self, m, cfg, probe):
-        router, vcs = self.router, cfg.vcs
+        router, vcs, depth = self.router, cfg.vcs, cfg.depth
         payload = self.track_payload
         first = Signal(init=1)
         m.d.sync += first.eq(0)
@@ -202,14 +247,16 @@ class RouterHarness(wiring.Component):
         tracked, left = Signal(name="tracked"), Signal(name="left")
         arrive = self.arrive = Signal(name="arrive")
         tvc = Signal(range(vcs))
+        tslot = Signal(range(depth))
         route = Signal(5)
-        ahead = Signal(range(cfg.depth + 1))
         enters = west.valid & (flit.payload == payload)
         # Packet framing upstream: the tracked flit does not arrive inside another packet.
         framing = [Signal(name=f"west_open{v}") for v in range(vcs)]
         for v in range(vcs):
             with m.If(west.valid & (flit.vc == v)):
                 m.d.sync += framing[v].eq(~flit.tail & (framing[v] | flit.head))
+            # The router's packet state is the upstream's.
+            m.d.comb += Assert(probe["is_open"][Port.W][v] == framing[v])
         inside = Cat(*[framing[v] & (flit.vc == v) for v in range(vcs)]).any()
         m.d.comb += Assume(~enters | (~tracked & good & ~inside))
         for port in LINK_PORTS:
@@ -219,25 +266,24 @@ class RouterHarness(wiring.Component):
         for v in range(vcs):
             m.d.comb += Assume(~(self.inject[v].valid & (self.inject[v].payload.payload
                                                          == payload)))
-        reads = [probe["pop"][Port.W][v] | probe["discard"][Port.W][v] for v in range(vcs)]
-        counts = [probe["count"][Port.W][v] for v in range(vcs)]
+        west_bufs = probe["inputs"][Port.W]
         with m.If(enters):
             m.d.sync += [tracked.eq(1), tvc.eq(flit.vc), route.eq(expected)]
-            with m.Switch(flit.vc):
-                for v in range(vcs):
-                    with m.Case(v):
-                        m.d.sync += ahead.eq(counts[v] - reads[v])
+            for v in range(vcs):
+                with m.If(flit.vc == v):
+                    m.d.comb += Assert(west_bufs[v]["w_en"])  # never discarded
+                    for i in range(depth):
+                        with m.If(west_bufs[v]["w_sel"][i]):
+                            m.d.sync += tslot.eq(i)
         m.d.sync += arrive.eq(0)
         with m.If(tracked & ~left):
             for v in range(vcs):
-                with m.If(tvc == v):
-                    m.d.comb += Assert(ahead < counts[v])
-                    with m.If(reads[v]):
-                        with m.If(ahead == 0):
-                            m.d.comb += Assert(probe["pop"][Port.W][v])
+                for i in range(depth):
+                    with m.If((tvc == v) & (tslot == i)):
+                        clear = west_bufs[v]["clear"][i]
+                        with m.If(clear != 0):
+                            m.d.comb += Assert(clear == route)
                             m.d.sync += [left.eq(1), arrive.eq(1)]
-                        with m.Else():
-                            m.d.sync += ahead.eq(ahead - 1)
         for port in LINK_PORTS:
             out = self.link(port, False)
             shows = out.valid & (out.flit.payload == payload)
@@ -253,33 +299,24 @@ class RouterHarness(wiring.Component):
         m.d.comb += [Assert(~left | tracked), Assert(~arrive | left),
                      Assert(~tracked | Cat(*[route == 1 << o for o in LINK_PORTS
                                               if o is not Port.W]).any())]
-        depth = cfg.depth
-        for index, buffer in enumerate(probe["buffers"]):
-            p, v = divmod(index, vcs)  # input buffers first; p == 5: the ejection buffers
+        for p in Port:
+            for v in range(vcs):
+                for i, slot in enumerate(probe["inputs"][p][v]["slots"]):
+                    in_use = slot.route != 0
+                    entry = slot.flit
+                    if p == Port.W:
+                        at = tracked & ~left & (tvc == v) & (tslot == i)
+                        m.d.comb += Assert(~at | (entry.head & entry.tail & slot.start
+                                                  & (slot.route == route)
+                                                  & (entry.payload == payload)))
+                        m.d.comb += Assert(~(in_use & (entry.payload == payload)) | at)
+                    else:
+                        m.d.comb += Assert(~(in_use & (entry.payload == payload)))
+        for buffer in probe["ejects"]:
             r_ptr, count = buffer["r_ptr"], buffer["count"]
-            here = (p == Port.W) & tracked & ~left & (tvc == v)
-            for i, slot in enumerate(buffer["slots"]):
+            for i, entry in enumerate(buffer["slots"]):
                 position = Mux(r_ptr <= i, i - r_ptr, i + depth - r_ptr)
-                in_use = position < count
-                entry = slot.flit if p < 5 else slot
-                if p == Port.W:
-                    at = here & (position == ahead)
-                    m.d.comb += Assert(~at | (entry.head & entry.tail & (slot.route == route)
-                                              & (entry.payload == payload)))
-                    m.d.comb += Assert(~(in_use & (entry.payload == payload)) | at)
-                else:
-                    m.d.comb += Assert(~(in_use & (entry.payload == payload)))
-            if p == Port.W:
-                # The packets ahead of the tracked flit end before it.
-                open_ = [probe["active"][p][v] | probe["dropping"][p][v]]
-                slots = Array(buffer["slots"])
-                for j in range(depth):
-                    at = r_ptr + j
-                    ahead_flit = slots[Mux(at >= depth, at - depth, at)].flit
-                    open_.append(~ahead_flit.tail & (open_[-1] | ahead_flit.head))
-                m.d.comb += Assert(~here | ~Array(open_)[ahead])
-                # The router's packet state after its buffered flits is the upstream's.
-                m.d.comb += Assert(Array(open_)[count] == framing[v])
+                m.d.comb += Assert(~((position < count) & (entry.payload == payload)))
 
     def _reachable(self, m, cfg, probe):
         """Covers: the assumptions leave the interesting behaviour possible (the proofs

@@ -67,22 +67,30 @@ class Router(wiring.Component):
     VC on the output when no other packet holds it and holds it until its tail flit
     has passed; a single-flit packet holds nothing.
 
-    Allocation is round-robin at every output. VC allocation is a check, since a packet
-    keeps its VC: a head flit may go when its VC on the output is free, a body flit
-    when the VC is its own. Switch allocation: every input VC requests the outputs its
-    flit still needs (its route, or its held output for body flits) when that VC has a
-    credit there, and every output grants one requester, round-robin. Every VC of an
-    input port requests on its own (the buffers are registers, read in parallel), so
-    one arbiter per output replaces the input stage of a separable allocator: several
-    VCs of one input may win different outputs in one cycle, and an input VC may win
-    several outputs (a multicast flit going out on several branches). A multicast flit
-    leaves its buffer when every branch has taken it.
+    Input buffers are not FIFOs: every output takes, from each input VC, the *oldest
+    flit bound for it* (an age order over the buffer's slots), so a flit waiting for a
+    busy output does not hold up a younger one bound elsewhere (no head-of-line
+    blocking; uniform traffic on one VC saturates a FIFO router near 0.59 of capacity),
+    while the flits one input VC sends through one output keep their order: packets of
+    one source, destination and VC arrive in order, and a packet's flits follow its head.
 
-    Packets that cannot be routed are dropped whole and counted: a head flit to a node
-    outside the mesh, a multicast with an empty mask or more than one flit, a flit whose
-    ``cls`` is not its VC's class; and, each on its own, a body or tail flit with no
-    packet open on its VC.
-    They return their credits like any other flit, so a drop never wedges the router.
+    Allocation is round-robin at every output. VC allocation is a check, since a packet
+    keeps its VC: a packet's first flit may go when its VC on the output is free, the
+    rest follow it (their head holds that VC). Switch allocation: every input VC
+    requests every output for which it holds a flit (its oldest one there) when that
+    VC has a credit there, and every output grants one requester, round-robin. The
+    buffers are registers, read in parallel, so one arbiter per output replaces the
+    input stage of a separable allocator: one input VC may win several outputs in one
+    cycle, with different flits or with one multicast flit going out on several
+    branches (it leaves its slot when every branch has taken it).
+
+    Packets that cannot be routed are dropped whole and counted, as they arrive (they
+    never take a slot): a head flit to a node outside the mesh, a multicast with an
+    empty mask or more than one flit, a flit whose ``cls`` is not its VC's class; and,
+    each on its own, a body or tail flit with no packet open on its VC. A flit that
+    arrives while a packet is open on its VC is part of that packet, head bit or not.
+    Dropped flits return their credits like any other, so a drop never wedges the
+    router.
 
     Parameters
     ----------
@@ -123,9 +131,11 @@ class Router(wiring.Component):
       included**, at zero load.
     - Injection to delivery at zero load: a flit accepted on ``inject`` in cycle t is
       valid on the destination's ``eject`` in cycle t + 2 + 2 x hops.
-    - Every output takes one flit per cycle. A credit comes back 2 cycles after the
-      downstream router forwards the flit (1 cycle of credit register, 1 of counter), so
-      one VC streams at full rate with ``depth`` >= 4.
+    - Every output takes one flit per cycle. A credit is back the cycle after the
+      downstream router forwards the flit (its credit register) and counts at once, so
+      a buffer slot serves a new flit every 3 cycles at best and one VC streams at full
+      rate with ``depth`` >= 3. When several slots of one input VC free in one cycle,
+      their credits go back one per cycle.
     """
 
     def __init__(self, x: int = 0, y: int = 0, *, k: int = 4, payload_bits: int = 32,
@@ -166,14 +176,12 @@ class Router(wiring.Component):
         members |= {"dropped": Out(COUNTER_BITS), "error": Out(1)}
         super().__init__(members)
         #: Internal state, filled in by :meth:`elaborate` for the formal harness:
-        #: ``credit[o][v]`` (link outputs), ``busy[o][v]``, ``count[p][v]`` (input buffer
-        #: occupancy),
-        #: ``pop[p][v]``, ``active[p][v]``, ``cur_route[p][v]``, ``sent[p][v]``,
-        #: ``discard[p][v]`` (dropping the head of a buffer), ``dropping[p][v]`` (inside a
-        #: dropped packet), ``head[p][v]`` and
-        #: ``slots[p][v]`` (buffer entries: flit and route), ``buffers`` (every buffer's
-        #: ``count``, ``r_ptr``, ``w_ptr``), ``out_src[o]`` (input
-        #: port * vcs + input VC of the flit in output register o, link outputs).
+        #: ``credit[o][v]`` (link outputs), ``busy[o][v]`` (output VC held by a packet),
+        #: ``is_open[p][v]``, ``open_route[p][v]``, ``discard[p][v]`` (a flit dropped as
+        #: it arrives), ``pending[p][v]`` (credits not yet returned), ``inputs[p][v]``
+        #: (the input buffers, see :meth:`_input_buffer`), ``ejects[v]`` (the ejection
+        #: FIFOs), ``out_src[o]`` (input port * vcs + input VC of the flit in output
+        #: register o, link outputs).
         self.probe: dict[str, list] = {}
 
     def link(self, port: Port, incoming: bool):
@@ -219,78 +227,143 @@ class Router(wiring.Component):
         return {"w_en": w_en, "w_data": w_data, "r_en": r_en, "r_data": r_data, "count": count,
                 "slots": list(slots), "r_ptr": r_ptr, "w_ptr": w_ptr}
 
+    def _input_buffer(self, m: Module, name: str) -> dict:
+        """One input VC's buffer: ``depth`` register slots of (flit, route, start: the
+        flit opens its packet), served oldest-first *per output* (not first-in
+        first-out).
+
+        A slot is in use while its route has an output left to serve. Each output takes
+        the oldest flit that still needs it (``oldest[o]``, one-hot over slots, from an
+        age order kept as one bit per pair of slots), so a flit waiting for a busy
+        output does not block a younger one bound elsewhere (no head-of-line blocking),
+        while the flits that share an output keep their arrival order. A write fills the
+        lowest free slot; ``clear[i]`` takes outputs off slot i's route (the slot is
+        freed when none are left)."""
+        cfg, depth = self.config, self.config.depth
+        entry = data.StructLayout({"flit": cfg.flit, "route": 5, "start": 1})
+        slots = [Signal(entry, name=f"{name}_slot{i}") for i in range(depth)]
+        # older[i, j], i < j: slot i holds the older flit (meaningful while both are used).
+        older = {(i, j): Signal(name=f"{name}_older{i}_{j}")
+                 for i in range(depth) for j in range(i + 1, depth)}
+
+        def is_older(i, j):
+            return older[i, j] if i < j else ~older[j, i]
+
+        used = Signal(depth, name=f"{name}_used")
+        m.d.comb += used.eq(Cat(*[s.route != 0 for s in slots]))
+        count = Signal(range(depth + 1), name=f"{name}_count")
+        m.d.comb += count.eq(sum(used[i] for i in range(depth)))
+        free = ~used
+        w_sel = Signal(depth, name=f"{name}_wsel")
+        m.d.comb += w_sel.eq(free & (~free + 1)[:depth])
+        w_en = Signal(name=f"{name}_w_en")
+        w_data = Signal(entry, name=f"{name}_w_data")
+        oldest, flit_for, start_for = [], [], []
+        for o in Port:
+            pick = Signal(depth, name=f"{name}_oldest_{o.name}")
+            m.d.comb += pick.eq(Cat(*[
+                slots[i].route[o] & ~Cat(*[slots[j].route[o] & is_older(j, i)
+                                          for j in range(depth) if j != i]).any()
+                for i in range(depth)]))
+            oldest.append(pick)
+            flit = Signal(cfg.flit, name=f"{name}_flit_{o.name}")
+            m.d.comb += flit.eq(_or_tree([Mux(pick[i], slots[i].flit.as_value(), 0)
+                                          for i in range(depth)]))
+            flit_for.append(flit)
+            start_for.append(Cat(*[pick[i] & slots[i].start for i in range(depth)]).any())
+        clear = [Signal(5, name=f"{name}_clear{i}") for i in range(depth)]
+        remaining = [slots[i].route & ~clear[i] for i in range(depth)]
+        freed = Signal(range(depth + 1), name=f"{name}_freed")
+        m.d.comb += freed.eq(sum(used[i] & (remaining[i] == 0) for i in range(depth)))
+        for i in range(depth):
+            m.d.sync += slots[i].route.eq(remaining[i])
+            with m.If(w_en & w_sel[i]):
+                m.d.sync += slots[i].eq(w_data)
+                for j in range(depth):
+                    if j < i:
+                        m.d.sync += older[j, i].eq(1)
+                    elif j > i:
+                        m.d.sync += older[i, j].eq(0)
+        return {"w_en": w_en, "w_data": w_data, "w_sel": w_sel, "count": count, "used": used,
+                "slots": slots, "older": older, "is_older": is_older, "oldest": oldest,
+                "flit": flit_for, "start": start_for, "clear": clear, "freed": freed}
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.config
         vcs, depth, here = cfg.vcs, cfg.depth, (self.x, self.y)
-        entry = data.StructLayout({"flit": cfg.flit, "route": 5})
         ports = list(Port)
 
-        # --- input buffers, one per (input port, VC); the route is computed on the way in
-        bufs = [[self._buffer(m, entry, f"in{p.name}_vc{v}") for v in range(vcs)]
+        # --- input buffers, one per (input port, VC); the route is computed on the way in,
+        # and a flit that cannot be routed never takes a slot.
+        bufs = [[self._input_buffer(m, f"in{p.name}_vc{v}") for v in range(vcs)]
                 for p in ports]
-        for v in range(vcs):
-            b, inject = bufs[Port.L][v], self.inject[v]
-            m.d.comb += [
-                inject.ready.eq(b["count"] != depth),
-                b["w_en"].eq(inject.valid & inject.ready),
-                b["w_data"].flit.eq(inject.payload),
-                b["w_data"].flit.vc.eq(v),
-                b["w_data"].route.eq(self._route(m, inject.payload, v, f"inL_vc{v}")),
-            ]
-        for p in LINK_PORTS:
-            link = self.link(p, incoming=True)
+        # Per input VC: a packet is open (head in, tail not yet), and the route its
+        # body flits take (0: the packet is being dropped).
+        is_open = [[Signal(name=f"open_{p.name}{v}") for v in range(vcs)] for p in ports]
+        open_route = [[Signal(5, name=f"openroute_{p.name}{v}") for v in range(vcs)]
+                      for p in ports]
+        discard = [[Signal(name=f"discard_{p.name}{v}") for v in range(vcs)] for p in ports]
+        drop_event = [[Signal(name=f"dropev_{p.name}{v}") for v in range(vcs)] for p in ports]
+        for p in ports:
+            link = None if p is Port.L else self.link(p, incoming=True)
             for v in range(vcs):
                 b = bufs[p][v]
-                m.d.comb += [
-                    b["w_en"].eq(link.valid & (link.flit.vc == v)),
-                    b["w_data"].flit.eq(link.flit),
+                if link is None:
+                    inject = self.inject[v]
+                    flit = inject.payload
+                    m.d.comb += inject.ready.eq(b["count"] != depth)
+                    arrives = inject.valid & inject.ready
+                    route = self._route(m, flit, v, f"inL_vc{v}")
+                else:
+                    flit = link.flit
+                    arrives = link.valid & (link.flit.vc == v)
                     # Never back where it came from: such a route is dropped, not wedged.
-                    b["w_data"].route.eq(self._route(m, link.flit, v, f"in{p.name}_vc{v}")
-                                         & ~(1 << p)),
-                ]
+                    route = self._route(m, flit, v, f"in{p.name}_vc{v}") & ~(1 << p)
+                m.d.comb += [b["w_data"].flit.eq(flit), b["w_data"].flit.vc.eq(v),
+                             b["w_data"].route.eq(Mux(is_open[p][v], open_route[p][v], route)),
+                             b["w_data"].start.eq(~is_open[p][v])]
+                with m.If(arrives):
+                    with m.If(is_open[p][v]):  # the rest of an open packet
+                        with m.If(open_route[p][v] != 0):
+                            m.d.comb += b["w_en"].eq(1)
+                        with m.Else():
+                            m.d.comb += discard[p][v].eq(1)
+                        with m.If(flit.tail):
+                            m.d.sync += is_open[p][v].eq(0)
+                    with m.Elif(flit.head & (route != 0)):
+                        m.d.comb += b["w_en"].eq(1)
+                        m.d.sync += [is_open[p][v].eq(~flit.tail), open_route[p][v].eq(route)]
+                    with m.Else():  # unroutable head, or a body/tail flit of no packet
+                        m.d.comb += [discard[p][v].eq(1), drop_event[p][v].eq(1)]
+                        m.d.sync += [is_open[p][v].eq(flit.head & ~flit.tail),
+                                     open_route[p][v].eq(0)]
 
         # --- output state: credits (links) or ejection buffer room (local), VC holders ---
         credit = {o: [Signal(range(depth + 1), init=depth, name=f"credit_{o.name}{v}")
                       for v in range(vcs)] for o in LINK_PORTS}
         busy = [[Signal(name=f"busy_{o.name}{v}") for v in range(vcs)] for o in ports]
         ejects = [self._buffer(m, cfg.flit, f"eject_vc{v}") for v in range(vcs)]
-        has_credit = [[(ejects[v]["count"] != depth) if o is Port.L else (credit[o][v] != 0)
+        # A credit coming back this cycle counts at once (it arrives from a register).
+        has_credit = [[(ejects[v]["count"] != depth) if o is Port.L
+                       else (credit[o][v] != 0) | self.link(o, incoming=False).credit[v]
                        for v in range(vcs)] for o in ports]
 
-        # --- input VC state and requests ------------------------------------------------
-        active = [[Signal(name=f"active_{p.name}{v}") for v in range(vcs)] for p in ports]
-        dropping = [[Signal(name=f"dropping_{p.name}{v}") for v in range(vcs)] for p in ports]
-        cur_route = [[Signal(5, name=f"curroute_{p.name}{v}") for v in range(vcs)]
-                     for p in ports]
-        sent = [[Signal(5, name=f"sent_{p.name}{v}") for v in range(vcs)] for p in ports]
-        discard = [[Signal(name=f"discard_{p.name}{v}") for v in range(vcs)] for p in ports]
-        drop_event = [[Signal(name=f"dropev_{p.name}{v}") for v in range(vcs)] for p in ports]
-        # want[p][v][o]: input VC (p, v) asks output o for its head flit this cycle.
+        # --- requests: input VC (p, v) asks output o for its oldest flit bound there. A
+        # packet's first flit needs the output's VC free; the others follow it (the
+        # flits one input VC sends through one output leave in order). A flit that
+        # arrives inside an open packet belongs to it, head bit or not.
         want = [[[Signal(name=f"want_{p.name}{v}_{o.name}") for o in ports]
                  for v in range(vcs)] for p in ports]
         for p in ports:
             for v in range(vcs):
                 b = bufs[p][v]
-                head = b["r_data"]
-                valid = b["count"] != 0
-                is_head = head.flit.head
-                with m.If(valid):
-                    with m.If(dropping[p][v]):  # the rest of a dropped packet
-                        m.d.comb += discard[p][v].eq(1)
-                        m.d.sync += dropping[p][v].eq(~head.flit.tail)
-                    with m.Elif(active[p][v]):
-                        for o in ports:
-                            m.d.comb += want[p][v][o].eq(
-                                cur_route[p][v][o] & has_credit[o][v])
-                    with m.Elif(is_head & (head.route != 0)):
-                        for o in ports:
-                            m.d.comb += want[p][v][o].eq(
-                                head.route[o] & ~sent[p][v][o] & ~busy[o][v]
-                                & has_credit[o][v])
-                    with m.Else():  # unroutable head, or a body/tail flit of no packet
-                        m.d.comb += [discard[p][v].eq(1), drop_event[p][v].eq(1)]
-                        m.d.sync += dropping[p][v].eq(is_head & ~head.flit.tail)
+                for o in ports:
+                    if o is p and p is not Port.L:
+                        continue
+                    m.d.comb += want[p][v][o].eq(
+                        b["oldest"][o].any() & has_credit[o][v]
+                        & (~b["start"][o] | ~busy[o][v]))
 
         # --- switch allocation: one round-robin arbiter per output ----------------------
         sources = [(p, v) for p in ports for v in range(vcs)]
@@ -308,7 +381,7 @@ class Router(wiring.Component):
             # The crossbar: grants are one-hot, so an AND-OR tree (no priority chain).
             flit = Signal(cfg.flit, name=f"xbar_{o.name}")
             src = Signal(range(len(sources)), name=f"xbar_src_{o.name}")
-            picked = [Mux(g, bufs[p][v]["r_data"].flit.as_value(), 0) for (p, v), g in chosen]
+            picked = [Mux(g, bufs[p][v]["flit"][o].as_value(), 0) for (p, v), g in chosen]
             m.d.comb += [
                 flit.eq(_or_tree(picked)),
                 flit.vc.eq(_or_tree([Mux(g, v, 0) for (_, v), g in chosen])),
@@ -345,29 +418,23 @@ class Router(wiring.Component):
             m.d.comb += [eject.valid.eq(e["count"] != 0), eject.payload.eq(e["r_data"]),
                          e["r_en"].eq(eject.valid & eject.ready)]
 
-        # --- input VC updates: branches taken, pops, packet state, credits back -----------
-        pops = [[Signal(name=f"pop_{p.name}{v}") for v in range(vcs)] for p in ports]
+        # --- granted outputs leave their slots; freed slots become credits, one per cycle
+        # per VC on the link (the rest wait in ``pending``).
+        pending = [[Signal(range(depth + 1), name=f"pending_{p.name}{v}") for v in range(vcs)]
+                   for p in ports]
         for p in ports:
             for v in range(vcs):
-                won = Cat(*[grant.get((o, p, v), C(0, 1)) for o in ports])
-                head = bufs[p][v]["r_data"]
-                with m.If(active[p][v]):
-                    m.d.comb += pops[p][v].eq(won.any())
-                    with m.If(won.any() & head.flit.tail):
-                        m.d.sync += active[p][v].eq(0)
-                with m.Elif(won.any()):
-                    done = sent[p][v] | won
-                    with m.If(done == head.route):
-                        m.d.comb += pops[p][v].eq(1)
-                        m.d.sync += sent[p][v].eq(0)
-                        with m.If(~head.flit.tail):  # a unicast packet opens: hold its output
-                            m.d.sync += [active[p][v].eq(1), cur_route[p][v].eq(won)]
-                    with m.Else():
-                        m.d.sync += sent[p][v].eq(done)
-                m.d.comb += bufs[p][v]["r_en"].eq(pops[p][v] | discard[p][v])
+                b = bufs[p][v]
+                won = [grant.get((o, p, v), C(0, 1)) for o in ports]
+                for i in range(depth):
+                    m.d.comb += b["clear"][i].eq(Cat(*[won[o] & b["oldest"][o][i]
+                                                        for o in ports]))
             if p is not Port.L:
                 link = self.link(p, incoming=True)
-                m.d.sync += link.credit.eq(Cat(bufs[p][v]["r_en"] for v in range(vcs)))
+                for v in range(vcs):
+                    total = pending[p][v] + bufs[p][v]["freed"] + discard[p][v]
+                    m.d.sync += [link.credit[v].eq(total != 0),
+                                 pending[p][v].eq(total - (total != 0))]
 
         # --- drop counter ------------------------------------------------------------------
         limit = (1 << COUNTER_BITS) - 1
@@ -377,12 +444,7 @@ class Router(wiring.Component):
         with m.If(total != 0):
             m.d.sync += self.error.eq(1)
 
-        self.probe.update(credit=credit, busy=busy, active=active, cur_route=cur_route,
-                          pop=pops, discard=discard, dropping=dropping, out_src=out_src,
-                          sent=sent,
-                          count=[[b["count"] for b in row] for row in bufs],
-                          head=[[b["r_data"] for b in row] for row in bufs],
-                          slots=[[b["slots"] for b in row] for row in bufs],
-                          eject_count=[e["count"] for e in ejects],
-                          buffers=[b for row in bufs for b in row] + ejects)
+        self.probe.update(credit=credit, busy=busy, out_src=out_src, discard=discard,
+                          is_open=is_open, open_route=open_route, pending=pending,
+                          inputs=bufs, ejects=ejects)
         return m
