@@ -1,7 +1,8 @@
 """The network on its own (Verilator, traffic generated and checked in hardware by
 :class:`tb.traffic.TrafficBench`): zero-load latency per hop, latency against offered
 load and saturation throughput per traffic pattern, on 4 x 4 and 8 x 8 meshes with
-single-flit packets (2 VCs, one per message class, 4-flit buffers).
+single-flit packets (2 VCs, one per message class, buffers of
+:data:`rtl.noc.DEFAULT_DEPTH` = 6 flits: the network's default, the chip's too).
 
 - ``noc__zero_load__cycles_per_hop``: the slope of zero-load latency against hop count,
   from two patterns whose every packet travels a known distance (neighbour: 1 hop;

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS
+from rtl.noc import DEFAULT_DEPTH
 
 __all__ = ["TileConfig", "next_pow2"]
 
@@ -149,7 +150,7 @@ class ChipConfig:
     k: int = 2
     tile: TileConfig = field(default_factory=TileConfig)
     vcs: int = 2
-    depth: int = 4
+    depth: int = DEFAULT_DEPTH
     max_packet: int = 8
 
     def __post_init__(self) -> None:

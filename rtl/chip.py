@@ -17,6 +17,7 @@ from amaranth.utils import ceil_log2
 
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface, payload_bits
+from rtl.noc import DEFAULT_DEPTH
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
 
@@ -67,8 +68,8 @@ class Chip(wiring.Component):
       (such a beat is consumed and, for a request, answered with ``bad_address``).
     """
 
-    def __init__(self, k: int = 2, *, tile: dict | None = None, vcs: int = 2, depth: int = 4,
-                 max_packet: int = 8, shared_tile: bool = False):
+    def __init__(self, k: int = 2, *, tile: dict | None = None, vcs: int = 2,
+                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, shared_tile: bool = False):
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 8:
             raise ValueError(f"the mesh side k must be an integer 1..8, not {k!r}")
         tile = dict(tile or {})

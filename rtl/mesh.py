@@ -9,7 +9,7 @@ from amaranth import Cat, Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from rtl.noc import MessageClass, NocConfig, Port, xy_route
+from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig, Port, xy_route
 from rtl.router import COUNTER_BITS, LINK_PORTS, Router, Routing
 
 __all__ = ["Mesh", "channel_dependencies", "check_deadlock_free", "find_cycle"]
@@ -157,8 +157,8 @@ class Mesh(wiring.Component):
     t + 2 + 2 x hops at zero load (hops: the Manhattan distance).
     """
 
-    def __init__(self, k: int = 2, *, payload_bits: int = 32, vcs: int = 2, depth: int = 4,
-                 routing: Routing = xy_route):
+    def __init__(self, k: int = 2, *, payload_bits: int = 32, vcs: int = 2,
+                 depth: int = DEFAULT_DEPTH, routing: Routing = xy_route):
         self.config = config = NocConfig(k=k, payload_bits=payload_bits, vcs=vcs, depth=depth)
         check_deadlock_free(config, routing)
         self.routers = [Router(x, y, k=k, payload_bits=payload_bits, vcs=vcs, depth=depth,

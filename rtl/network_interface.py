@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.dma_engine import NetWord
 from rtl.isa import ADDR_BITS, TILE_MASK_BITS
-from rtl.noc import MessageClass, NocConfig
+from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
 
 __all__ = ["NetPayload", "NetworkInterface", "PacketKind", "payload_bits"]
 
@@ -91,7 +91,7 @@ class NetworkInterface(wiring.Component):
     """
 
     def __init__(self, n: int = 8, x: int = 0, y: int = 0, *, k: int = 2, vcs: int = 2,
-                 depth: int = 4, max_packet: int = 8, spad_words: int = 1 << ADDR_BITS):
+                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, spad_words: int = 1 << ADDR_BITS):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"word size N must be a power of two from 2 to 32, not {n!r}")
         self.config = NocConfig(k=k, payload_bits=payload_bits(n), vcs=vcs, depth=depth)

@@ -14,8 +14,8 @@ from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "COORD_BITS", "MAX_DEPTH", "MAX_K", "MAX_VCS", "MIN_K", "Coord", "Flit", "Link",
-    "MessageClass", "NocConfig", "Port", "branch_region", "mask_bit", "multicast_mask",
+    "COORD_BITS", "DEFAULT_DEPTH", "MAX_DEPTH", "MAX_K", "MAX_VCS", "MIN_K", "Coord", "Flit",
+    "Link", "MessageClass", "NocConfig", "Port", "branch_region", "mask_bit", "multicast_mask",
     "xy_route",
 ]
 
@@ -28,6 +28,11 @@ COORD_BITS = 3
 MAX_VCS = 8
 #: Flits a virtual-channel buffer can hold.
 MAX_DEPTH = 16
+#: The network's buffer depth unless a design point says otherwise: a slot takes a new
+#: flit every 3 cycles at best (credit loop), so 3 more absorb contention. Uniform
+#: traffic saturates a 4 x 4 mesh at 0.73 / 0.79 / 0.82 flits/node/cycle with 4 / 5 / 6
+#: flits (one run each; docs/results.md).
+DEFAULT_DEPTH = 6
 
 
 class MessageClass(enum.Enum, shape=1):
@@ -138,7 +143,7 @@ class NocConfig:
     k: int = 4
     payload_bits: int = 32
     vcs: int = 2
-    depth: int = 4
+    depth: int = DEFAULT_DEPTH
 
     def __post_init__(self):
         for name, low, high in (("k", MIN_K, MAX_K), ("payload_bits", 1, 1024),

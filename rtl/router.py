@@ -9,7 +9,7 @@ from amaranth import Array, C, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from rtl.noc import Link, NocConfig, Port, branch_region, xy_route
+from rtl.noc import DEFAULT_DEPTH, Link, NocConfig, Port, branch_region, xy_route
 
 __all__ = ["Router"]
 
@@ -139,7 +139,7 @@ class Router(wiring.Component):
     """
 
     def __init__(self, x: int = 0, y: int = 0, *, k: int = 4, payload_bits: int = 32,
-                 vcs: int = 2, depth: int = 4, routing: Routing = xy_route):
+                 vcs: int = 2, depth: int = DEFAULT_DEPTH, routing: Routing = xy_route):
         self.config = config = NocConfig(k=k, payload_bits=payload_bits, vcs=vcs, depth=depth)
         for name, value in (("x", x), ("y", y)):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < k:

@@ -83,12 +83,13 @@ DESIGNS: dict[str, Factory] = {
                           token_words=4, num_pages=32, sequences=4, max_pages=16,
                           program_depth=512),
     # The network: a router inside a 4 x 4 mesh with 64-bit payloads, in two VC/buffer
-    # configurations (same buffer bits per port), and a 2 x 2 mesh of the first.
-    "router_v2_d4": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
-                               vcs=2, depth=4),
-    "router_v4_d2": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
-                               vcs=4, depth=2),
-    "mesh_2x2": rtl_design("rtl.mesh", "Mesh", k=2, payload_bits=64, vcs=2, depth=4),
+    # configurations (same buffer bits per port; the first is the default, the chip's),
+    # and a 2 x 2 mesh of the first.
+    "router_v2_d6": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+                               vcs=2, depth=6),
+    "router_v4_d3": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+                               vcs=4, depth=3),
+    "mesh_2x2": rtl_design("rtl.mesh", "Mesh", k=2, payload_bits=64, vcs=2, depth=6),
     # The network interface of a tile of a 4 x 4 mesh (87-bit flit payloads at N = 8).
     "network_interface": rtl_design("rtl.network_interface", "NetworkInterface", n=8, x=1,
                                     y=1, k=4, vcs=2, max_packet=8),

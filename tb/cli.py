@@ -200,7 +200,7 @@ def _fmax_line(tiles: int) -> tuple[float | None, str]:
         return tile["ecp5_fmax_mhz"], f"{tile['ecp5_fmax_mhz']:.1f} MHz (tile, ECP5)"
     blocks, missing = {}, []
     for design in ("tensor_core_n8", "vector_unit", "scratchpad", "sequencer", "gemm_engine",
-                   "network_interface", "router_v2_d4"):
+                   "network_interface", "router_v2_d6"):
         fmax = (load_area(design) or {}).get("ecp5_fmax_mhz")
         if fmax:
             blocks[design] = fmax

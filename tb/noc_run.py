@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+from rtl.noc import DEFAULT_DEPTH
 from tb.runner import SimBuild, build, run
 from tb.traffic import Pattern, TrafficBench, destination
 
@@ -62,14 +63,15 @@ def check_complete(result: dict, packets: int) -> None:
 
 
 @functools.cache
-def traffic_build(k: int, vcs: int = 2, depth: int = 4, queue: int = 16) -> SimBuild:
+def traffic_build(k: int, vcs: int = 2, depth: int = DEFAULT_DEPTH,
+                  queue: int = 16) -> SimBuild:
     bench = TrafficBench(k, vcs=vcs, depth=depth, queue=queue)
     return build(bench, f"traffic-k{k}-v{vcs}-d{depth}-q{queue}", opt_fast="-O1")
 
 
 def simulate(k: int, *, runs: list[dict] | None = None, sweep: dict | None = None,
-             vcs: int = 2, depth: int = 4, seed: int = 1, handle: SimBuild | None = None,
-             mutant: int = 0) -> dict:
+             vcs: int = 2, depth: int = DEFAULT_DEPTH, seed: int = 1,
+             handle: SimBuild | None = None, mutant: int = 0) -> dict:
     """Run ``runs`` (see :mod:`tb.noc_tb`) and/or one saturation ``sweep`` on a k x k mesh
     (``handle``: on this build of its traffic bench instead, with ``mutant`` selected)."""
     params = {"k": k, "runs": runs or []}

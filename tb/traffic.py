@@ -39,7 +39,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.mesh import Mesh
-from rtl.noc import MessageClass, NocConfig
+from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
 
 __all__ = ["PAYLOAD", "Pattern", "TrafficBench", "destination"]
 
@@ -102,7 +102,7 @@ class TrafficBench(wiring.Component):
                 "window_flits", "tagged_born", "tagged_done", "responses", "errors",
                 "dropped")
 
-    def __init__(self, k: int = 4, *, vcs: int = 2, depth: int = 4, queue: int = 16,
+    def __init__(self, k: int = 4, *, vcs: int = 2, depth: int = DEFAULT_DEPTH, queue: int = 16,
                  corrupt: int | None = None):
         self.config = NocConfig(k=k, payload_bits=PAYLOAD(k), vcs=vcs, depth=depth)
         self.mesh = Mesh(k, payload_bits=PAYLOAD(k), vcs=vcs, depth=depth)
