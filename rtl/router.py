@@ -15,30 +15,49 @@ __all__ = ["Router"]
 
 #: Width of the saturating dropped-packet counter.
 COUNTER_BITS = 16
+#: The read ports of an input VC's buffer, each with the outputs it serves: one per cycle
+#: per port, so an input VC sends up to two flits a cycle (X-bound or local, and Y-bound).
+#: Under XY routing a flit from the north or south input goes south/north or local, and
+#: one from the east or west goes on, turns, or is local: each input's outputs are split
+#: between the two ports.
+READ_PORTS = ((Port.L, Port.E, Port.W), (Port.N, Port.S))
+READ_PORT_OF = {o: r for r, group in enumerate(READ_PORTS) for o in group}
 #: Mesh ports, in :class:`Port` order after the local one.
 LINK_PORTS = (Port.N, Port.E, Port.S, Port.W)
 
 Routing = Callable[[tuple[int, int], tuple[int, int]], Port]
 
 
-def round_robin(m: Module, requests: list, name: str) -> list[Signal]:
-    """One grant among ``requests``; the last granted requester has the lowest priority
-    next time (the priority moves only on a grant). Built as two lowest-set-bit picks
-    (``x & -x``), linear in the number of requesters."""
-    count = len(requests)
-    request = Signal(count, name=f"{name}_request")
-    grant = Signal(count, name=f"{name}_grant")
-    above = Signal(count, name=f"{name}_above")  # requesters after the last granted one
-    m.d.comb += request.eq(Cat(*requests))
-    masked = request & above
-    pool = Signal(count, name=f"{name}_pool")
-    m.d.comb += [
-        pool.eq(Mux(masked.any(), masked, request)),
-        grant.eq(pool & (~pool + 1)[:count]),
-    ]
-    with m.If(grant.any()):
-        m.d.sync += above.eq(~(grant | (grant - 1)[:count]))
-    return [grant[i] for i in range(count)]
+class RoundRobin:
+    """A round-robin arbiter over ``count`` requesters: the last one *served* has the
+    lowest priority next time. :meth:`pick` makes the grant; :meth:`advance` moves the
+    priority, so an input arbiter can move only when its pick wins downstream."""
+
+    def __init__(self, m: Module, count: int, name: str):
+        self.m, self.count, self.name = m, count, name
+        self.above = Signal(count, name=f"{name}_above")  # requesters after the last served
+
+    def pick(self, requests: list) -> list[Signal]:
+        """One grant among ``requests`` (two lowest-set-bit picks, ``x & -x``: linear in
+        the number of requesters, no priority chain)."""
+        count, name = self.count, self.name
+        request = Signal(count, name=f"{name}_request")
+        pool = Signal(count, name=f"{name}_pool")
+        grant = Signal(count, name=f"{name}_grant")
+        masked = request & self.above
+        self.m.d.comb += [
+            request.eq(Cat(*requests)),
+            pool.eq(Mux(masked.any(), masked, request)),
+            grant.eq(pool & (~pool + 1)[:count]),
+        ]
+        return [grant[i] for i in range(count)]
+
+    def advance(self, served) -> None:
+        """Give ``served`` (one-hot or none: a list of bits or a value) the lowest priority
+        from the next cycle."""
+        served = Cat(*served)
+        with self.m.If(served.any()):
+            self.m.d.sync += self.above.eq(~(served | (served - 1)[:self.count]))
 
 
 def _or_tree(values: list):
@@ -67,22 +86,24 @@ class Router(wiring.Component):
     VC on the output when no other packet holds it and holds it until its tail flit
     has passed; a single-flit packet holds nothing.
 
-    Input buffers are not FIFOs: every output takes, from each input VC, the *oldest
-    flit bound for it* (an age order over the buffer's slots), so a flit waiting for a
-    busy output does not hold up a younger one bound elsewhere (no head-of-line
-    blocking; uniform traffic on one VC saturates a FIFO router near 0.59 of capacity),
-    while the flits one input VC sends through one output keep their order: packets of
-    one source, destination and VC arrive in order, and a packet's flits follow its head.
+    Input buffers are not FIFOs: for each output, an input VC offers the *oldest flit
+    bound for it* (an age order over the buffer's slots), so a flit waiting for a busy
+    output does not hold up a younger one bound elsewhere (no head-of-line blocking;
+    uniform traffic on one VC saturates a FIFO router near 0.59 of capacity), while the
+    flits one input VC sends through one output keep their order: packets of one
+    source, destination and VC arrive in order, and a packet's flits follow its head.
+    A buffer has two read ports (:data:`READ_PORTS`: local/east/west and north/south),
+    so an input VC sends up to two flits a cycle.
 
-    Allocation is round-robin at every output. VC allocation is a check, since a packet
-    keeps its VC: a packet's first flit may go when its VC on the output is free, the
-    rest follow it (their head holds that VC). Switch allocation: every input VC
-    requests every output for which it holds a flit (its oldest one there) when that
-    VC has a credit there, and every output grants one requester, round-robin. The
-    buffers are registers, read in parallel, so one arbiter per output replaces the
-    input stage of a separable allocator: one input VC may win several outputs in one
-    cycle, with different flits or with one multicast flit going out on several
-    branches (it leaves its slot when every branch has taken it).
+    Allocation is separable, input first, one round, with round-robin arbiters. VC
+    allocation is a check, since a packet keeps its VC: a packet's first flit may go
+    when its VC on the output is free, the rest follow it (their head holds that VC).
+    Each read port's arbiter picks one output of its group whose oldest flit may go (a
+    credit there, and the VC free for a first flit) and offers that flit; every output
+    grants one of the offers it gets. An input arbiter's priority moves only when its
+    offer is granted, so offers that collide spread out over the next cycles (as in
+    iSLIP). A multicast flit goes out through up to one branch per read port a cycle and
+    leaves its slot when every branch has taken it.
 
     Packets that cannot be routed are dropped whole and counted, as they arrive (they
     never take a slot): a head flit to a node outside the mesh, a multicast with an
@@ -258,7 +279,7 @@ class Router(wiring.Component):
         m.d.comb += w_sel.eq(free & (~free + 1)[:depth])
         w_en = Signal(name=f"{name}_w_en")
         w_data = Signal(entry, name=f"{name}_w_data")
-        oldest, flit_for, start_for = [], [], []
+        oldest, start_for = [], []
         for o in Port:
             pick = Signal(depth, name=f"{name}_oldest_{o.name}")
             m.d.comb += pick.eq(Cat(*[
@@ -266,11 +287,18 @@ class Router(wiring.Component):
                                           for j in range(depth) if j != i]).any()
                 for i in range(depth)]))
             oldest.append(pick)
-            flit = Signal(cfg.flit, name=f"{name}_flit_{o.name}")
-            m.d.comb += flit.eq(_or_tree([Mux(pick[i], slots[i].flit.as_value(), 0)
+            start_for.append((pick & Cat(*[s.start for s in slots])).any())
+        # The read ports: port r reads the oldest flit bound for the output ``take[r]``
+        # (one-hot or none: the output granted to it this cycle).
+        take, flit_for = [], []
+        for r in range(len(READ_PORTS)):
+            take.append(Signal(5, name=f"{name}_take{r}"))
+            read = Signal(depth, name=f"{name}_read{r}")
+            m.d.comb += read.eq(_or_tree([Mux(take[r][o], oldest[o], 0) for o in Port]))
+            flit = Signal(cfg.flit, name=f"{name}_flit{r}")
+            m.d.comb += flit.eq(_or_tree([Mux(read[i], slots[i].flit.as_value(), 0)
                                           for i in range(depth)]))
             flit_for.append(flit)
-            start_for.append(Cat(*[pick[i] & slots[i].start for i in range(depth)]).any())
         clear = [Signal(5, name=f"{name}_clear{i}") for i in range(depth)]
         remaining = [slots[i].route & ~clear[i] for i in range(depth)]
         freed = Signal(range(depth + 1), name=f"{name}_freed")
@@ -286,7 +314,8 @@ class Router(wiring.Component):
                         m.d.sync += older[i, j].eq(0)
         return {"w_en": w_en, "w_data": w_data, "w_sel": w_sel, "count": count, "used": used,
                 "slots": slots, "older": older, "is_older": is_older, "oldest": oldest,
-                "flit": flit_for, "start": start_for, "clear": clear, "freed": freed}
+                "start": start_for, "take": take, "flit": flit_for, "clear": clear,
+                "freed": freed}
 
     def elaborate(self, platform):
         m = Module()
@@ -349,39 +378,51 @@ class Router(wiring.Component):
                        else (credit[o][v] != 0) | self.link(o, incoming=False).credit[v]
                        for v in range(vcs)] for o in ports]
 
-        # --- requests: input VC (p, v) asks output o for its oldest flit bound there. A
-        # packet's first flit needs the output's VC free; the others follow it (the
-        # flits one input VC sends through one output leave in order). A flit that
-        # arrives inside an open packet belongs to it, head bit or not.
-        want = [[[Signal(name=f"want_{p.name}{v}_{o.name}") for o in ports]
-                 for v in range(vcs)] for p in ports]
-        for p in ports:
-            for v in range(vcs):
-                b = bufs[p][v]
-                for o in ports:
-                    if o is p and p is not Port.L:
-                        continue
-                    m.d.comb += want[p][v][o].eq(
-                        b["oldest"][o].any() & has_credit[o][v]
-                        & (~b["start"][o] | ~busy[o][v]))
-
-        # --- switch allocation: one round-robin arbiter per output ----------------------
+        # --- switch allocation: separable, input first, one round. Output o is open to
+        # input VC (p, v) when the oldest flit there has a credit and, if it starts a
+        # packet, the output's VC is free (the other flits follow their head: the flits one
+        # input VC sends through one output leave in order, and a flit that arrives inside
+        # an open packet belongs to it, head bit or not). Each read port of an input VC
+        # offers its oldest flit to one open output of its group (round-robin), and every
+        # output grants one of the offers it gets (round-robin). An arbiter's priority
+        # moves only on a grant, so offers that collide spread out over the next cycles
+        # (as in iSLIP).
         sources = [(p, v) for p in ports for v in range(vcs)]
-        grant = {}  # (o, p, v) -> grant signal
+        outputs_of = {p: [o for o in ports if o is Port.L or o is not p] for p in ports}
+        inputs_of = {o: [(p, v) for p, v in sources if o in outputs_of[p]] for o in ports}
+        want = {}  # (o, p, v) -> input VC (p, v) offers a flit to output o
+        grant = {}  # (o, p, v) -> the grant of input VC (p, v)'s offer at output o
+        for p, v in sources:
+            b = bufs[p][v]
+            for r, group in enumerate(READ_PORTS):
+                outputs = [o for o in group if o in outputs_of[p]]
+                arbiter = RoundRobin(m, len(outputs), f"in_{p.name}{v}_r{r}")
+                offers = arbiter.pick([b["oldest"][o].any() & has_credit[o][v]
+                                       & (~b["start"][o] | ~busy[o][v]) for o in outputs])
+                for o, offer in zip(outputs, offers, strict=True):
+                    grant[o, p, v] = Signal(name=f"grant_{p.name}{v}_{o.name}")
+                    want[o, p, v] = offer
+                arbiter.advance([grant[o, p, v] for o in outputs])
+                m.d.comb += b["take"][r].eq(Cat(*[grant[o, p, v] if o in outputs else C(0, 1)
+                                                  for o in ports]))
+        for o in ports:
+            arbiter = RoundRobin(m, len(inputs_of[o]), f"sw_{o.name}")
+            wins = arbiter.pick([want[o, p, v] for p, v in inputs_of[o]])
+            m.d.comb += [grant[o, p, v].eq(win)
+                         for (p, v), win in zip(inputs_of[o], wins, strict=True)]
+            arbiter.advance(wins)
+
         out_valid = {o: Signal(name=f"out_valid_{o.name}") for o in LINK_PORTS}
         out_flit = {o: Signal(cfg.flit, name=f"out_flit_{o.name}") for o in LINK_PORTS}
         out_src = {o: Signal(range(len(sources)), name=f"out_src_{o.name}") for o in LINK_PORTS}
         for o in ports:
-            # No U-turns: a link output never serves its own input.
-            eligible = [(p, v) for p, v in sources if p is Port.L or p is not o]
-            grants = round_robin(m, [want[p][v][o] for p, v in eligible], f"sw_{o.name}")
-            chosen = list(zip(eligible, grants, strict=True))
-            for (p, v), g in chosen:
-                grant[o, p, v] = g
+            chosen = [((p, v), grant[o, p, v]) for p, v in inputs_of[o]]
+            grants = [g for _, g in chosen]
             # The crossbar: grants are one-hot, so an AND-OR tree (no priority chain).
             flit = Signal(cfg.flit, name=f"xbar_{o.name}")
             src = Signal(range(len(sources)), name=f"xbar_src_{o.name}")
-            picked = [Mux(g, bufs[p][v]["flit"][o].as_value(), 0) for (p, v), g in chosen]
+            port = READ_PORT_OF[o]
+            picked = [Mux(g, bufs[p][v]["flit"][port].as_value(), 0) for (p, v), g in chosen]
             m.d.comb += [
                 flit.eq(_or_tree(picked)),
                 flit.vc.eq(_or_tree([Mux(g, v, 0) for (_, v), g in chosen])),

@@ -42,6 +42,8 @@ REPORT = ROOT / "build" / "mutate.json"
 ROUTER_TESTS = ("test_single_flits_take_one_router_cycle",
                 "test_wormhole_packets_on_both_vcs_under_stalls",
                 "test_random_unicast_and_multicast_traffic",
+                "test_a_waiting_flit_does_not_block_younger_flits_bound_elsewhere",
+                "test_an_input_vc_sends_through_both_read_ports_in_one_cycle",
                 "test_round_robin_shares_every_output_fairly",
                 "test_multicast_branches_once_each",
                 "test_local_backpressure_holds_the_eject_stream",

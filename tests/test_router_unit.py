@@ -128,6 +128,24 @@ def test_a_waiting_flit_does_not_block_younger_flits_bound_elsewhere():
     assert when[2] < when[0] + 11 < when[1] < when[3], when  # heads; 0 ends at +11
 
 
+def test_an_input_vc_sends_through_both_read_ports_in_one_cycle():
+    """Two read ports per input VC (local/east/west and north/south): a local packet
+    holds the east output's VC 0 and a packet from the north holds the south's; four
+    single flits wait behind them in the west input's VC 0, bound east and south in
+    turn. When both outputs free, the buffer drains two flits a cycle, one east and one
+    south, each output in arrival order."""
+    east, south = (2, 1), (1, 2)
+    packets = [Packet(0, Port.L, vc=0, length=10, dst=east),
+               Packet(1, Port.N, vc=0, length=10, dst=south)]
+    packets += [Packet(2 + i, Port.W, vc=0, dst=(east, south)[i % 2], start=2 + i)
+                for i in range(4)]
+    board = run(packets)["board"]
+    assert board.router.route_table[south] is Port.S
+    when = {pid: cycle for cycle, _, pid in board.delivered}
+    assert when[2] == when[3] and when[4] == when[5] == when[2] + 1, when
+    assert when[2] > when[0] + 9 and when[2] > when[1] + 9, when  # behind the long ones
+
+
 def test_round_robin_shares_every_output_fairly():
     """For each output, every input VC that can reach it streams single flits to it at
     once: while all are backlogged, any run of as many grants as there are requesters
