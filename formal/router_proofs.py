@@ -59,6 +59,7 @@ class RouterHarness(wiring.Component):
             raise ValueError(f"unknown properties {sorted(unknown)}")
         self.properties = properties
         self.router = Router(**{**PARAMS, **params})
+        self.router.observe = True  # every input slot's flit, for the invariants
         #: Payload of the tracked flit (``delivery``): constant, chosen by the solver.
         members = dict(self.router.signature.members)
         members["track_payload"] = wiring.In(self.router.config.payload_bits)
@@ -193,25 +194,25 @@ class RouterHarness(wiring.Component):
                 turns = [o for o in Port if o is Port.L or o is not p]  # never a U-turn
                 one_hot = Cat(*[open_route == 1 << o for o in turns]).any()
                 m.d.comb += Assert(~is_open | (open_route == 0) | one_hot)
-                for slot in b["slots"]:
+                for slot, flit in zip(b["slots"], b["stored"], strict=True):
                     route = slot.route
                     m.d.comb += Assert((route & (0b11111 ^ sum(1 << o for o in turns))) == 0)
                     # Only a single-flit packet (a multicast) has several outputs.
                     several = (route & (route - 1)[:5]) != 0
                     # A packet's first flit is a head flit (later ones may be too).
-                    m.d.comb += Assert((route == 0) | ~slot.start | slot.flit.head)
-                    m.d.comb += Assert(~several | (slot.start & slot.flit.tail))
+                    m.d.comb += Assert((route == 0) | ~slot.start | flit.head)
+                    m.d.comb += Assert(~several | (slot.start & flit.tail))
                 for o in turns:
                     needs, youngest, before = self._order(b, o, depth)
                     oldest = b["oldest"][o]
-                    slots = b["slots"]
+                    slots, stored = b["slots"], b["stored"]
                     # The flits bound for o, oldest first, are whole packets in order ...
                     for (i, j), adjacent in before.items():
-                        m.d.comb += Assert(~adjacent | (slots[i].flit.tail == slots[j].start))
+                        m.d.comb += Assert(~adjacent | (stored[i].tail == slots[j].start))
                     # ... the youngest one is unfinished exactly when its packet is open ...
                     bound_open = is_open & (open_route == 1 << o)
                     for i in range(depth):
-                        m.d.comb += Assert(~youngest[i] | (slots[i].flit.tail == ~bound_open))
+                        m.d.comb += Assert(~youngest[i] | (stored[i].tail == ~bound_open))
                     # ... and the input holds o exactly when its oldest flit there is not a
                     # head (its packet's head has left), or none is, with its packet open.
                     oldest_body = Cat(*[oldest[i] & ~slots[i].start
@@ -301,9 +302,9 @@ class RouterHarness(wiring.Component):
                                               if o is not Port.W]).any())]
         for p in Port:
             for v in range(vcs):
-                for i, slot in enumerate(probe["inputs"][p][v]["slots"]):
+                b = probe["inputs"][p][v]
+                for i, (slot, entry) in enumerate(zip(b["slots"], b["stored"], strict=True)):
                     in_use = slot.route != 0
-                    entry = slot.flit
                     if p == Port.W:
                         at = tracked & ~left & (tvc == v) & (tslot == i)
                         m.d.comb += Assert(~at | (entry.head & entry.tail & slot.start

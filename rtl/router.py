@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from amaranth import Array, C, Cat, Module, Mux, Signal
+from amaranth import Array, C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from rtl.noc import DEFAULT_DEPTH, Link, NocConfig, Port, branch_region, xy_route
@@ -58,6 +59,11 @@ class RoundRobin:
         served = Cat(*served)
         with self.m.If(served.any()):
             self.m.d.sync += self.above.eq(~(served | (served - 1)[:self.count]))
+
+
+def _index(one_hot: Value) -> Value:
+    """The index of the set bit of ``one_hot`` (0 when none is)."""
+    return _or_tree([Mux(one_hot[i], i, 0) for i in range(len(one_hot))])
 
 
 def _or_tree(values: list):
@@ -204,6 +210,9 @@ class Router(wiring.Component):
         #: FIFOs), ``out_src[o]`` (input port * vcs + input VC of the flit in output
         #: register o, link outputs).
         self.probe: dict[str, list] = {}
+        #: Set before elaboration to give each input buffer's probe ``stored[i]``, the
+        #: flit in slot i (a read port per slot: for the formal harness).
+        self.observe = False
 
     def link(self, port: Port, incoming: bool):
         return getattr(self, f"{'in' if incoming else 'out'}_{port.name.lower()}")
@@ -249,9 +258,12 @@ class Router(wiring.Component):
                 "slots": list(slots), "r_ptr": r_ptr, "w_ptr": w_ptr}
 
     def _input_buffer(self, m: Module, name: str) -> dict:
-        """One input VC's buffer: ``depth`` register slots of (flit, route, start: the
-        flit opens its packet), served oldest-first *per output* (not first-in
-        first-out).
+        """One input VC's buffer: ``depth`` slots of (flit, route, start: the flit opens
+        its packet), served oldest-first *per output* (not first-in first-out). The
+        route and start bits are registers; the flits sit in a small RAM with a write
+        port and one read port per :data:`READ_PORTS` group (on an FPGA, LUT RAM: the
+        read ports are the RAM's own multiplexers, which keeps the wide slot-select
+        logic out of the fabric).
 
         A slot is in use while its route has an output left to serve. Each output takes
         the oldest flit that still needs it (``oldest[o]``, one-hot over slots, from an
@@ -262,7 +274,9 @@ class Router(wiring.Component):
         freed when none are left)."""
         cfg, depth = self.config, self.config.depth
         entry = data.StructLayout({"flit": cfg.flit, "route": 5, "start": 1})
-        slots = [Signal(entry, name=f"{name}_slot{i}") for i in range(depth)]
+        slots = [Signal(data.StructLayout({"route": 5, "start": 1}), name=f"{name}_slot{i}")
+                 for i in range(depth)]
+        store = m.submodules[f"{name}_store"] = Memory(shape=cfg.flit, depth=depth, init=[])
         # older[i, j], i < j: slot i holds the older flit (meaningful while both are used).
         older = {(i, j): Signal(name=f"{name}_older{i}_{j}")
                  for i in range(depth) for j in range(i + 1, depth)}
@@ -295,18 +309,25 @@ class Router(wiring.Component):
             take.append(Signal(5, name=f"{name}_take{r}"))
             read = Signal(depth, name=f"{name}_read{r}")
             m.d.comb += read.eq(_or_tree([Mux(take[r][o], oldest[o], 0) for o in Port]))
-            flit = Signal(cfg.flit, name=f"{name}_flit{r}")
-            m.d.comb += flit.eq(_or_tree([Mux(read[i], slots[i].flit.as_value(), 0)
-                                          for i in range(depth)]))
-            flit_for.append(flit)
+            port = store.read_port(domain="comb")
+            m.d.comb += port.addr.eq(_index(read))
+            flit_for.append(port.data)
         clear = [Signal(5, name=f"{name}_clear{i}") for i in range(depth)]
         remaining = [slots[i].route & ~clear[i] for i in range(depth)]
         freed = Signal(range(depth + 1), name=f"{name}_freed")
         m.d.comb += freed.eq(sum(used[i] & (remaining[i] == 0) for i in range(depth)))
+        # The formal harness reads every slot's flit (``observe``): one more port each.
+        stored = []
+        for i in range(depth if self.observe else 0):
+            port = store.read_port(domain="comb")
+            m.d.comb += port.addr.eq(i)
+            stored.append(port.data)
+        write = store.write_port()
+        m.d.comb += [write.en.eq(w_en), write.addr.eq(_index(w_sel)), write.data.eq(w_data.flit)]
         for i in range(depth):
             m.d.sync += slots[i].route.eq(remaining[i])
             with m.If(w_en & w_sel[i]):
-                m.d.sync += slots[i].eq(w_data)
+                m.d.sync += [slots[i].route.eq(w_data.route), slots[i].start.eq(w_data.start)]
                 for j in range(depth):
                     if j < i:
                         m.d.sync += older[j, i].eq(1)
@@ -315,7 +336,7 @@ class Router(wiring.Component):
         return {"w_en": w_en, "w_data": w_data, "w_sel": w_sel, "count": count, "used": used,
                 "slots": slots, "older": older, "is_older": is_older, "oldest": oldest,
                 "start": start_for, "take": take, "flit": flit_for, "clear": clear,
-                "freed": freed}
+                "freed": freed, "stored": stored}
 
     def elaborate(self, platform):
         m = Module()
