@@ -302,13 +302,13 @@ class Router(wiring.Component):
                 for i in range(depth)]))
             oldest.append(pick)
             start_for.append((pick & Cat(*[s.start for s in slots])).any())
-        # The read ports: port r reads the oldest flit bound for the output ``take[r]``
-        # (one-hot or none: the output granted to it this cycle).
-        take, flit_for = [], []
+        # The read ports: port r reads the oldest flit bound for the output ``offer[r]``
+        # (one-hot or none: the output it offers a flit to this cycle).
+        offer, flit_for = [], []
         for r in range(len(READ_PORTS)):
-            take.append(Signal(5, name=f"{name}_take{r}"))
+            offer.append(Signal(5, name=f"{name}_offer{r}"))
             read = Signal(depth, name=f"{name}_read{r}")
-            m.d.comb += read.eq(_or_tree([Mux(take[r][o], oldest[o], 0) for o in Port]))
+            m.d.comb += read.eq(_or_tree([Mux(offer[r][o], oldest[o], 0) for o in Port]))
             port = store.read_port(domain="comb")
             m.d.comb += port.addr.eq(_index(read))
             flit_for.append(port.data)
@@ -335,7 +335,7 @@ class Router(wiring.Component):
                         m.d.sync += older[i, j].eq(0)
         return {"w_en": w_en, "w_data": w_data, "w_sel": w_sel, "count": count, "used": used,
                 "slots": slots, "older": older, "is_older": is_older, "oldest": oldest,
-                "start": start_for, "take": take, "flit": flit_for, "clear": clear,
+                "start": start_for, "offer": offer, "flit": flit_for, "clear": clear,
                 "freed": freed, "stored": stored}
 
     def elaborate(self, platform):
@@ -424,8 +424,10 @@ class Router(wiring.Component):
                     grant[o, p, v] = Signal(name=f"grant_{p.name}{v}_{o.name}")
                     want[o, p, v] = offer
                 arbiter.advance([grant[o, p, v] for o in outputs])
-                m.d.comb += b["take"][r].eq(Cat(*[grant[o, p, v] if o in outputs else C(0, 1)
-                                                  for o in ports]))
+                # The port reads for its offer while the outputs arbitrate (off the
+                # output arbiters' path); a grant implies the offer.
+                m.d.comb += b["offer"][r].eq(Cat(*[offers[outputs.index(o)] if o in outputs
+                                                   else C(0, 1) for o in ports]))
         for o in ports:
             arbiter = RoundRobin(m, len(inputs_of[o]), f"sw_{o.name}")
             wins = arbiter.pick([want[o, p, v] for p, v in inputs_of[o]])
