@@ -16,7 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from synth import SYNTH_JSON, load_metrics, metric_name
-from synth.designs import DESIGNS, DesignUnavailable, UnknownDesign, build_design, describe
+from synth.designs import (
+    DESIGNS,
+    PNR_TARGET_MHZ,
+    DesignUnavailable,
+    UnknownDesign,
+    build_design,
+    describe,
+)
 from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, PNR_SEED, SynthError, run_flow, warm_up
 
 # Table columns: (metric, heading).
@@ -58,9 +65,11 @@ def table(metrics: dict, designs: list[str], freq_mhz: float) -> str:
         if all(v is None for v in values):
             continue
         fmax = metrics.get(metric_name(design, "ecp5_fmax_mhz"))
-        target = metrics.get(metric_name(design, "ecp5_fmax_target_mhz"), freq_mhz)
+        placed_at = metrics.get(metric_name(design, "ecp5_fmax_target_mhz"), freq_mhz)
         if fmax is not None:
-            verdict = f">= {target:g}  {'ok' if fmax >= target else 'MISSED'}"
+            verdict = f">= {freq_mhz:g}  {'ok' if fmax >= freq_mhz else 'MISSED'}"
+            if placed_at != freq_mhz:
+                verdict += f" (placed at {placed_at:g})"
         elif metrics.get(metric_name(design, "ecp5_fits")) == 0:
             verdict = "does not fit 85F"
         else:
@@ -78,6 +87,13 @@ def table(metrics: dict, designs: list[str], freq_mhz: float) -> str:
     return "\n".join(lines)
 
 
+def target_mhz(design: str, freq: float | None) -> float:
+    """The clock nextpnr is driven with: ``--freq`` if given, else the design's own, else 100."""
+    if freq is not None:
+        return freq
+    return PNR_TARGET_MHZ.get(design, DEFAULT_FREQ_MHZ)
+
+
 def _run_one(name: str, args: argparse.Namespace) -> dict | None:
     """Run one design; its prefixed metrics, or ``None`` if it is unavailable."""
     try:
@@ -87,7 +103,8 @@ def _run_one(name: str, args: argparse.Namespace) -> dict | None:
         return None
     start = time.perf_counter()
     metrics = run_flow(
-        design, name, build_dir=args.build_dir, freq_mhz=args.freq, pnr=not args.no_pnr,
+        design, name, build_dir=args.build_dir, freq_mhz=target_mhz(name, args.freq),
+        pnr=not args.no_pnr,
         seeds=args.seeds, timeout=args.timeout, progress=_say,
     )
     _say(f"{name}: done in {time.perf_counter() - start:.1f} s")
@@ -105,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         "--no-pnr", action="store_true", help="skip nextpnr (Yosys figures only, no Fmax)"
     )
     parser.add_argument(
-        "--freq", type=float, default=DEFAULT_FREQ_MHZ, metavar="MHZ",
-        help=f"target clock for nextpnr and the table (default {DEFAULT_FREQ_MHZ:g})",
+        "--freq", type=float, default=None, metavar="MHZ",
+        help=f"target clock for nextpnr and the table (default {DEFAULT_FREQ_MHZ:g}, or the "
+        "design's own in synth/designs.py PNR_TARGET_MHZ: "
+        + ", ".join(f"{d} {f:g}" for d, f in PNR_TARGET_MHZ.items()) + ")",
     )
     parser.add_argument(
         "--seeds", type=int, default=1, metavar="N",
@@ -138,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds must be at least 1")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    if args.freq <= 0:
+    if args.freq is not None and args.freq <= 0:
         parser.error("--freq must be positive")
     names = list(dict.fromkeys(args.only or DESIGNS))
     for name in names:
@@ -188,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
 
     shown = [n for n in names if results.get(n)]
     print()
-    print(table(merged, shown, args.freq))
+    goal = args.freq or DEFAULT_FREQ_MHZ
+    print(table(merged, shown, goal))
     for name in shown:
         fmax = merged.get(metric_name(name, "ecp5_fmax_mhz"))
         cp = args.build_dir / name / "critical_path.txt"
-        if fmax is not None and fmax < args.freq and cp.exists():
-            print(f"\n{name} misses {args.freq:g} MHz; {cp.read_text().rstrip()}")
+        if fmax is not None and fmax < goal and cp.exists():
+            print(f"\n{name} misses {goal:g} MHz; {cp.read_text().rstrip()}")
     skipped = [n for n in names if n in results and results[n] is None and n not in failures]
     if skipped:
         print(f"\nnot available (RTL not importable): {', '.join(skipped)}")

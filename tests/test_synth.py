@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 import synth
 from synth import designs as registry
 from synth import flow
-from synth.__main__ import main
+from synth.__main__ import main, table, target_mhz
 from synth.flow import (
     SynthError,
     critical_path_summary,
@@ -190,6 +190,15 @@ def test_unknown_design_lists_known_ones():
     with pytest.raises(registry.UnknownDesign, match="tensor_core_n8") as info:
         registry.build_design("no_such_block")
     assert "no_such_block" in str(info.value)
+
+
+def test_design_with_its_own_target_is_judged_against_the_goal():
+    assert target_mhz("tile_n4", None) == registry.PNR_TARGET_MHZ["tile_n4"] < 100
+    assert target_mhz("tile_n4", 80.0) == 80.0  # --freq wins
+    assert target_mhz("scratchpad", None) == flow.DEFAULT_FREQ_MHZ
+    placed_low = {"synth__d__ecp5_fmax_mhz": 40.0, "synth__d__ecp5_fmax_target_mhz": 35.0}
+    assert ">= 100  MISSED (placed at 35)" in table(placed_low, ["d"], 100.0)
+    assert ">= 40  ok (placed at 35)" in table(placed_low, ["d"], 40.0)
 
 
 def test_cli_unknown_design_is_a_usage_error(capsys):
