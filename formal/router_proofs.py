@@ -191,7 +191,7 @@ class RouterHarness(wiring.Component):
             for v in range(vcs):
                 b = probe["inputs"][p][v]
                 is_open, open_route = probe["is_open"][p][v], probe["open_route"][p][v]
-                turns = [o for o in Port if o is Port.L or o is not p]  # never a U-turn
+                turns = self.router.outputs_of[p]  # the outputs built for this input
                 one_hot = Cat(*[open_route == 1 << o for o in turns]).any()
                 m.d.comb += Assert(~is_open | (open_route == 0) | one_hot)
                 for slot, flit in zip(b["slots"], b["stored"], strict=True):

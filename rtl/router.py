@@ -189,6 +189,11 @@ class Router(wiring.Component):
                     raise ValueError(f"routing at {(x, y)} delivers {(dx, dy)} through "
                                      f"{port.name}")
                 self.route_table[dx, dy] = port
+        #: The outputs a flit arriving on each input can need: from a link, those of the
+        #: destinations the neighbour sends this way (``routing`` at the neighbour) and of
+        #: the XY multicast tree's branches there; no U-turns. Only these (input, output)
+        #: pairs are built; a flit needing any other output is dropped as unroutable.
+        self.outputs_of = {p: self._outputs_of(p) for p in Port}
         #: Cycles per hop at zero load, link included.
         self.hop_latency = 2
         flit = config.flit
@@ -213,6 +218,23 @@ class Router(wiring.Component):
         #: Set before elaboration to give each input buffer's probe ``stored[i]``, the
         #: flit in slot i (a read port per slot: for the formal harness).
         self.observe = False
+
+    def _outputs_of(self, p: Port) -> tuple[Port, ...]:
+        """The outputs flits arriving on input ``p`` may take (see :attr:`outputs_of`)."""
+        k, (x, y) = self.config.k, (self.x, self.y)
+        if p is Port.L:
+            outputs = set(self.route_table.values())
+            outputs |= {o for o in Port if branch_region((x, y), o, k)}
+            return tuple(o for o in Port if o in outputs)
+        sender = (x + p.step[0], y + p.step[1])
+        if not (0 <= sender[0] < k and 0 <= sender[1] < k):
+            return ()  # the mesh's edge: nothing arrives
+        towards_us = p.opposite
+        outputs = {port for dst, port in self.route_table.items()
+                   if self.routing(sender, dst) is towards_us}
+        ahead = branch_region(sender, towards_us, k)
+        outputs |= {o for o in Port if branch_region((x, y), o, k) & ahead}
+        return tuple(o for o in Port if o in outputs and o is not p)
 
     def link(self, port: Port, incoming: bool):
         return getattr(self, f"{'in' if incoming else 'out'}_{port.name.lower()}")
@@ -368,8 +390,11 @@ class Router(wiring.Component):
                 else:
                     flit = link.flit
                     arrives = link.valid & (link.flit.vc == v)
-                    # Never back where it came from: such a route is dropped, not wedged.
-                    route = self._route(m, flit, v, f"in{p.name}_vc{v}") & ~(1 << p)
+                    # Only the outputs this input can need (never back where it came
+                    # from): any other route is dropped whole, not wedged.
+                    needed = self._route(m, flit, v, f"in{p.name}_vc{v}")
+                    allowed = sum(1 << o for o in self.outputs_of[p])
+                    route = Mux((needed & ~allowed) == 0, needed, 0)
                 m.d.comb += [b["w_data"].flit.eq(flit), b["w_data"].flit.vc.eq(v),
                              b["w_data"].route.eq(Mux(is_open[p][v], open_route[p][v], route)),
                              b["w_data"].start.eq(~is_open[p][v])]
@@ -409,7 +434,7 @@ class Router(wiring.Component):
         # moves only on a grant, so offers that collide spread out over the next cycles
         # (as in iSLIP).
         sources = [(p, v) for p in ports for v in range(vcs)]
-        outputs_of = {p: [o for o in ports if o is Port.L or o is not p] for p in ports}
+        outputs_of = self.outputs_of
         inputs_of = {o: [(p, v) for p, v in sources if o in outputs_of[p]] for o in ports}
         want = {}  # (o, p, v) -> input VC (p, v) offers a flit to output o
         grant = {}  # (o, p, v) -> the grant of input VC (p, v)'s offer at output o
@@ -417,6 +442,8 @@ class Router(wiring.Component):
             b = bufs[p][v]
             for r, group in enumerate(READ_PORTS):
                 outputs = [o for o in group if o in outputs_of[p]]
+                if not outputs:
+                    continue
                 arbiter = RoundRobin(m, len(outputs), f"in_{p.name}{v}_r{r}")
                 offers = arbiter.pick([b["oldest"][o].any() & has_credit[o][v]
                                        & (~b["start"][o] | ~busy[o][v]) for o in outputs])
@@ -428,7 +455,9 @@ class Router(wiring.Component):
                 # output arbiters' path); a grant implies the offer.
                 m.d.comb += b["offer"][r].eq(Cat(*[offers[outputs.index(o)] if o in outputs
                                                    else C(0, 1) for o in ports]))
-        for o in ports:
+        # An output no input can need (the mesh's edge) is never built.
+        built = [o for o in ports if inputs_of[o]]
+        for o in built:
             arbiter = RoundRobin(m, len(inputs_of[o]), f"sw_{o.name}")
             wins = arbiter.pick([want[o, p, v] for p, v in inputs_of[o]])
             m.d.comb += [grant[o, p, v].eq(win)
@@ -438,7 +467,7 @@ class Router(wiring.Component):
         out_valid = {o: Signal(name=f"out_valid_{o.name}") for o in LINK_PORTS}
         out_flit = {o: Signal(cfg.flit, name=f"out_flit_{o.name}") for o in LINK_PORTS}
         out_src = {o: Signal(range(len(sources)), name=f"out_src_{o.name}") for o in LINK_PORTS}
-        for o in ports:
+        for o in built:
             chosen = [((p, v), grant[o, p, v]) for p, v in inputs_of[o]]
             grants = [g for _, g in chosen]
             # The crossbar: grants are one-hot, so an AND-OR tree (no priority chain).

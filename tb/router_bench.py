@@ -77,12 +77,14 @@ def expected_ports(router: Router, packet: Packet) -> set[Port]:
     if packet.multicast or packet.mask:
         if packet.length != 1:
             return set()
-        return {p for p in Port if packet.mask & branch_region(here, p, cfg.k)}
-    x, y = packet.dst
-    if not (x < cfg.k and y < cfg.k):
-        return set()
-    port = router.route_table[x, y]
-    return set() if port is packet.source and port is not Port.L else {port}
+        ports = {p for p in Port if packet.mask & branch_region(here, p, cfg.k)}
+    else:
+        x, y = packet.dst
+        if not (x < cfg.k and y < cfg.k):
+            return set()
+        ports = {router.route_table[x, y]}
+    # A turn the routing never makes (a U-turn among them) drops the packet.
+    return ports if ports <= set(router.outputs_of[packet.source]) else set()
 
 
 @dataclass

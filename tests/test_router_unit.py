@@ -303,6 +303,42 @@ def test_every_input_vc_drops_whole_packets_and_keeps_going():
     assert len(result["board"].delivered) == len(Port) * 2
 
 
+def test_only_the_turns_the_routing_makes_are_built():
+    """Each input gets the outputs its flits can need: from the neighbour's routing and
+    the XY multicast tree (so a Y-bound flit never turns back into X), and none at the
+    mesh's edge; another routing function builds other turns."""
+    P = Port
+    centre = bench_router()
+    assert centre.outputs_of == {P.L: tuple(P), P.N: (P.L, P.S), P.S: (P.L, P.N),
+                                 P.E: (P.L, P.N, P.S, P.W), P.W: (P.L, P.N, P.E, P.S)}
+    corner = Router(0, 0, k=4)
+    assert corner.outputs_of == {P.L: (P.L, P.E, P.S), P.N: (), P.E: (P.L, P.S),
+                                 P.S: (P.L,), P.W: ()}
+
+    def yx_route(here, dst):
+        (x, y), (dx, dy) = here, dst
+        if dy != y:
+            return P.S if dy > y else P.N
+        return P.E if dx > x else P.W if dx < x else P.L
+
+    assert Router(1, 1, k=3, routing=yx_route).outputs_of[P.N] == (P.L, P.E, P.S, P.W)
+
+
+def test_a_turn_the_routing_never_makes_is_dropped():
+    """Flits from the north (travelling south) bound east, or a multicast from the north
+    with a node to the east, cannot come from an XY neighbour: dropped whole and counted,
+    and the packets behind them on the same VC still arrive."""
+    router = bench_router()
+    east = next(n for n in REACHABLE[Port.L] if router.route_table[n] is Port.E)
+    bad = [Packet(0, Port.N, vc=0, length=3, dst=east),
+           Packet(1, Port.N, vc=1, mask=multicast_mask([(1, 2), east], K))]
+    good = [Packet(2 + i, Port.N, vc=i % 2, length=2, dst=REACHABLE[Port.N][i % 2])
+            for i in range(4)]
+    result = run(bad + good, seed=13, stall=0.2)
+    assert result["dropped"] == len(bad) and result["error"] == 1
+    assert {pid for _, _, pid in result["board"].delivered} == {p.pid for p in good}
+
+
 def test_impossible_parameters_are_refused():
     for kwargs, match in (({"k": 1}, "k must"), ({"k": 9}, "k must"), ({"vcs": 3}, "even"),
                           ({"vcs": 10}, "vcs must"), ({"depth": 0}, "depth must"),
