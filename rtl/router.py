@@ -36,12 +36,15 @@ class RoundRobin:
 
     def __init__(self, m: Module, count: int, name: str):
         self.m, self.count, self.name = m, count, name
-        self.above = Signal(count, name=f"{name}_above")  # requesters after the last served
+        # Requesters after the last served (none to keep for a single requester).
+        self.above = Signal(count, name=f"{name}_above") if count > 1 else None
 
     def pick(self, requests: list) -> list[Signal]:
         """One grant among ``requests`` (two lowest-set-bit picks, ``x & -x``: linear in
         the number of requesters, no priority chain)."""
         count, name = self.count, self.name
+        if count == 1:
+            return list(requests)
         request = Signal(count, name=f"{name}_request")
         pool = Signal(count, name=f"{name}_pool")
         grant = Signal(count, name=f"{name}_grant")
@@ -56,6 +59,8 @@ class RoundRobin:
     def advance(self, served) -> None:
         """Give ``served`` (one-hot or none: a list of bits or a value) the lowest priority
         from the next cycle."""
+        if self.count == 1:
+            return
         served = Cat(*served)
         with self.m.If(served.any()):
             self.m.d.sync += self.above.eq(~(served | (served - 1)[:self.count]))
@@ -113,7 +118,8 @@ class Router(wiring.Component):
 
     Packets that cannot be routed are dropped whole and counted, as they arrive (they
     never take a slot): a head flit to a node outside the mesh, a multicast with an
-    empty mask or more than one flit, a flit whose ``cls`` is not its VC's class; and,
+    empty mask or more than one flit, a flit whose ``cls`` is not its VC's class, a
+    flit that needs an output its input is not built with (:attr:`outputs_of`); and,
     each on its own, a body or tail flit with no packet open on its VC. A flit that
     arrives while a packet is open on its VC is part of that packet, head bit or not.
     Dropped flits return their credits like any other, so a drop never wedges the
@@ -279,7 +285,7 @@ class Router(wiring.Component):
         return {"w_en": w_en, "w_data": w_data, "r_en": r_en, "r_data": r_data, "count": count,
                 "slots": list(slots), "r_ptr": r_ptr, "w_ptr": w_ptr}
 
-    def _input_buffer(self, m: Module, name: str) -> dict:
+    def _input_buffer(self, m: Module, name: str, outputs: tuple[Port, ...]) -> dict:
         """One input VC's buffer: ``depth`` slots of (flit, route, start: the flit opens
         its packet), served oldest-first *per output* (not first-in first-out). The
         route and start bits are registers; the flits sit in a small RAM with a write
@@ -293,7 +299,7 @@ class Router(wiring.Component):
         output does not block a younger one bound elsewhere (no head-of-line blocking),
         while the flits that share an output keep their arrival order. A write fills the
         lowest free slot; ``clear[i]`` takes outputs off slot i's route (the slot is
-        freed when none are left)."""
+        freed when none are left). Route bits of outputs not in ``outputs`` stay zero."""
         cfg, depth = self.config, self.config.depth
         entry = data.StructLayout({"flit": cfg.flit, "route": 5, "start": 1})
         slots = [Signal(data.StructLayout({"route": 5, "start": 1}), name=f"{name}_slot{i}")
@@ -335,7 +341,8 @@ class Router(wiring.Component):
             m.d.comb += port.addr.eq(_index(read))
             flit_for.append(port.data)
         clear = [Signal(5, name=f"{name}_clear{i}") for i in range(depth)]
-        remaining = [slots[i].route & ~clear[i] for i in range(depth)]
+        built = sum(1 << o for o in outputs)  # constant zeros elsewhere, for synthesis
+        remaining = [slots[i].route & ~clear[i] & built for i in range(depth)]
         freed = Signal(range(depth + 1), name=f"{name}_freed")
         m.d.comb += freed.eq(sum(used[i] & (remaining[i] == 0) for i in range(depth)))
         # The formal harness reads every slot's flit (``observe``): one more port each.
@@ -349,7 +356,8 @@ class Router(wiring.Component):
         for i in range(depth):
             m.d.sync += slots[i].route.eq(remaining[i])
             with m.If(w_en & w_sel[i]):
-                m.d.sync += [slots[i].route.eq(w_data.route), slots[i].start.eq(w_data.start)]
+                m.d.sync += [slots[i].route.eq(w_data.route & built),
+                             slots[i].start.eq(w_data.start)]
                 for j in range(depth):
                     if j < i:
                         m.d.sync += older[j, i].eq(1)
@@ -368,8 +376,8 @@ class Router(wiring.Component):
 
         # --- input buffers, one per (input port, VC); the route is computed on the way in,
         # and a flit that cannot be routed never takes a slot.
-        bufs = [[self._input_buffer(m, f"in{p.name}_vc{v}") for v in range(vcs)]
-                for p in ports]
+        bufs = [[self._input_buffer(m, f"in{p.name}_vc{v}", self.outputs_of[p])
+                 for v in range(vcs)] for p in ports]
         # Per input VC: a packet is open (head in, tail not yet), and the route its
         # body flits take (0: the packet is being dropped).
         is_open = [[Signal(name=f"open_{p.name}{v}") for v in range(vcs)] for p in ports]
@@ -394,7 +402,9 @@ class Router(wiring.Component):
                     # from): any other route is dropped whole, not wedged.
                     needed = self._route(m, flit, v, f"in{p.name}_vc{v}")
                     allowed = sum(1 << o for o in self.outputs_of[p])
-                    route = Mux((needed & ~allowed) == 0, needed, 0)
+                    # (masked as well, so that synthesis sees the route bits of the
+                    # outputs not built as constant zeros and removes them)
+                    route = Mux((needed & ~allowed) == 0, needed & allowed, 0)
                 m.d.comb += [b["w_data"].flit.eq(flit), b["w_data"].flit.vc.eq(v),
                              b["w_data"].route.eq(Mux(is_open[p][v], open_route[p][v], route)),
                              b["w_data"].start.eq(~is_open[p][v])]

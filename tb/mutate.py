@@ -50,7 +50,9 @@ ROUTER_TESTS = ("test_single_flits_take_one_router_cycle",
                 "test_multicast_branches_once_each",
                 "test_local_backpressure_holds_the_eject_stream",
                 "test_unroutable_packets_are_dropped_and_counted",
-                "test_every_input_vc_drops_whole_packets_and_keeps_going")
+                "test_every_input_vc_drops_whole_packets_and_keeps_going",
+                "test_a_turn_the_routing_never_makes_is_dropped",
+                "test_every_output_vc_waits_for_its_credits")
 #: The random ones among them run with the seeds of ``make regress`` too.
 ROUTER_SEEDS = (0, 1, 2, 3, 4)
 
@@ -110,11 +112,12 @@ BLOCKS = {
 
 #: The design as the mutants see it: processes lowered, memories collected and kept
 #: (the harness's result memories are only read by the testbench), flattened, then
-#: optimised as ``prep`` would (constants folded, identical cells merged, unused upper
+#: optimised as a synthesis would (constants folded bit by bit and through flip-flops
+#: whose next value is always their reset value, identical cells merged, unused upper
 #: bits trimmed): mutants land on logic a synthesis keeps, not on copies or dead bits.
 _PREPARE = ("read_rtlil design.il; hierarchy -top top; proc; memory_collect; "
             "setattr -set keep 1 t:$mem_v2; flatten; opt_expr -keepdc; opt_clean; "
-            "opt -noff -keepdc; wreduce -keepdc; opt_clean")
+            "opt -fine -keepdc; wreduce -keepdc; opt_clean")
 
 
 def _yosys(directory: Path, script: str) -> None:

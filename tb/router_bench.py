@@ -326,11 +326,16 @@ def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
                         downstream[p][v].pop(0)
                         give_back[p] |= 1 << v
             quiet = 0 if progress else quiet + 1
-            if board.outstanding() == 0 and not any(queues.values()) \
-                    and all(c is None for c in current.values()):
+            delivered = board.outstanding() == 0 and not any(queues.values()) \
+                and all(c is None for c in current.values())
+            # Done once every flit is out and every credit is back upstream.
+            if delivered and all(c == depth for c in credits.values()):
                 break
-            assert quiet < watchdog, f"deadlock: nothing delivered for {watchdog} cycles " \
-                f"with {board.outstanding()} flits outstanding (cycle {cycle})"
+            assert quiet < watchdog, (
+                f"credits lost: {watchdog} cycles after the last delivery the upstream "
+                f"neighbours hold {credits} of {depth} each" if delivered else
+                f"deadlock: nothing delivered for {watchdog} cycles with "
+                f"{board.outstanding()} flits outstanding (cycle {cycle})")
         else:
             raise AssertionError(f"not finished in {max_cycles} cycles")
         await io.ticks(2)

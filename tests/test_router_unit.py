@@ -13,6 +13,7 @@ import pytest
 
 from rtl.noc import MessageClass, Port, branch_region, multicast_mask
 from rtl.router import LINK_PORTS, READ_PORTS, Router
+from tb import coverage
 from tb.router_bench import HERE, K, Packet, bench_router, expected_ports, run
 
 
@@ -303,6 +304,26 @@ def test_every_input_vc_drops_whole_packets_and_keeps_going():
     assert len(result["board"].delivered) == len(Port) * 2
 
 
+def test_every_output_vc_waits_for_its_credits():
+    """Neighbours that almost never drain (90 % stalls) and a backlog on every input VC
+    to every output it can reach: each output VC runs out of credits again and again.
+    The bench fails a flit sent past the receiver's room, a credit returned twice, or a
+    credit never returned (the watchdog), and every flit must arrive in order."""
+    router = bench_router()
+    packets, pid = [], 0
+    for source in Port:
+        for node in REACHABLE[source]:
+            for vc in range(2):
+                for _ in range(3):
+                    packets.append(Packet(pid, source, vc=vc, length=2, dst=node))
+                    pid += 1
+    assert {router.route_table[p.dst] for p in packets} == set(Port)
+    result = run(packets, seed=17, stall=0.9, eject_stall=0.9, max_cycles=20000,
+                 watchdog=400)
+    assert result["dropped"] == 0
+    assert len(result["board"].delivered) == len(packets)
+
+
 def test_only_the_turns_the_routing_makes_are_built():
     """Each input gets the outputs its flits can need: from the neighbour's routing and
     the XY multicast tree (so a Y-bound flit never turns back into X), and none at the
@@ -311,6 +332,9 @@ def test_only_the_turns_the_routing_makes_are_built():
     centre = bench_router()
     assert centre.outputs_of == {P.L: tuple(P), P.N: (P.L, P.S), P.S: (P.L, P.N),
                                  P.E: (P.L, P.N, P.S, P.W), P.W: (P.L, P.N, P.E, P.S)}
+    # Functional coverage's turn bins are these pairs.
+    assert {i: set(o) for i, o in coverage._TURNS.items()} == \
+        {p.name: {o.name for o in outs} for p, outs in centre.outputs_of.items()}
     corner = Router(0, 0, k=4)
     assert corner.outputs_of == {P.L: (P.L, P.E, P.S), P.N: (), P.E: (P.L, P.S),
                                  P.S: (P.L,), P.W: ()}
