@@ -198,21 +198,27 @@ def test_sweep_reports_a_point_that_does_not_fit(tmp_path, capsys):
 
 
 def test_clock_line_says_which_figure_it_uses(monkeypatch):
-    """The report's clock: the tile's Fmax when measured; else the slowest block measured
-    alone, naming the blocks without a figure; else none."""
+    """The report's clock: the Fmax of the chip's tile when measured; else the slowest
+    block measured alone, naming the blocks without a figure, or a tile of another size
+    if that is lower (an estimate); else none."""
     import synth
     from tb.cli import _fmax_line
 
     measured: dict[str, dict] = {}
     monkeypatch.setattr(synth, "load_area", lambda design: measured.get(design))
-    assert _fmax_line(4) == (None, "not measured (run `make synth`)")
+    assert _fmax_line(8) == (None, "not measured (run `make synth`)")
     measured["gemm_engine"] = {"ecp5_fmax_mhz": 69.6}
     measured["vector_unit"] = {"ecp5_fmax_mhz": 41.5}
-    fmax, line = _fmax_line(4)
+    fmax, line = _fmax_line(8)
     assert fmax == 41.5 and "upper bound" in line and "(vector_unit)" in line
     assert "not measured yet: tensor_core_n8, scratchpad" in line
+    measured["tile_n4"] = {"ecp5_fmax_mhz": 33.8}
+    fmax, line = _fmax_line(8)
+    assert fmax == 33.8 and "an estimate, the N = 4 tile placed whole (tile_n4)" in line
+    assert "the slowest block measured alone: vector_unit, 41.5 MHz" in line
+    assert _fmax_line(4) == (33.8, "33.8 MHz (tile_n4, ECP5)")
     measured["tile"] = {"ecp5_fmax_mhz": 38.2}
-    assert _fmax_line(4) == (38.2, "38.2 MHz (tile, ECP5)")
+    assert _fmax_line(8) == (38.2, "38.2 MHz (tile, ECP5)")
 
 
 def test_area_line_says_when_a_design_does_not_fit(monkeypatch):
