@@ -24,6 +24,9 @@ GEMM_CASES = [
     ("k1-stalls", 9, 1, 17, "random", 0.2, 0.2),
     ("extremes", 16, 40, 16, "extreme", 0.1, 0.3),
     ("min-long-k", 2, 1024, 2, "min", 0.0, 0.2),
+    # One beat per tile and a result stream that almost never drains: the core must
+    # stop taking tiles when the result FIFO's room is reserved, and lose no row.
+    ("result-backpressure", 16, 1, 16, "random", 0.0, 0.9),
 ]
 
 

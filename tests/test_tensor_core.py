@@ -20,7 +20,8 @@ SIZES = [2, 4, 8]
 @pytest.mark.parametrize("n", SIZES)
 def test_gemm(n, seed):
     """Every case of ``gemm_cases`` (ragged shapes, K < N, K = 1, long K, extremes, with
-    and without stalls) with two seeds, in one simulation per size."""
+    and without stalls, a result stream that almost never drains) with two seeds, in
+    one simulation per size."""
     cases = gemm_cases(seed)
     assert simulate_gemm_cases(n, cases)["cases"] == len(cases)
 
