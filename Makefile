@@ -25,7 +25,7 @@ export SIM
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 16
-	@echo "variables: SIM=verilator|icarus  WAVES=1  JOBS=$(JOBS)  ARGS='extra CLI options'"
+	@echo "variables: SIM=verilator|icarus  WAVES=1  JOBS=$(JOBS)  ARGS='extra CLI options'  PYTHON=$(PYTHON) (creates .venv)"
 	@echo "           make regress: SEEDS=$(SEEDS) SEED_BASE=$(SEED_BASE) SHARD=$(SHARD)"
 	@echo "           make fpga: BOARD=$(BOARD) DESIGN=$(DESIGN)"
 

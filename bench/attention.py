@@ -11,9 +11,9 @@ output checked bit-exact against golden.
 - bandwidth bound (decode) = distinct KV bytes the step must read / N bytes per cycle
   (the K and V pages reach the tensor core through one scratchpad port, one word per
   cycle); the ratio is the step's cycles over that bound. The compute bound = MACs / N²
-  (the two P limbs count twice, as the array does them twice); with 8 query heads per KV
-  head on an 8 x 8 array it is the larger one, so ``roofline_ratio`` = cycles / the
-  larger bound is reported beside it.
+  (P·V counts once: its two limbs are joined into one 16-bit A operand, one pass); with
+  8 query heads per KV head on an 8 x 8 array the two bounds are close, so
+  ``roofline_ratio`` = cycles / the larger bound is reported beside it.
 - phase shares: the tile's exclusive cycle counters (GEMM engine alone busy, vector
   engine alone, both, DMA, none = the sequencer fetching or waiting) over all cycles.
 """

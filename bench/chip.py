@@ -1,16 +1,18 @@
 """Chip benchmarks: the default chip (2 x 2, N = 8) on the gpt-oss-shaped miniature.
 
 A decoder layer for a batch of 2 under ``local`` placement (prefill of 32 tokens, one
-decode step from contexts 256/224; attention then MoE), and the same decode step's
-attention under ``striped`` placement: the local/striped decode speedup is the ratio of
-their attention cycles at the same contexts (the MoE layer does not depend on where KV
-pages live). The agent loop: 3 turns after a 32-token prompt (tool results of 8 tokens,
-answers of 2), the KV cache kept (hit) or evicted and prefilled again (miss), end-to-end
-cycles of the decoder layer. Simulation speed: chip cycles over the rounds' wall time (Verilator,
-cocotb polling every 64 cycles; build and host transfers excluded). The energy proxy
-(docs/energy.md): two decode steps of attention for the batch under each placement on the
-SAIF-traced build of the same chip, E(local) / E(striped). The other miniatures: their
-attention alone (their MoE layers do not fit a 2 x 2 chip), one build each.
+decode step from contexts 256/200 — ``compiler.chip.contexts``; attention then MoE), and
+the same prefill and decode step's attention under ``striped`` placement: the
+local/striped decode speedup is the ratio of their decode attention cycles at the same
+contexts (the MoE layer does not depend on where KV pages live). The agent loop: 3 turns
+after a 32-token prompt (tool results of 8 tokens, answers of 2), the KV cache kept (hit)
+or evicted and prefilled again (miss), end-to-end cycles of the decoder layer.
+Simulation speed: chip cycles over the rounds' wall time (Verilator, cocotb polling every
+64 cycles; build and host transfers excluded). The energy proxy (docs/energy.md): two
+decode steps of attention for the batch (no prefill: contexts 256/192) under each
+placement on the SAIF-traced build of the same chip, E(local) / E(striped). The other
+miniatures: their attention alone (their MoE layers do not fit a 2 x 2 chip), one build
+each.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def run(quick: bool) -> dict:
     context = 64 if quick else 256
     local = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
                            steps=1, placement="local")
-    striped = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=0, context=context,
+    striped = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
                              steps=1, placement="striped", moe=False)
     lf, sf = chip_figures(local, K, N), chip_figures(striped, K, N)
     out = {f"chip__{WORKLOAD}__{key.split('__', 1)[1]}": value for key, value in lf.items()

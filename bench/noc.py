@@ -30,6 +30,7 @@ PATTERNS = ("uniform", "transpose", "bit_complement", "tornado", "hotspot", "nei
 HOT_RATE = 0.2
 
 TARGETS: dict[str, tuple[str, float]] = {
+    "noc__checked_packets_4x4": (">=", 50_000),  # --quick sends 5 000 per pattern
     "noc__zero_load__cycles_per_hop": ("<=", 2.0),
     "noc__uniform_4x4__saturation": (">=", 0.75),
     "noc__uniform_8x8__saturation": (">=", 0.42),

@@ -5,7 +5,7 @@ per row, d_v = N) runs on the vector unit at N = 8 in Verilator with no idle and
 backpressure; every result is checked against golden. Elements per cycle = visible
 logits processed (LOGIT lanes enabled) / cycles from the first op in to the last result
 out. The sequence per block is LOGIT (+max) beats, one alpha EXP, P EXP (+sum) beats, two
-RESCALEs; per row RECIP (an 8-cycle interlock), DIV and REQUANT.
+RESCALEs; per row RECIP, DIV (which waits for the RECIP's 8-cycle pipeline) and REQUANT.
 """
 
 from __future__ import annotations

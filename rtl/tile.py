@@ -43,7 +43,8 @@ def _join(m: Module, source, sink) -> None:
 
 
 class Tile(wiring.Component):
-    """One tile of the chip (first form: the network port is raw words, see issue 5).
+    """One tile of the chip; its network port is raw words (``rtl.chip`` adds the network
+    interface and the router).
 
     The host loads the program (``program``), fills and reads the scratchpad through the
     ``host`` port, appends KV tokens and maps pages through the ``kv`` port, pulses

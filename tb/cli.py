@@ -96,6 +96,8 @@ def tile(args: argparse.Namespace) -> int:
     from tb.tile_run import simulate_attention, tile_config
 
     cfg = get_workload(args.workload)
+    if args.layer is None:
+        args.layer = len(cfg.windows) - 1
     if not 0 <= args.layer < len(cfg.windows):
         print(f"serrano tile: workload {args.workload} has attention layers "
               f"0..{len(cfg.windows) - 1}, not {args.layer}", file=sys.stderr)
@@ -581,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "(default 2)")
     sim_parser.add_argument("--max-context", type=_positive, default=None,
                             help="size the tiles' KV caches for this many tokens per "
-                                 "sequence (default 2048; one build per size)")
+                                 "sequence (default 2048, or 64 when the workload's pages "
+                                 "are smaller than N, e.g. tiny at N = 8; one build per "
+                                 "size)")
     for name, what in SHAPE_OPTIONS:
         sim_parser.add_argument(f"--{name.replace('_', '-')}", type=_positive, default=None,
                                 help=f"custom shape: {what} (default: the workload's)")
@@ -643,9 +647,10 @@ def main(argv: list[str] | None = None) -> int:
                     "golden.attention; prints cycles, utilisation, the decode bandwidth "
                     "bound, the cycle breakdown by phase, simulation speed and area.",
     )
-    tile_parser.add_argument("--layer", type=_non_negative, default=1,
-                            help="attention layer of the workload (default 1: gpt-oss's "
-                                 "full-causal layer; 0 is its sliding-window layer)")
+    tile_parser.add_argument("--layer", type=_non_negative, default=None,
+                            help="attention layer of the workload (default: its last, e.g. "
+                                 "gpt-oss's full-causal layer 1; 0 is its sliding-window "
+                                 "layer)")
     tile_parser.add_argument("--prefill", type=_non_negative, default=32,
                             help="prompt tokens to prefill (default 32; 0: no prefill)")
     tile_parser.add_argument("--context", type=_non_negative, default=256,

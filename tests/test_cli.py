@@ -106,6 +106,19 @@ def test_tile_refuses_a_layer_the_workload_lacks(capsys):
     assert "layers 0..1" in capsys.readouterr().err
 
 
+def test_tile_defaults_to_the_workloads_last_layer(monkeypatch, capsys):
+    """deepseek-r1 has one attention layer: no --layer means layer 0, as in `serrano sim`."""
+    import tb.tile_run
+
+    def stop(config, workload, layer, **kwargs):
+        raise ValueError(f"stopped before simulating layer {layer}")
+
+    monkeypatch.setattr(tb.tile_run, "simulate_attention", stop)
+    assert main(["tile", "--workload", "deepseek-r1"]) == 1
+    out = capsys.readouterr().out
+    assert "deepseek-r1 attention layer 0" in out and "simulating layer 0" in out
+
+
 def test_gemm_reports_pass_and_writes_json(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["gemm", "--array", "2", "--m", "3", "--k", "5", "--p", "4", "--stall", "0.25",
