@@ -36,7 +36,7 @@ from golden.workloads import Workload, WorkloadConfig, generate, get_workload
 from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
 
-__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "Step",
+__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull", "Step",
            "agent_schedule", "attention_rounds", "contexts", "layer_rounds", "moe_round",
            "moe_words"]
 
@@ -48,6 +48,10 @@ MOE_TOKENS = 32
 #: The semaphore striped pages raise on their compute tile (the attention programs use
 #: semaphores 0..2).
 SEM_KV = 15
+
+
+class KvCacheFull(ValueError):
+    """A sequence longer than a tile's KV cache holds (refused before simulating)."""
 
 
 @dataclass
@@ -270,6 +274,12 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             raise ValueError(f"an extend step from cached contexts {list(cached[-1])} to "
                              f"{list(lengths)}: it adds the same number (>= 1) of tokens "
                              "to every sequence")
+    longest = max((max(lengths) for _, lengths, _ in schedule), default=0)
+    capacity = chip.tile.max_pages * chip.tile.page_size
+    if longest > capacity:  # refused before any tensor of that length is generated
+        raise KvCacheFull(f"a context of {longest} tokens does not fit the KV cache "
+                         f"({capacity} tokens per sequence: {chip.tile.max_pages} pages of "
+                         f"{chip.tile.page_size})")
     data = []
     for s in range(batch):
         longest = max(lengths[s] for _, lengths, _ in schedule)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS
-from rtl.noc import DEFAULT_DEPTH
+from rtl.network_interface import MAX_PACKET
+from rtl.noc import DEFAULT_DEPTH, MAX_DEPTH
 
-__all__ = ["TileConfig", "next_pow2"]
+__all__ = ["TileConfig", "kv_context", "next_pow2"]
 
 #: Block-table entries the scratchpad keeps in registers (``rtl.scratchpad``).
 MAX_TABLE_ENTRIES = 1024
@@ -24,6 +25,21 @@ MAX_TABLE_ENTRIES = 1024
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (x >= 1)."""
     return 1 << (max(x, 1) - 1).bit_length()
+
+
+def kv_context(rows: int, page_size: int, max_context: int | None, default: int) -> int:
+    """Tokens per sequence to size a KV cache of ``rows`` block-table rows for:
+    ``max_context``, or ``default`` clamped to what the table maps; a ValueError when
+    ``max_context`` needs more pages per row than :data:`MAX_TABLE_ENTRIES` leave."""
+    longest = MAX_TABLE_ENTRIES // rows * page_size
+    if max_context is None:
+        return min(default, longest)
+    if max_context > longest:
+        raise ValueError(f"a KV cache for {max_context} tokens per sequence needs "
+                         f"{-(-max_context // page_size)} pages per block-table row; "
+                         f"{rows} rows fit the {MAX_TABLE_ENTRIES}-entry block table only "
+                         f"up to {longest} tokens ({page_size}-token pages)")
+    return max_context
 
 
 def _is_pow2(x: int) -> bool:
@@ -84,6 +100,9 @@ class TileConfig:
         need(_is_pow2(self.banks) and self.banks <= 64 and self.spad_words % self.banks == 0,
              f"banks must be a power of two up to 64 that divides spad_words "
              f"({self.spad_words}), not {self.banks}")
+        need(_is_pow2(self.spad_words // self.banks) and self.spad_words // self.banks >= 2,
+             f"spad_words / banks (each bank's depth) must be a power of two >= 2, not "
+             f"{self.spad_words} / {self.banks}")
         need(_is_pow2(self.acc_depth) and 2 <= self.acc_depth <= 1 << ACC_ADDR_BITS,
              f"acc_depth must be a power of two 2..{1 << ACC_ADDR_BITS}, not {self.acc_depth}")
         need(1 <= self.slots <= 64, f"slots must be 1..64, not {self.slots}")
@@ -158,12 +177,12 @@ class ChipConfig:
             raise ValueError(f"ChipConfig: the mesh side k must be 1..8, not {self.k!r}")
         if not isinstance(self.tile, TileConfig):
             raise ValueError(f"ChipConfig: tile must be a TileConfig, not {self.tile!r}")
-        if self.vcs not in (2, 4, 6, 8):
+        if type(self.vcs) is not int or self.vcs not in (2, 4, 6, 8):
             raise ValueError(f"ChipConfig: vcs must be 2, 4, 6 or 8, not {self.vcs!r}")
-        if not isinstance(self.depth, int) or not 2 <= self.depth <= 64:
-            raise ValueError(f"ChipConfig: depth must be 2..64 flits, not {self.depth!r}")
-        if not isinstance(self.max_packet, int) or not 1 <= self.max_packet <= 64:
-            raise ValueError(f"ChipConfig: max_packet must be 1..64, not {self.max_packet!r}")
+        for name, most in (("depth", MAX_DEPTH), ("max_packet", MAX_PACKET)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise ValueError(f"ChipConfig: {name} must be 1..{most} flits, not {value!r}")
 
     @property
     def tiles(self) -> int:

@@ -62,7 +62,7 @@ from golden.vector_model import default_max_top_k
 from rtl.isa import Opcode, VecDst, VecPack
 
 __all__ = [
-    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "build_moe",
+    "SEM_TOKENS", "SEM_RESULTS", "MemoryFull", "MoeChipProgram", "MoeLayer", "build_moe",
     "check_chip_synchronisation", "dense_masked_reference", "moe_from_workload",
     "moe_tile_config", "run_on_chip_model",
 ]
@@ -71,6 +71,8 @@ __all__ = [
 SEM_GEMM, SEM_VEC, SEM_DMA = 0, 1, 2
 SEM_TOKENS, SEM_RESULTS = 3, 4
 _ENGINE_SEM = {Opcode.GEMM: SEM_GEMM, Opcode.VEC: SEM_VEC, Opcode.DMA: SEM_DMA}
+#: The name of the regions every tile holds, in a :class:`MemoryFull` message.
+EVERY_TILE = "every tile"
 #: Largest DMA length (12-bit field) and GEMM dimension.
 MAX_DMA = (1 << 12) - 1
 MAX_GEMM_DIM = (1 << 12) - 1
@@ -292,6 +294,16 @@ class _Emitter:
 
 # --- memory ----------------------------------------------------------------------------------
 
+class MemoryFull(ValueError):
+    """A tile's memory cannot hold the MoE layer's share: ``memory`` ("scratchpad" or
+    "accumulator memory") and ``per_tile`` (False when the regions every tile holds are
+    what overflows, so more tiles would not help)."""
+
+    def __init__(self, message: str, memory: str, per_tile: bool):
+        super().__init__(message)
+        self.memory, self.per_tile = memory, per_tile
+
+
 class _Bump:
     """Consecutive regions of one memory, refused past ``limit`` with a clear message.
 
@@ -318,9 +330,9 @@ class _Bump:
             for name, words in self.uses:
                 largest[name] += words
             detail = ", ".join(f"{k} {v}" for k, v in largest.most_common(3))
-            raise ValueError(f"{self.tile}: the {self.memory} is too small: {what} needs "
+            raise MemoryFull(f"{self.tile}: the {self.memory} is too small: {what} needs "
                              f"{size} more at {base}, past the {self.limit} it has (largest "
-                             f"uses: {detail})")
+                             f"uses: {detail})", self.memory, self.tile != EVERY_TILE)
         return base
 
 
@@ -465,7 +477,7 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
 
     # -- scratchpad: global regions (same address on every tile), then each tile's own ---
     limit = config.kv_start
-    glob = _Bump(0, limit, "scratchpad", "every tile", config.banks)
+    glob = _Bump(0, limit, "scratchpad", EVERY_TILE, config.banks)
     a_bank, b_bank = config.banks // 2, 0  # where GEMM A and B operands start
     x_addr = glob.take(tb * hidden, "tokens", a_bank)
     y_stride = tb * hc * n

@@ -8,7 +8,8 @@ and a few outlier channels, quantised per tensor (symmetric int8, max calibratio
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from numbers import Integral
 
 import numpy as np
 
@@ -58,6 +59,20 @@ class WorkloadConfig:
     router_std: float = 2.0
 
     def __post_init__(self) -> None:
+        for name in ("hidden", "heads", "kv_heads", "head_dim", "v_head_dim", "page_size",
+                     "experts", "top_k", "ffn", "prefill_tokens", "moe_tokens",
+                     "shared_experts", "outlier_channels"):
+            value, least = getattr(self, name), int(name not in ("shared_experts",
+                                                                 "outlier_channels"))
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+                raise ValueError(f"{self.name}: {name} must be an integer >= {least}, "
+                                 f"not {value!r}")
+        if not self.windows or any(w is not None and (not isinstance(w, Integral) or w < 1)
+                                   for w in self.windows):
+            raise ValueError(f"{self.name}: windows must list one attention layer or more, "
+                             f"each a window >= 1 token or None, not {self.windows!r}")
+        if not self.decode_context_lens:
+            raise ValueError(f"{self.name}: decode_context_lens lists no context")
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.name}: {self.heads} heads not a multiple of {self.kv_heads}")
         if not 1 <= self.top_k <= self.experts:
@@ -75,6 +90,9 @@ class WorkloadConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> WorkloadConfig:
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        if missing := sorted(required - d.keys()):
+            raise ValueError(f"a workload config lacks {', '.join(missing)}")
         d = dict(d)
         d["windows"] = tuple(d["windows"])
         d["decode_context_lens"] = tuple(d["decode_context_lens"])

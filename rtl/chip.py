@@ -16,8 +16,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from rtl.mesh import Mesh
-from rtl.network_interface import NetworkInterface, payload_bits
-from rtl.noc import DEFAULT_DEPTH
+from rtl.network_interface import NetworkInterface, check_max_packet, payload_bits
+from rtl.noc import DEFAULT_DEPTH, MIN_K, NocConfig
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
 
@@ -72,6 +72,11 @@ class Chip(wiring.Component):
                  depth: int = DEFAULT_DEPTH, max_packet: int = 8, shared_tile: bool = False):
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 8:
             raise ValueError(f"the mesh side k must be an integer 1..8, not {k!r}")
+        # Checked even when k = 1 builds no network (no interface or router to check them).
+        NocConfig(k=max(k, MIN_K), vcs=vcs, depth=depth)
+        check_max_packet(max_packet)
+        if not isinstance(tile, dict | None):
+            raise ValueError(f"tile must be a dict of rtl.tile.Tile parameters, not {tile!r}")
         tile = dict(tile or {})
         for key in ("position", "mesh"):
             if key in tile:

@@ -11,7 +11,8 @@ from rtl.dma_engine import NetWord
 from rtl.isa import ADDR_BITS, TILE_MASK_BITS
 from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
 
-__all__ = ["NetPayload", "NetworkInterface", "PacketKind", "payload_bits"]
+__all__ = ["MAX_PACKET", "NetPayload", "NetworkInterface", "PacketKind", "check_max_packet",
+           "payload_bits"]
 
 #: Columns of the tile mask of :class:`rtl.dma_engine.NetWord` (bit ``y * 8 + x``).
 MASK_COLUMNS = 8
@@ -42,6 +43,17 @@ class NetPayload(data.StructLayout):
 def payload_bits(n: int) -> int:
     """Flit payload width of the network that carries :class:`NetPayload` for size N."""
     return NetPayload(n).size
+
+
+#: Most flits in one packet (the reassembly buffer holds two packets).
+MAX_PACKET = 64
+
+
+def check_max_packet(max_packet: int) -> None:
+    """Refuse a packet length the network interface cannot reassemble."""
+    if not isinstance(max_packet, int) or isinstance(max_packet, bool) \
+            or not 1 <= max_packet <= MAX_PACKET:
+        raise ValueError(f"max_packet must be 1..{MAX_PACKET} flits, not {max_packet!r}")
 
 
 class NetworkInterface(wiring.Component):
@@ -100,8 +112,7 @@ class NetworkInterface(wiring.Component):
         for name, value in (("x", x), ("y", y)):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < k:
                 raise ValueError(f"{name} must be an integer in [0, {k}), not {value!r}")
-        if not isinstance(max_packet, int) or not 1 <= max_packet <= 64:
-            raise ValueError(f"max_packet must be 1..64 flits, not {max_packet!r}")
+        check_max_packet(max_packet)
         if not isinstance(spad_words, int) or not 1 <= spad_words <= 1 << ADDR_BITS:
             raise ValueError(f"spad_words must be 1..{1 << ADDR_BITS}, not {spad_words!r}")
         self.n, self.x, self.y, self.k = n, x, y, k

@@ -121,24 +121,22 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
     tokens) or attention, whichever is larger, and the rest for KV pages, reached through
     8 block-table rows (4 jobs per tile under ``local`` placement, 2 under ``striped``) of
-    ``max_context`` tokens (default 2048 with pages of at least N tokens, else 64);
+    ``max_context`` tokens (default 2048 with pages of at least N tokens, else 64, at
+    most what the 1024-entry block table maps);
     ``moe`` False: attention only, no room kept for the MoE layer. One
     build serves every batch, context and placement that fits it; what does not fit is
     refused by the compiler with the reason."""
     from compiler.chip import moe_words
-    from compiler.config import MAX_TABLE_ENTRIES, next_pow2
+    from compiler.config import kv_context, next_pow2
+    from compiler.moe import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from tb.tile_run import WORKING_WORDS
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
     rows = 8
-    if max_context is None:
-        max_context = 2048 if cfg.page_size >= n else 64
+    max_context = kv_context(rows, cfg.page_size, max_context,
+                             2048 if cfg.page_size >= n else 64)
     pages = -(-max_context // cfg.page_size)
-    if rows * pages > MAX_TABLE_ENTRIES:
-        raise ValueError(f"a context of {max_context} tokens needs {pages} pages per block-"
-                         f"table row; {rows} rows x {pages} exceed the "
-                         f"{MAX_TABLE_ENTRIES}-entry block table")
     words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
     page_words = cfg.page_size * words
     working = WORKING_WORDS
@@ -146,9 +144,12 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
         try:
             working = max(working, moe_words(cfg, k, n))
         except ValueError as error:
+            more_tiles = isinstance(error, MemoryFull) and error.per_tile \
+                and error.memory == "scratchpad"
             raise ValueError(f"the MoE layer of {cfg.name} does not fit the tiles of a "
-                             f"{k}x{k} chip ({error}); use a larger mesh, or simulate "
-                             "attention alone") from None
+                             f"{k}x{k} chip ({error}); "
+                             f"{'use a larger mesh, or ' if more_tiles else ''}"
+                             "simulate attention alone") from None
     spad = min(next_pow2(rows * pages * page_words + working), 1 << 16)
     num_pages = min(rows * pages, (spad - working) // page_words)
     if num_pages < rows:

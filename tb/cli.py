@@ -51,6 +51,29 @@ def _array_size(text: str) -> int:
     return value
 
 
+def _tile_array_size(text: str) -> int:
+    """A tile's N: the tensor core's range, and a power of two (the vector unit's lanes,
+    the scratchpad's word layout)."""
+    value = _array_size(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"a tile's array size must be a power of two, "
+                                         f"{MIN_N}..{MAX_N}, not {text}")
+    return value
+
+
+#: Largest GEMM dimension a tile's instruction takes (12-bit fields): the bound of the
+#: shape options, so an absurd shape is refused before its tensors are generated.
+MAX_DIM = (1 << 12) - 1
+
+
+def _dimension(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_DIM:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DIM} (a GEMM instruction's 12-bit "
+                                         f"field), not {text}")
+    return value
+
+
 def _area_line(design: str) -> str:
     from synth import load_area
 
@@ -106,9 +129,13 @@ def tile(args: argparse.Namespace) -> int:
     needed = max(args.prefill, args.context) + args.steps
     try:
         config = tile_config(args.workload, n=n, max_context=args.max_context)
-        if args.max_context is None and needed > config.num_pages // config.kv_sequences \
-                * config.page_size:
+        capacity = config.num_pages // config.kv_sequences * config.page_size
+        if needed > capacity and args.max_context is None:
             config = tile_config(args.workload, n=n, max_context=needed)
+        elif needed > capacity:
+            raise ValueError(f"a context of {needed} tokens does not fit the KV cache "
+                             f"({capacity} tokens per sequence with --max-context "
+                             f"{args.max_context}); give a larger --max-context")
     except ValueError as error:
         print(f"serrano tile: {error}", file=sys.stderr)
         return 2
@@ -266,6 +293,7 @@ def _with_progress(simulate, prefix: str = "") -> dict:
 
 def sim(args: argparse.Namespace) -> int:
     """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
+    from compiler.chip import KvCacheFull, contexts, layer_rounds
     from golden.workloads import get_workload
     from tb.chip_run import chip_config, chip_figures, simulate_layer
 
@@ -280,20 +308,14 @@ def sim(args: argparse.Namespace) -> int:
                              f"0..{len(cfg.windows) - 1}, not {args.layer}")
         config = chip_config(cfg, k=args.mesh, n=args.array, max_context=args.max_context,
                              moe=args.moe)
-        from compiler.chip import contexts, layer_rounds
-
-        longest = max(args.prefill, args.context) + args.steps
-        capacity = config.tile.max_pages * config.tile.page_size
-        if longest > capacity:
-            raise ValueError(f"a context of {longest} tokens does not fit the KV cache "
-                             f"({capacity} tokens per sequence with --max-context "
-                             f"{args.max_context or 'default'}); give a larger --max-context")
         # Compile once before simulating: a mapping the chip cannot take fails here.
         rounds = layer_rounds(config, cfg, args.layer, batch=args.batch,
                               prefill=args.prefill, context=args.context, steps=args.steps,
                               placement=args.placement, seed=args.seed, moe=args.moe)
     except ValueError as error:
-        print(f"serrano sim: {error}", file=sys.stderr)
+        hint = (f" with --max-context {args.max_context or 'default'}; give a larger "
+                "--max-context" if isinstance(error, KvCacheFull) else "")
+        print(f"serrano sim: {error}{hint}", file=sys.stderr)
         return 2
     k, n, tiles = args.mesh, args.array, args.mesh * args.mesh
     starts = contexts(args.batch, args.context, args.prefill)
@@ -532,8 +554,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, workload_default: str =
     parser.add_argument("--workload", type=_workload, default=workload_default,
                         help="miniature workload (tiny, gpt-oss, deepseek-r1, kimi-k2; "
                              f"default {workload_default})")
-    parser.add_argument("--array", type=_array_size, default=8, metavar="N",
-                        help="tensor core and vector unit size N (default 8)")
+    parser.add_argument("--array", type=_tile_array_size, default=8, metavar="N",
+                        help="tensor core and vector unit size N (a power of two, default 8)")
     parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
                         help="simulator (default verilator)")
     parser.add_argument("--waves", action="store_true",
@@ -584,15 +606,15 @@ def main(argv: list[str] | None = None) -> int:
     sim_parser.add_argument("--max-context", type=_positive, default=None,
                             help="size the tiles' KV caches for this many tokens per "
                                  "sequence (default 2048, or 64 when the workload's pages "
-                                 "are smaller than N, e.g. tiny at N = 8; one build per "
-                                 "size)")
+                                 "are smaller than N, e.g. tiny at N = 8, at most what the "
+                                 "block table maps; one build per size)")
     for name, what in SHAPE_OPTIONS:
-        sim_parser.add_argument(f"--{name.replace('_', '-')}", type=_positive, default=None,
+        sim_parser.add_argument(f"--{name.replace('_', '-')}", type=_dimension, default=None,
                                 help=f"custom shape: {what} (default: the workload's)")
     sim_parser.add_argument("--no-moe", dest="moe", action="store_false",
                             help="attention alone (the MoE layer is run after every phase "
                                  "step by default)")
-    sim_parser.add_argument("--seed", type=int, default=1,
+    sim_parser.add_argument("--seed", type=_non_negative, default=1,
                             help="seed of the workload tensors (sequence s uses seed + s)")
     sim_parser.add_argument("--energy", action="store_true",
                             help="measure the energy proxy: toggle counts (a SAIF-traced "
@@ -630,13 +652,14 @@ def main(argv: list[str] | None = None) -> int:
                               help="attention alone (the MoE layer follows every step by "
                                    "default)")
     _add_run_options(agent_parser)
-    agent_parser.add_argument("--seed", type=int, default=1, help="seed of the tensors")
+    agent_parser.add_argument("--seed", type=_non_negative, default=1,
+                              help="seed of the tensors (default 1)")
     _add_threads_option(agent_parser)
     agent_parser.set_defaults(handler=agent)
 
     from tb.sweep import add_parser as add_sweep_parser
 
-    _add_threads_option(add_sweep_parser(commands, _workload, _mesh, _array_size, _positive,
+    _add_threads_option(add_sweep_parser(commands, _workload, _mesh, _tile_array_size, _positive,
                                          _non_negative, SIMULATORS))
 
     tile_parser = commands.add_parser(
@@ -662,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="size the tile's KV cache for this many tokens (default: "
                                  "tb.tile_run.tile_config's, 1056 tokens with 16-token pages, "
                                  "or what the run needs if more; one build per size)")
-    tile_parser.add_argument("--seed", type=int, default=1,
+    tile_parser.add_argument("--seed", type=_non_negative, default=1,
                             help="seed of the workload tensors and the stall generators")
     tile_parser.add_argument("--idle", type=_probability, default=0.0,
                             help="probability that a host stream withholds a beat each cycle")
@@ -679,12 +702,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     gemm_parser.add_argument("--array", type=_array_size, default=8, metavar="N",
                              help=f"tensor core size N ({MIN_N}..{MAX_N}, default 8)")
-    gemm_parser.add_argument("--m", type=_positive, default=64, help="rows of A (default 64)")
-    gemm_parser.add_argument("--k", type=_positive, default=64,
+    gemm_parser.add_argument("--m", type=_dimension, default=64, help="rows of A (default 64)")
+    gemm_parser.add_argument("--k", type=_dimension, default=64,
                              help="inner dimension (default 64)")
-    gemm_parser.add_argument("--p", type=_positive, default=64,
+    gemm_parser.add_argument("--p", type=_dimension, default=64,
                              help="columns of B (default 64)")
-    gemm_parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    gemm_parser.add_argument("--seed", type=_non_negative, default=1,
+                             help="random seed (default 1)")
     gemm_parser.add_argument("--idle", type=_probability, default=0.0,
                              help="probability that an operand beat is withheld each cycle")
     gemm_parser.add_argument("--stall", type=_probability, default=0.0,

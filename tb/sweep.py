@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -38,15 +39,19 @@ def points(args: argparse.Namespace) -> list[dict]:
 
 def run_point(args: argparse.Namespace, point: dict) -> dict:
     """Simulate one run of the sweep; its figures (or the reason it could not run)."""
+    from compiler.chip import layer_rounds
     from golden.workloads import get_workload
     from tb.chip_run import chip_config, chip_figures, simulate_layer
     from tb.cli import threads_of
 
     cfg = get_workload(args.workload)
     k, n, batch = point["mesh"], point["array"], point["batch"]
-    layer = len(cfg.windows) - 1 if args.layer is None else args.layer
+    layer = _layer(args)
     try:
         config = chip_config(cfg, k=k, n=n, moe=args.moe)
+        # Compile before building: a point the chip cannot take fails here, not after.
+        layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
+                     placement=point["placement"], seed=args.seed, moe=args.moe)
         started = time.monotonic()
         result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
                                 steps=1, placement=point["placement"], seed=args.seed,
@@ -132,8 +137,23 @@ def _save(fig, prefix: Path, what: str) -> Path:
     return path
 
 
+def _layer(args: argparse.Namespace) -> int:
+    """The attention layer the sweep runs (``--layer``, else the workload's last)."""
+    from golden.workloads import get_workload
+
+    layers = len(get_workload(args.workload).windows)
+    return layers - 1 if args.layer is None else args.layer
+
+
 def sweep(args: argparse.Namespace) -> int:
     """Run every point, print a table as it goes, write the JSON and the plots."""
+    from golden.workloads import get_workload
+
+    layers = len(get_workload(args.workload).windows)
+    if not 0 <= _layer(args) < layers:
+        print(f"serrano sweep: workload {args.workload} has attention layers "
+              f"0..{layers - 1}, not {args.layer}", file=sys.stderr)
+        return 2
     todo = points(args)
     print(f"serrano sweep: {args.workload}, one decode step from context {args.context}"
           f"{'' if args.moe else ' (attention only)'}, {len(todo)} runs on "
@@ -195,7 +215,8 @@ def add_parser(commands, workload_type, mesh_type, array_type, positive, non_neg
                         help="attention alone")
     parser.add_argument("--energy", action="store_true",
                         help="measure the energy proxy of every run (SAIF-traced builds)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the tensors")
+    parser.add_argument("--seed", type=non_negative, default=1,
+                        help="seed of the tensors (default 1)")
     parser.add_argument("--sim", choices=simulators, default="verilator",
                         help="simulator (default verilator)")
     parser.add_argument("--json", type=Path, default=Path("build/sweep.json"),

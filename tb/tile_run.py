@@ -8,7 +8,7 @@ import hashlib
 import json
 from dataclasses import asdict
 
-from compiler.config import TileConfig, next_pow2
+from compiler.config import TileConfig, kv_context, next_pow2
 from golden.workloads import get_workload
 from rtl.tile import Tile
 from tb.harness import StreamHarness
@@ -33,13 +33,14 @@ WORKING_WORDS = 8192
 
 def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) -> TileConfig:
     """The one-tile design point for a workload's attention: KV pages for one sequence of
-    up to ``max_context`` tokens (default 1056 with pages of at least N tokens, else 64)
-    for every KV head, K and V; the scratchpad rounded up to a power of two with
-    :data:`WORKING_WORDS` to spare; a 4096-instruction program memory."""
+    up to ``max_context`` tokens (default 1056 with pages of at least N tokens, else 64,
+    at most what the 1024-entry block table maps) for every KV head, K and V; the
+    scratchpad rounded up to a power of two with :data:`WORKING_WORDS` to spare; a
+    4096-instruction program memory."""
     cfg = get_workload(workload)
-    if max_context is None:
-        max_context = 1056 if cfg.page_size >= n else 64
     rows = 2 * cfg.kv_heads
+    max_context = kv_context(rows, cfg.page_size, max_context,
+                             1056 if cfg.page_size >= n else 64)
     pages = -(-max_context // cfg.page_size)
     words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
     kv_words = rows * pages * cfg.page_size * words

@@ -31,7 +31,7 @@ async def tile_attention(dut):
     p = parameters()
     config = TileConfig(**p["config"])
     steps = attention_steps(config, p["workload"], p["layer"], prefill=p["prefill"],
-                            context=p["context"], steps=p["steps"])
+                            context=p["context"], steps=p["steps"], seed=p["seed"])
     driver = TileDriver(dut, sim_tile(config), harness_depths(config))
     driver.set_traffic(p["idle"], p["stall"], p["seed"])
     await driver.reset()

@@ -67,6 +67,14 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         (lambda: Chip(9), "mesh side k must be an integer 1..8"),
         (lambda: Chip(2, tile={"position": (0, 0)}), "places its tiles itself"),
         (lambda: ChipConfig(k=2, vcs=3), "vcs must be"),
+        (lambda: ChipConfig(k=2, vcs=2.0), "vcs must be"),
+        (lambda: ChipConfig(k=2, depth=32), "depth must be 1..16"),
+        (lambda: ChipConfig(k=2, max_packet=0), "max_packet must be 1..64"),
+        # A 1 x 1 chip builds no network, but its network parameters are still checked.
+        (lambda: Chip(1, vcs=3), "vcs must be even"),
+        (lambda: Chip(1, depth=0), "depth must be an integer in \\[1, 16\\]"),
+        (lambda: Chip(1, max_packet=-5), "max_packet must be 1..64"),
+        (lambda: Chip(2, tile=5), "tile must be a dict"),
         (lambda: chip_config("kimi-k2", k=2), "does not fit the tiles of a 2x2 chip"),
     ],
 )

@@ -45,6 +45,9 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
         (["--placement", "scattered"], "invalid choice"),
         (["--batch", "0"], "positive"),
         (["--heads", "-2"], "positive"),
+        (["--heads", "100000"], "at most 4095"),
+        (["--array", "12"], "power of two"),
+        (["--seed", "-1"], "non-negative"),
         (["--threads", "0"], "positive"),
         (["--threads", str((os.cpu_count() or 1) + 1)], "would spin against each other"),
     ],
@@ -65,11 +68,20 @@ def test_chip_sim_refuses_bad_options(option, message, capsys):
          "use a larger mesh or a smaller batch"),
         (["--workload", "tiny", "--heads", "5"], "not a multiple of 2"),
         (["--workload", "tiny", "--layer", "2"], "layers 0..1"),
+        (["--workload", "tiny", "--max-context", "16", "--context", "40"],
+         "give a larger --max-context"),
     ],
 )
 def test_chip_sim_refuses_what_does_not_fit_before_simulating(option, message, capsys):
     assert main(["sim", "--prefill", "4", *option]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_moe_layer_a_larger_mesh_would_not_help_is_not_told_to_use_one(capsys):
+    assert main(["sim", "--top-k", "16"]) == 2
+    error = capsys.readouterr().err
+    assert "top-k list of 8 entries" in error and "simulate attention alone" in error
+    assert "larger mesh" not in error
 
 
 def test_tile_runs_attention_on_a_tile_and_writes_json(tmp_path, capsys):
@@ -106,6 +118,12 @@ def test_tile_refuses_a_layer_the_workload_lacks(capsys):
     assert "layers 0..1" in capsys.readouterr().err
 
 
+def test_tile_refuses_a_context_beyond_its_max_context(capsys):
+    assert main(["tile", "--workload", "tiny", "--max-context", "16", "--prefill", "4",
+                 "--context", "20", "--steps", "1"]) == 2
+    assert "a context of 21 tokens does not fit the KV cache" in capsys.readouterr().err
+
+
 def test_tile_defaults_to_the_workloads_last_layer(monkeypatch, capsys):
     """deepseek-r1 has one attention layer: no --layer means layer 0, as in `serrano sim`."""
     import tb.tile_run
@@ -136,6 +154,8 @@ def test_gemm_reports_pass_and_writes_json(tmp_path, capsys):
         (["--array", "40"], "array size must be 2..32"),
         (["--array", "1"], "array size must be 2..32"),
         (["--m", "0"], "positive integer"),
+        (["--k", "5000"], "at most 4095"),
+        (["--seed", "-1"], "non-negative"),
         (["--idle", "1.0"], "probability"),
         (["--sim", "modelsim"], "invalid choice"),
     ],
@@ -182,6 +202,10 @@ def test_agent_loop_reports_hit_and_miss(tmp_path, capsys):
 def test_agent_refuses_a_workload_that_does_not_fit(capsys):
     assert main(["agent", "--workload", "kimi-k2"]) == 2
     assert "does not fit the tiles of a 2x2 chip" in capsys.readouterr().err
+    # Refused before tensors of 100 022 tokens are generated (the prompt, 2 tool
+    # results of 8, 3 answers of 2).
+    assert main(["agent", "--workload", "tiny", "--no-moe", "--prompt", "100000"]) == 2
+    assert "a context of 100022 tokens does not fit the KV cache" in capsys.readouterr().err
 
 
 def test_sweep_writes_runs_and_plots(tmp_path, capsys):
@@ -208,6 +232,22 @@ def test_sweep_reports_a_point_that_does_not_fit(tmp_path, capsys):
     assert "FAIL: the MoE layer of kimi-k2 does not fit" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["sweep", "--mesh", "2x2,2x3"])
+    assert main(["sweep", "--workload", "tiny", "--layer", "9"]) == 2
+    assert "layers 0..1, not 9" in capsys.readouterr().err
+
+
+def test_sweep_refuses_a_point_before_building_it(tmp_path, monkeypatch, capsys):
+    """A context the KV cache cannot hold fails the point at compile time: no build."""
+    import tb.chip_run
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the point was simulated")
+
+    monkeypatch.setattr(tb.chip_run, "simulate_layer", no_build)
+    assert main(["sweep", "--workload", "tiny", "--no-moe", "--batch", "1", "--placement",
+                 "local", "--context", "5000", "--json", str(tmp_path / "s.json"), "--plot",
+                 str(tmp_path / "s")]) == 1
+    assert "FAIL: a context of 5001 tokens does not fit the KV cache" in capsys.readouterr().out
 
 
 def test_clock_line_says_which_figure_it_uses(monkeypatch):

@@ -338,6 +338,8 @@ def test_gemm_operands_start_half_the_banks_apart(gpt_oss, banks):
     ({"banks": 6}, "banks must be a power of two"),
     ({"banks": 128}, "banks must be a power of two up to 64"),
     ({"spad_words": 1000, "banks": 16, "num_pages": 1}, "divides spad_words"),
+    ({"spad_words": 48, "banks": 16, "num_pages": 1}, "each bank's depth"),
+    ({"spad_words": 16, "banks": 16, "num_pages": 1}, "power of two >= 2, not 16 / 16"),
 ])
 def test_bad_tile_config(fields, message):
     with pytest.raises(ValueError, match=message):

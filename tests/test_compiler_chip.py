@@ -72,7 +72,7 @@ def test_contexts_differ_but_never_below_the_prompt():
         ({"batch": 0}, "batch must be >= 1"),
         ({"prefill": 0, "steps": 0}, "nothing to simulate"),
         ({"batch": 40}, "use a larger mesh or a smaller batch"),
-        ({"context": 70}, "max_pages"),
+        ({"context": 70}, "a context of 71 tokens does not fit the KV cache"),
     ],
 )
 def test_bad_mappings_are_refused(kwargs, message):
@@ -97,6 +97,14 @@ def test_decoder_layer_rounds_add_the_moe_layer_per_step():
     assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("moe")] == [10, 2]
     assert all(r.macs > 0 for r in rounds)
     run_rounds(config, rounds)
+
+
+def test_the_default_kv_cache_stays_within_the_block_table():
+    """tiny at N = 4: 2048 tokens of 4-token pages would need 512 entries per row; the
+    default is what 8 rows of the 1024-entry table map, and asking more is refused."""
+    assert chip_config("tiny", k=2, n=4, moe=False).tile.max_pages == 1024 // 8
+    with pytest.raises(ValueError, match="only up to 512 tokens"):
+        chip_config("tiny", k=2, max_context=600)
 
 
 def test_moe_that_does_not_fit_is_refused_before_simulation():

@@ -6,7 +6,7 @@ import pytest
 from golden.attention import AttentionScales, attention_decode, attention_prefill
 from golden.kv_cache import PagedKVCache, build_cache
 from golden.moe import MoEWeights, moe_layer, topk
-from golden.workloads import generate, get_workload
+from golden.workloads import WorkloadConfig, generate, get_workload
 
 S = AttentionScales(0.02, 0.02, 0.02, 0.02)
 
@@ -86,3 +86,30 @@ def test_moe_bad_inputs():
 def test_unknown_workload_lists_known():
     with pytest.raises(ValueError, match="unknown workload 'llama'.*tiny, gpt-oss, deepseek-r1"):
         get_workload("llama")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kv_heads": 0}, "kv_heads must be an integer >= 1, not 0"),
+        ({"heads": 6.0}, "heads must be an integer >= 1, not 6.0"),
+        ({"head_dim": -4}, "head_dim must be an integer >= 1"),
+        ({"shared_experts": -1}, "shared_experts must be an integer >= 0"),
+        ({"windows": ()}, "windows must list one attention layer or more"),
+        ({"windows": (0, None)}, "each a window >= 1 token or None"),
+        ({"decode_context_lens": ()}, "lists no context"),
+        ({"heads": 5}, "5 heads not a multiple of 2"),
+        ({"top_k": 7}, "top_k 7 outside 1..6"),
+    ],
+)
+def test_impossible_workload_shapes_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        get_workload("tiny", **overrides)
+
+
+def test_a_workload_config_missing_fields_is_refused():
+    fields = get_workload("tiny").to_json()
+    del fields["windows"], fields["ffn"]
+    with pytest.raises(ValueError, match="a workload config lacks ffn, windows"):
+        WorkloadConfig.from_json(fields)
+    assert WorkloadConfig.from_json(get_workload("tiny").to_json()) == get_workload("tiny")
