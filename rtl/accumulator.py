@@ -53,10 +53,14 @@ class AccumulatorMemory(wiring.Component):
             raise ValueError(f"accumulator banks must be a power of two, 1..{depth // 2} "
                              f"(depth {depth}), not {banks!r}")
         for kind, names in (("read port", read_ports), ("writer", writers)):
-            if not names or len(set(names)) != len(names) or not all(
-                    isinstance(name, str) and name.isidentifier() for name in names):
-                raise ValueError(f"accumulator {kind} names must be unique identifiers, "
-                                 f"not {names!r}")
+            if isinstance(names, str) or not names or len(set(names)) != len(names) \
+                    or not all(isinstance(name, str) and name.isidentifier() for name in names):
+                raise ValueError(f"accumulator {kind} names must be a sequence of unique "
+                                 f"identifiers, not {names!r}")
+        port_members = [f"{name}_{end}" for name in read_ports for end in ("addr", "data")]
+        if clash := sorted(set(port_members) & set(writers)):
+            raise ValueError(f"accumulator writer names {clash} clash with the read ports' "
+                             f"members {port_members}")
         self.n, self.depth, self.banks = n, depth, banks
         self.read_ports, self.writers = tuple(read_ports), tuple(writers)
         members = {}

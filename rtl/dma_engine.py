@@ -8,6 +8,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs
+from rtl.params import check_coord, check_int
 from rtl.scratchpad import Request, Response, failed
 
 __all__ = ["DmaEngine", "NetWord"]
@@ -46,14 +47,14 @@ class DmaEngine(wiring.Component):
 
     def __init__(self, n: int = 8, position: tuple[int, int] | None = (0, 0),
                  addr_bits: int = 16):
+        check_int("n", n, 2, 32, power_of_two=True)
+        check_int("addr_bits", addr_bits, 1, ADDR_BITS)
+        if position is not None:
+            position = check_coord("tile position", position, (8, 8))
         self.n, self.position, self.addr_bits = n, position, addr_bits
         ports = {}
         if position is None:  # the tile's mask bit (y * 8 + x) arrives on a port
             ports["mask_bit"] = In(range(TILE_MASK_BITS))
-        else:
-            x, y = position
-            if not (0 <= x < 8 and 0 <= y < 8):
-                raise ValueError(f"tile position must be within 8 x 8, not {position}")
         super().__init__({**ports,
             "cmd": In(stream.Signature(DmaArgs())),
             "done": Out(stream.Signature(SIGNAL)),

@@ -10,7 +10,8 @@ from amaranth.utils import ceil_log2
 
 from golden.numerics import NUMERICS
 from rtl.accumulator import AccWrite, Entry
-from rtl.isa import ACC_ADDR_BITS, SIGNAL, GemmArgs
+from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, SIGNAL, GemmArgs
+from rtl.params import check_int
 from rtl.scratchpad import Request, Response, failed
 from rtl.tensor_core import OperandBeat, TensorCore
 
@@ -69,6 +70,8 @@ class OperandStreamer(wiring.Component):
     IN_FLIGHT = 16
 
     def __init__(self, n: int, addr_bits: int = 16, limbs: bool = False):
+        check_int("n", n, 2, 32, power_of_two=True)
+        check_int("addr_bits", addr_bits, 1, ADDR_BITS)
         self.n, self.addr_bits, self.limbs = n, addr_bits, limbs
         #: Width of a beat's value.
         self.bits = NUMERICS.joined_operand_bits if limbs else NUMERICS.operand_bits
@@ -334,14 +337,10 @@ class GemmEngine(wiring.Component):
     """
 
     def __init__(self, n: int = 8, acc_depth: int = 256, addr_bits: int = 16, queue: int = 4):
-        if n not in (2, 4, 8, 16, 32):
-            raise ValueError(f"GEMM engine size must be a power of two from 2 to 32, not {n}")
-        if not isinstance(queue, int) or not 1 <= queue <= 64:
-            raise ValueError(f"queue must be 1..64 commands, not {queue!r}")
-        self.queue = queue
-        if not 2 <= acc_depth <= 1 << ACC_ADDR_BITS or acc_depth & (acc_depth - 1):
-            raise ValueError(f"acc_depth must be a power of two, 2..{1 << ACC_ADDR_BITS}, "
-                             f"not {acc_depth}")
+        check_int("GEMM engine size", n, 2, 32, power_of_two=True)
+        self.queue = check_int("queue", queue, 1, 64)
+        check_int("acc_depth", acc_depth, 2, 1 << ACC_ADDR_BITS, power_of_two=True)
+        check_int("addr_bits", addr_bits, 1, ADDR_BITS)
         self.n, self.acc_depth, self.addr_bits = n, acc_depth, addr_bits
         super().__init__({
             "cmd": In(stream.Signature(GemmArgs())),

@@ -21,6 +21,7 @@ from rtl.isa import (
     VecArgs,
     VecDst,
 )
+from rtl.params import check_grid, check_int
 
 __all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
 
@@ -102,20 +103,13 @@ class Sequencer(wiring.Component):
     def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
                  acc_depth: int = 256, slots: int = 8,
                  mesh: tuple[int, int] = (2, 2), program_depth: int = 256):
-        if array_size not in (2, 4, 8, 16, 32):
-            raise ValueError(f"array size must be a power of two from 2 to 32, not {array_size}")
-        if not 1 <= scratchpad_words <= 1 << 16:
-            raise ValueError(f"scratchpad_words must be 1..65536, not {scratchpad_words}")
-        if not 1 <= acc_depth <= 1 << ACC_ADDR_BITS:
-            raise ValueError(f"acc_depth must be 1..{1 << ACC_ADDR_BITS}, not {acc_depth}")
-        if not 1 <= slots <= 64:
-            raise ValueError(f"slots must be 1..64, not {slots}")
-        columns, rows = mesh
-        if not (1 <= columns <= 8 and 1 <= rows <= 8):
-            raise ValueError(f"mesh must be between 1 x 1 and 8 x 8, not {columns} x {rows}")
-        if program_depth < 2 or program_depth & (program_depth - 1) or program_depth > 1 << 16:
-            raise ValueError(f"program_depth must be a power of two, 2..65536, "
-                             f"not {program_depth}")
+        check_int("array size", array_size, 2, 32, power_of_two=True)
+        check_int("scratchpad_words", scratchpad_words, 1, 1 << 16)
+        # The engines' accumulator memory is a power of two deep (rtl.accumulator).
+        check_int("acc_depth", acc_depth, 2, 1 << ACC_ADDR_BITS, power_of_two=True)
+        check_int("slots", slots, 1, 64)
+        columns, rows = check_grid("mesh", mesh, 8)
+        check_int("program_depth", program_depth, 2, 1 << 16, power_of_two=True)
         self.array_size = array_size
         self.scratchpad_words = scratchpad_words
         self.acc_depth, self.slots = acc_depth, slots

@@ -12,6 +12,7 @@ from rtl.accumulator import AccumulatorMemory
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
 from rtl.isa import TILE_MASK_BITS
+from rtl.params import check_coord, check_grid, check_int
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
@@ -76,11 +77,10 @@ class Tile(wiring.Component):
                  sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
                  slots: int = 8, program_depth: int = 4096, fault_injection: bool = False,
                  sim_gating: bool = False):
+        check_int("n", n, 2, 32, power_of_two=True)
+        mesh = check_grid("mesh", mesh, 8)
         if position is not None:
-            x, y = position
-            if not (0 <= x < mesh[0] and 0 <= y < mesh[1]):
-                raise ValueError(f"tile position {position} is outside the {mesh[0]} x "
-                                 f"{mesh[1]} mesh")
+            position = check_coord("tile position", position, mesh)
         self.n, self.position, self.mesh = n, position, mesh
         self.scratchpad = Scratchpad(
             banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "host", "kv"),

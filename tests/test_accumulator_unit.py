@@ -82,3 +82,15 @@ def test_banked_writers_lose_nothing_and_pass_each_other(banks, seed):
 def test_impossible_bank_counts_are_refused(banks):
     with pytest.raises(ValueError, match="banks"):
         AccumulatorMemory(N, DEPTH, banks=banks)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n": 1}, "lane count must be 2..32"),
+    ({"depth": 100}, "depth must be a power of two"),
+    ({"read_ports": "rd"}, "read port names must be a sequence"),
+    ({"writers": ("w", "w")}, "writer names must be a sequence of unique"),
+    ({"read_ports": ("r",), "writers": ("r_addr",)}, "clash with the read ports"),
+])
+def test_impossible_accumulators_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AccumulatorMemory(**kwargs)

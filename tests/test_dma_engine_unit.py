@@ -107,5 +107,17 @@ def test_local_copy_and_remote_words(seed):
 
 
 def test_position_outside_the_mesh_is_refused():
-    with pytest.raises(ValueError, match="within 8 x 8"):
+    with pytest.raises(ValueError, match="outside the 8 x 8 mesh"):
         DmaEngine(8, position=(8, 0))
+    with pytest.raises(ValueError, match="outside the 8 x 8 mesh"):
+        DmaEngine(8, position=(0.5, 0))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n": 3}, "n must be a power of two"),
+    ({"n": 8.0}, "n must be a power of two"),
+    ({"addr_bits": 0}, "addr_bits must be an integer in \\[1, 16\\]"),
+])
+def test_impossible_parameters_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DmaEngine(**kwargs)

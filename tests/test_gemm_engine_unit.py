@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 
 from golden.gemm import wrap
 from rtl.accumulator import AccumulatorMemory
-from rtl.gemm_engine import GemmEngine
+from rtl.gemm_engine import GemmEngine, OperandStreamer
 from tb.runner import run_amaranth
 
 LANE = 48
@@ -274,3 +274,9 @@ def test_impossible_parameters_are_refused():
         GemmEngine(8, acc_depth=100)
     with pytest.raises(ValueError, match="queue"):
         GemmEngine(8, queue=0)
+    with pytest.raises(ValueError, match="addr_bits"):
+        GemmEngine(8, addr_bits=100)
+    with pytest.raises(ValueError, match="power of two"):
+        GemmEngine(8.0)
+    with pytest.raises(ValueError, match="addr_bits"):
+        OperandStreamer(8, addr_bits=0)

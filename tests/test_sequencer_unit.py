@@ -291,6 +291,10 @@ def test_running_off_the_end_of_the_program_is_an_error():
         ({"program_depth": 100}, "power of two"),
         ({"acc_depth": 2048}, "acc_depth"),
         ({"slots": 0}, "slots"),
+        ({"acc_depth": 3}, "acc_depth must be a power of two"),
+        ({"slots": 2.5}, "slots must be an integer"),
+        ({"mesh": (2,)}, "mesh must be \\(columns, rows\\)"),
+        ({"program_depth": 256.0}, "program_depth must be a power of two"),
     ],
 )
 def test_impossible_parameters_are_refused(kwargs, message):

@@ -43,3 +43,17 @@ def test_gpt_oss_prefill_then_decode_at_1030_tokens():
                                 context=1030, steps=1, idle=0.2, stall=0.2)
     phases = [(p["phase"], p["context"]) for p in result["phases"]]
     assert phases == [("prefill", 24), ("decode", 1031)]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n": 0}, "n must be a power of two in \\[2, 32\\], not 0"),
+    ({"n": 3}, "n must be a power of two"),
+    ({"mesh": (2,)}, "mesh must be \\(columns, rows\\)"),
+    ({"mesh": (2, 2), "position": (2, 0)}, "tile position \\(2, 0\\) is outside the 2 x 2"),
+    ({"mesh": (2, 2), "position": (1.5, 0)}, "is outside the 2 x 2 mesh"),
+])
+def test_impossible_tiles_are_refused(kwargs, message):
+    from rtl.tile import Tile
+
+    with pytest.raises(ValueError, match=message):
+        Tile(**kwargs)
