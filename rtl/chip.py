@@ -18,6 +18,7 @@ from amaranth.utils import ceil_log2
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface, check_max_packet, payload_bits
 from rtl.noc import DEFAULT_DEPTH, MIN_K, NocConfig
+from rtl.params import check_bool
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
 
@@ -81,7 +82,7 @@ class Chip(wiring.Component):
         for key in ("position", "mesh"):
             if key in tile:
                 raise ValueError(f"the chip places its tiles itself: drop {key!r}")
-        self.k, self.shared_tile = k, shared_tile
+        self.k, self.shared_tile = k, check_bool("shared_tile", shared_tile)
         if shared_tile:
             self.tile_design = Tile(position=None, mesh=(k, k), **tile)
             self.tiles = [self.tile_design.signature.create(path=(f"tile_{x}_{y}",))

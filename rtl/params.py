@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-__all__ = ["check_coord", "check_grid", "check_int"]
+__all__ = ["check_bool", "check_coord", "check_grid", "check_int"]
 
 
 def _is_int(value) -> bool:
@@ -21,6 +21,13 @@ def check_int(name: str, value, low: int, high: int, *, power_of_two: bool = Fal
             or (power_of_two and value & (value - 1)):
         kind = "a power of two" if power_of_two else "an integer"
         raise ValueError(f"{name} must be {kind} in [{low}, {high}], not {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` if it is a bool (a flag given as a string or a number is a mistake)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
     return value
 
 

@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 from golden.ecc import Secded
 from golden.numerics import NUMERICS
 from rtl import _ecc
+from rtl.params import check_bool
 
 __all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status", "failed"]
 
@@ -256,7 +257,8 @@ class Scratchpad(wiring.Component):
         self.page_size, self.token_words, self.num_pages = page_size, token_words, num_pages
         self.sequences, self.max_pages = sequences, max_pages
         self.kv_base, self.kv_words, self.words = kv_base, kv_words, words
-        self.addr_bits, self.fault_injection = addr_bits, fault_injection
+        self.addr_bits = addr_bits
+        self.fault_injection = check_bool("fault_injection", fault_injection)
         #: Tokens a sequence can hold (its block-table row full).
         self.capacity = max_pages * page_size
         self.code = Secded(word_bits)

@@ -12,7 +12,7 @@ from rtl.accumulator import AccumulatorMemory
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
 from rtl.isa import TILE_MASK_BITS
-from rtl.params import check_coord, check_grid, check_int
+from rtl.params import check_bool, check_coord, check_grid, check_int
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.simgate import add_gated
@@ -92,7 +92,7 @@ class Tile(wiring.Component):
                                    acc_depth=acc_depth, slots=slots, mesh=mesh,
                                    program_depth=program_depth)
         self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
-        self.sim_gating = sim_gating
+        self.sim_gating = check_bool("sim_gating", sim_gating)
         pc_bits = ceil_log2(program_depth)
         # Without a position, the tile's mask bit (y * 8 + x) is an input: every tile of
         # a chip is then the same design (rtl.chip builds it once for simulation).

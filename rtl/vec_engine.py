@@ -9,6 +9,7 @@ from amaranth.utils import exact_log2
 
 from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
+from rtl.params import check_bool
 from rtl.scratchpad import Request, Response, failed
 from rtl.simgate import add_gated
 from rtl.vector_unit import VectorOpcode, VectorUnit
@@ -157,7 +158,7 @@ class VecEngine(wiring.Component):
         if not (isinstance(queue, int) and 2 <= queue <= 64):
             raise ValueError(f"queue must be 2..64 commands, not {queue}")
         self.in_flight, self.queue = in_flight, queue
-        self.gate_unit_clock = gate_unit_clock
+        self.gate_unit_clock = check_bool("gate_unit_clock", gate_unit_clock)
         #: The vector unit inside (its parameters are checked here).
         self.unit = VectorUnit(n, slots, max_top_k)
         #: Cycles from taking a command into an idle engine to its done beat, without

@@ -128,6 +128,9 @@ def tile(args: argparse.Namespace) -> int:
     n = args.array
     needed = max(args.prefill, args.context) + args.steps
     try:
+        if needed == 0:
+            raise ValueError("nothing to simulate: give prefill tokens, a context or "
+                             "decode steps")
         config = tile_config(args.workload, n=n, max_context=args.max_context)
         capacity = config.num_pages // config.kv_sequences * config.page_size
         if needed > capacity and args.max_context is None:

@@ -75,6 +75,7 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         (lambda: Chip(1, depth=0), "depth must be an integer in \\[1, 16\\]"),
         (lambda: Chip(1, max_packet=-5), "max_packet must be 1..64"),
         (lambda: Chip(2, tile=5), "tile must be a dict"),
+        (lambda: Chip(1, shared_tile="maybe"), "shared_tile must be True or False"),
         (lambda: chip_config("kimi-k2", k=2), "does not fit the tiles of a 2x2 chip"),
     ],
 )

@@ -118,6 +118,11 @@ def test_tile_refuses_a_layer_the_workload_lacks(capsys):
     assert "layers 0..1" in capsys.readouterr().err
 
 
+def test_tile_refuses_nothing_to_simulate_as_a_usage_error(capsys):
+    assert main(["tile", "--prefill", "0", "--context", "0", "--steps", "0"]) == 2
+    assert "nothing to simulate" in capsys.readouterr().err
+
+
 def test_tile_refuses_a_context_beyond_its_max_context(capsys):
     assert main(["tile", "--workload", "tiny", "--max-context", "16", "--prefill", "4",
                  "--context", "20", "--steps", "1"]) == 2

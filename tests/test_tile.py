@@ -51,6 +51,8 @@ def test_gpt_oss_prefill_then_decode_at_1030_tokens():
     ({"mesh": (2,)}, "mesh must be \\(columns, rows\\)"),
     ({"mesh": (2, 2), "position": (2, 0)}, "tile position \\(2, 0\\) is outside the 2 x 2"),
     ({"mesh": (2, 2), "position": (1.5, 0)}, "is outside the 2 x 2 mesh"),
+    ({"sim_gating": "yes"}, "sim_gating must be True or False"),
+    ({"fault_injection": 1}, "fault_injection must be True or False"),
 ])
 def test_impossible_tiles_are_refused(kwargs, message):
     from rtl.tile import Tile
