@@ -66,14 +66,6 @@ class DmaEngine(wiring.Component):
             "error": Out(1),
         })
 
-    @property
-    def wake(self):
-        """High in every cycle after which the engine's state can change: an instruction
-        in it (responses come only then), one offered, a done or arrival beat not taken.
-        With it low no register changes on the next edge (for
-        :func:`rtl.simgate.add_gated`)."""
-        return self.busy | self.cmd.valid | self.done.valid | self.arrival.valid
-
     def elaborate(self, platform):
         m = Module()
         cmd = Signal(DmaArgs())

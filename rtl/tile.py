@@ -15,7 +15,6 @@ from rtl.isa import TILE_MASK_BITS
 from rtl.params import check_bool, check_coord, check_grid, check_int
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
-from rtl.simgate import add_gated
 from rtl.vec_engine import VecEngine
 
 __all__ = ["Counters", "Tile"]
@@ -67,9 +66,9 @@ class Tile(wiring.Component):
     ``token_words``, ``num_pages``, ``sequences``, ``max_pages``, see
     :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
-    port can flip stored bits, a test hook), ``sim_gating`` (for simulation, never for
-    synthesis: the clocks of the vector engine, its vector unit and the DMA engine stop
-    while each is idle, which Verilator skips; :mod:`rtl.simgate`).
+    port can flip stored bits, a test hook), ``sim_gating`` (for simulation: the vector
+    unit's clock is gated while it is idle, which Verilator skips; see
+    :class:`rtl.vec_engine.VecEngine`).
     """
 
     def __init__(self, *, n: int = 8, position: tuple[int, int] | None = (0, 0),
@@ -122,14 +121,9 @@ class Tile(wiring.Component):
             n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
             writers=("vec", "gemm"), banks=2)
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
-        vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
-                        gate_unit_clock=self.sim_gating)
-        dma = DmaEngine(n, position=self.position)
-        if self.sim_gating:  # each engine's clock stops while it is idle (rtl.simgate)
-            add_gated(m, "vec", vec, vec.wake)
-            add_gated(m, "dma", dma, dma.wake)
-        else:
-            m.submodules.vec, m.submodules.dma = vec, dma
+        m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
+                                                   gate_unit_clock=self.sim_gating)
+        m.submodules.dma = dma = DmaEngine(n, position=self.position)
         if self.position is None:
             m.d.comb += dma.mask_bit.eq(self.mask_bit)
 

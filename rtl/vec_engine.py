@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import (
+    Array,
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -11,7 +23,6 @@ from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
 from rtl.params import check_bool
 from rtl.scratchpad import Request, Response, failed
-from rtl.simgate import add_gated
 from rtl.vector_unit import VectorOpcode, VectorUnit
 
 __all__ = ["VecEngine"]
@@ -182,14 +193,6 @@ class VecEngine(wiring.Component):
         })
         super().__init__(members)
 
-    @property
-    def wake(self):
-        """High in every cycle after which the engine's state can change: an instruction
-        queued, pending or in flight (``busy``, which covers the vector unit's work, the
-        scratchpad acknowledgements and the done beats) or one offered (for
-        :func:`rtl.simgate.add_gated`)."""
-        return self.busy | self.cmd.valid
-
     def elaborate(self, platform):
         m = Module()
         n, log_n = self.n, exact_log2(self.n)
@@ -197,9 +200,18 @@ class VecEngine(wiring.Component):
         unit = self.unit
         if self.gate_unit_clock:
             # For simulation only: the unit's clock ticks only in cycles it can change
-            # (VectorUnit.active, an op offered), so Verilator skips its logic in idle
-            # cycles (rtl.simgate).
-            add_gated(m, "unit", unit, unit.active | unit.ops.valid)
+            # (VectorUnit.active, an op offered, reset), sampled on the falling edge as a
+            # clock gate does; Verilator then skips the unit's logic in idle cycles.
+            # Cycle for cycle the same as the ungated unit; not for synthesis.
+            m.domains.unit = ClockDomain("unit", local=True)
+            m.domains.unit_gate = ClockDomain("unit_gate", clk_edge="neg", reset_less=True,
+                                              local=True)
+            enable = Signal(init=1)
+            m.d.unit_gate += enable.eq(unit.active | unit.ops.valid | ResetSignal())
+            m.d.comb += [ClockSignal("unit_gate").eq(ClockSignal()),
+                         ClockSignal("unit").eq(ClockSignal() & enable),
+                         ResetSignal("unit").eq(ResetSignal())]
+            m.submodules.unit = DomainRenamer("unit")(unit)
         else:
             m.submodules.unit = unit
         ops, results = unit.ops, unit.results
