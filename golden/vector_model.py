@@ -5,7 +5,8 @@
 ``sat``, ``mask``, ``slot``, ``first``) and returns the result beat the hardware must
 produce, keeping the per-slot state as the hardware does: the running total (max or
 sum), the reciprocal's divisor, the top-k list (golden ``topk`` over every
-(value, index) folded into the slot since its ``first``) and the SiLU table.
+(value, index) folded into the slot since its ``first``, in the order folded: ties to
+the earlier beat, then the lower lane) and the SiLU table.
 
 The opcode numbers are defined here (:class:`VectorOpcode`); the RTL enum of the same
 name asserts that it matches. ``opcode`` may be this IntEnum, a plain int, or any enum
@@ -80,14 +81,15 @@ def _signed(x, bits):
 
 
 def top_list(values: list[int], indices: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(values, indices) of golden ``topk`` over a row given as (value, index) pairs, up
-    to k of them (fewer if the row is shorter)."""
-    order = np.argsort(np.asarray(indices, np.int64), kind="stable")
-    row = np.asarray(values, np.int64)[order]
+    """(values, indices) of the k largest of a row given as (value, index) pairs in the
+    order they were folded, largest first, ties to the pair folded first (fewer than k
+    if the row is shorter). When the pairs come in index order, as a row's beats do,
+    this is golden ``topk``: ties to the lower index."""
+    row = np.asarray(values, np.int64)
     if row.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     chosen = topk(row[None, :], min(k, row.size))[0]
-    return row[chosen], np.asarray(indices, np.int64)[order][chosen]
+    return row[chosen], np.asarray(indices, np.int64)[chosen]
 
 
 def opcode_of(value) -> VectorOpcode:

@@ -147,15 +147,16 @@ class VectorUnit(wiring.Component):
     ``attn_sum_bits`` divisor >= 1. MUL/SWIGLU take the low 24 bits of ``a_i``, ``b_i``.
 
     Top-k (MoE routing): each slot also keeps a list of ``max_top_k`` = K entries
-    (value, index), sorted largest value first, ties to the lower index (golden
-    ``topk``). TOPK and TOPK_INDEX fold the enabled lanes of a beat, lane i as
-    (``a_i``, index ``(c + i) mod 2**16``), into it: ``list = top_K(first ? [] :
-    list[slot], lanes)``; a row of E logits is ``ceil(E / n)`` beats with ``c`` = the
-    beat's first index, ``first`` on the first. ``data_i`` (i < K) is entry i of the new
-    list: its value for TOPK (0 if the entry is empty), its index for TOPK_INDEX (-1 if
-    empty); lanes i >= K are 0. A TOPK_INDEX with ``mask = 0`` reads the list without
-    changing it. Entry j of the list is entry j of golden ``topk`` for any k <= K, so one
-    unit serves every ``top_k`` up to K. Indices must be distinct within a row.
+    (value, index), sorted largest value first (golden ``topk``). TOPK and TOPK_INDEX
+    fold the enabled lanes of a beat, lane i as (``a_i``, index ``(c + i) mod 2**16``),
+    into it: ``list = top_K(first ? [] : list[slot], lanes)``; a row of E logits is
+    ``ceil(E / n)`` beats with ``c`` = the beat's first index, ``first`` on the first.
+    ``data_i`` (i < K) is entry i of the new list: its value for TOPK (0 if the entry is
+    empty), its index for TOPK_INDEX (-1 if empty); lanes i >= K are 0. A TOPK_INDEX
+    with ``mask = 0`` reads the list without changing it. Ties go to the entry folded
+    first (the earlier beat, then the lower lane), so for a row folded in index order,
+    entry j of the list is entry j of golden ``topk`` for any k <= K, and one unit
+    serves every ``top_k`` up to K.
 
     Parameters
     ----------
@@ -176,10 +177,13 @@ class VectorUnit(wiring.Component):
       pipeline never stalls.
     - A result is valid on ``results`` ``latency`` cycles after its op was taken (when the
       FIFO is empty); ``latency`` = 8 + ceil(log2(n) / 2) + 1.
-    - TOPK/TOPK_INDEX run at one op per cycle with the same latency, any slot order:
-      the beat is sorted in two pipeline stages (pairwise compares, then rank select)
-      beside the lane datapath; only the merge with the slot's list (K x min(n, K)
-      compares and a one-hot select) is in the single-cycle list update.
+    - TOPK/TOPK_INDEX have the same latency. The beat is sorted in two pipeline stages
+      beside the lane datapath (pairwise compares, then rank select); its merge with the
+      slot's list takes two more (K x min(n, K) compares, then a one-hot select into
+      the list), so a top-k beat that reads its slot's list (not ``first``) is not taken
+      in the cycle right after a top-k beat on the same slot: one op per cycle when the
+      rows of consecutive beats are on different slots, one per two cycles along one
+      row.
     """
 
     def __init__(self, n: int = 8, slots: int = 4, max_top_k: int | None = None):
@@ -235,12 +239,23 @@ class VectorUnit(wiring.Component):
             width=VectorResult(n).size, depth=self.result_depth + 1)
         credits = Signal(range(self.result_depth + 1), init=self.result_depth)
         recip_busy = Signal()
+        topk_wait = Signal()
         take = Signal()
         m.d.comb += [
-            self.ops.ready.eq((credits != 0) & ~(recip_busy & (self.ops.payload.opcode
-                                                               == VectorOpcode.DIV))),
+            self.ops.ready.eq((credits != 0) & ~topk_wait & ~(
+                recip_busy & (self.ops.payload.opcode == VectorOpcode.DIV))),
             take.eq(self.ops.valid & self.ops.ready),
         ]
+        # A top-k beat that reads its slot's list (not ``first``) is not taken in the
+        # cycle after a top-k beat on the same slot: the merge compares with the list one
+        # stage before that earlier beat writes it.
+        offered = self.ops.payload
+        offered_topk = (offered.opcode == VectorOpcode.TOPK) | (offered.opcode
+                                                                  == VectorOpcode.TOPK_INDEX)
+        last_topk = _reg(m, take & offered_topk, "topk_last")
+        last_topk_slot = _reg(m, offered.slot, "topk_last_slot")
+        m.d.comb += topk_wait.eq(last_topk & offered_topk & ~offered.first
+                                 & (offered.slot == last_topk_slot))
         popped = self.results.valid & self.results.ready
         m.d.sync += credits.eq(credits - take + popped)
 
@@ -411,9 +426,9 @@ class VectorUnit(wiring.Component):
 
         # --- top-k, beside stages 5 and 6: sort the beat's lanes (largest first) ------
         # An entry is (valid, value, index); the order is valid first, then larger value,
-        # then lower index. Lane i carries index c + i, so between lanes "lower index" is
-        # "lower lane". Stage 5: pairwise compares; stage 6: each lane's rank, and the
-        # lanes of rank r < M placed in position r (ranks are distinct: a total order).
+        # then the entry folded first: within a beat, the lower lane. Stage 5: pairwise
+        # compares; stage 6: each lane's rank, and the lanes of rank r < M placed in
+        # position r (ranks are distinct: a total order).
         k_list, idx_bits = self.max_top_k, TOPK_INDEX_BITS
         m_beat = min(n, k_list)
         lane_val = [_reg(m, p4.a[i], f"topk_val5_{i}") for i in range(n)]
@@ -487,6 +502,31 @@ class VectorUnit(wiring.Component):
         m.d.comb += is_max.eq((p6.opcode == VectorOpcode.MAX) | (p6.opcode == VectorOpcode.LOGIT))
         lowest = -(1 << (LANE_BITS - 1))
         level = [Mux(p6.mask[i], lanes6[i], Mux(is_max, lowest, 0)) for i in range(n)]
+        # --- top-k: the slot's list L (K entries), compared with the sorted beat B ------
+        # before[i][j] = B_j sorts before L_i: valid, and a larger value (on equal values
+        # the list's entry came first). Computed with the last tree stage, one cycle before
+        # the list update (the intake keeps a same-slot top-k beat a cycle away), and
+        # registered with the slot's list as read then.
+        list_val = [[Signal(lane, name=f"topk_val_slot{s}_{e}") for e in range(k_list)]
+                    for s in range(self.slots)]
+        list_idx = [[Signal(unsigned(idx_bits), name=f"topk_idx_slot{s}_{e}")
+                     for e in range(k_list)] for s in range(self.slots)]
+        list_ok = [[Signal(name=f"topk_ok_slot{s}_{e}") for e in range(k_list)]
+                   for s in range(self.slots)]
+
+        def merge_compares(p, beat_val, beat_ok):
+            old = []
+            for e in range(k_list):
+                val = Array(list_val[s][e] for s in range(self.slots))[p.slot]
+                idx = Array(list_idx[s][e] for s in range(self.slots))[p.slot]
+                ok = Array(list_ok[s][e] for s in range(self.slots))[p.slot] & ~p.first
+                old.append((val, idx, ok))
+            before = [[_reg(m, beat_ok[j] & (~ok | (beat_val[j] > val)), f"topk_before{i}_{j}")
+                       for j in range(m_beat)] for i, (val, _, ok) in enumerate(old)]
+            return before, ([_reg(m, val, f"topk_old_val{e}") for e, (val, _, _) in enumerate(old)],
+                            [_reg(m, idx, f"topk_old_idx{e}") for e, (_, idx, _) in enumerate(old)],
+                            [_reg(m, ok, f"topk_old_ok{e}") for e, (_, _, ok) in enumerate(old)])
+
         p_t, v_t, data_t, max_t = p6, v6, lanes6, is_max
         depth = 0
         while len(level) > 1:
@@ -500,6 +540,8 @@ class VectorUnit(wiring.Component):
             depth += 1
             if depth % 2 == 0 or len(level) == 1:
                 stage = f"t{depth}"
+                if len(level) == 1:
+                    before, (old_val, old_idx, old_ok) = merge_compares(p_t, sorted_val, sorted_ok)
                 level = [_reg(m, x, f"fold{stage}_{j}", shape=lane) for j, x in enumerate(level)]
                 p_t, v_t = carry(p_t, v_t, stage)
                 data_t = [_reg(m, x, f"data{stage}_{j}") for j, x in enumerate(data_t)]
@@ -528,29 +570,10 @@ class VectorUnit(wiring.Component):
                 m.d.sync += totals[s].eq(new_total)
 
         # --- top-k: merge the sorted beat B (M entries) into the slot's list L (K) ---
-        # c[i][j] = B_j sorts before L_i. Both lists are sorted, so c is monotone in i and
-        # j, and an entry's rank in the union is its position plus the number of entries
-        # of the other list before it: L_i lands at r = i + #{j: c[i][j]}, B_j at
-        # r = j + #{i: not c[i][j]}. Position r < K takes the one entry of rank r.
-        list_val = [[Signal(lane, name=f"topk_val_slot{s}_{e}") for e in range(k_list)]
-                    for s in range(self.slots)]
-        list_idx = [[Signal(unsigned(idx_bits), name=f"topk_idx_slot{s}_{e}")
-                     for e in range(k_list)] for s in range(self.slots)]
-        list_ok = [[Signal(name=f"topk_ok_slot{s}_{e}") for e in range(k_list)]
-                   for s in range(self.slots)]
-        old_val, old_idx, old_ok = [], [], []
-        for e in range(k_list):
-            old_val.append(Array(list_val[s][e] for s in range(self.slots))[p_t.slot])
-            old_idx.append(Array(list_idx[s][e] for s in range(self.slots))[p_t.slot])
-            old_ok.append(Array(list_ok[s][e] for s in range(self.slots))[p_t.slot]
-                          & ~p_t.first)
-        before = [[Signal(name=f"topk_before{i}_{j}") for j in range(m_beat)]
-                  for i in range(k_list)]
-        for i in range(k_list):
-            for j in range(m_beat):
-                bv, lv = sorted_val[j], old_val[i]
-                m.d.comb += before[i][j].eq(sorted_ok[j] & (
-                    ~old_ok[i] | (bv > lv) | ((bv == lv) & (sorted_idx[j] < old_idx[i]))))
+        # Both lists are sorted, so before[i][j] is monotone in i and j, and an entry's
+        # rank in the union is its position plus the number of entries of the other list
+        # before it: L_i lands at r = i + #{j: before[i][j]}, B_j at r = j + #{i: not
+        # before[i][j]}. Position r < K takes the one entry of rank r.
         new_val, new_idx, new_ok = [], [], []
         for r in range(k_list):
             val, idx, ok = Const(0, unsigned(LANE_BITS)), Const(0, unsigned(idx_bits)), Const(0)

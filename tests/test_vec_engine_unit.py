@@ -252,7 +252,7 @@ def _operands(rng, code, rows, beats, n):
         a = rng.integers(-128, 128, shape)
         c = rng.integers(0, 256, rows)
         extra = {"mult": mult, "shift": int(rng.integers(8, 40)), "sat": 1}
-    else:  # TOPK, TOPK_INDEX: one beat per row (indices c + i distinct within the row)
+    else:  # TOPK, TOPK_INDEX: one beat per row
         spread = int(rng.choice([3, 1 << 31, 1 << 47]))
         a = rng.integers(-spread, spread, shape)
         c = rng.integers(0, 1000, rows)

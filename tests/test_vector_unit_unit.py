@@ -11,7 +11,7 @@ from golden.numerics import NUMERICS
 from rtl.vector_unit import VectorOpcode as OP
 from rtl.vector_unit import VectorResult, VectorUnit
 from tb.runner import run_amaranth
-from tb.vector_unit_tb import beat, build_program, check, expected_results, pack, unpack
+from tb.vector_unit_tb import beat, build_program, check, expected_results, pack, topk_waits, unpack
 
 
 def simulate(n, slots, program, *, stall_every=0, idle_every=0, max_top_k=None):
@@ -78,12 +78,15 @@ def test_softmax_rows(kind):
 
 
 def test_full_rate_and_latency():
-    """Back-to-back ops (no RECIP) flow one per cycle; the first result after `latency`."""
+    """Back-to-back ops (no RECIP) flow one per cycle but for the top-k waits; the first
+    result after `latency`."""
     program, _, _ = build_program("random", 4, 1, seed=5, count=60)
     program = [op for op in program if op["opcode"].name != "RECIP"]
+    waits = topk_waits(program)
+    assert waits > 0
     data, total, cycles, dut = simulate(4, 1, program)
     check(data, total, program, 4, 1)
-    assert cycles <= len(program) + dut.latency + 2, (cycles, len(program), dut.latency)
+    assert cycles <= len(program) + waits + dut.latency + 2, (cycles, len(program), waits)
 
 
 def test_recips_pipeline_and_a_div_waits_for_them():
@@ -115,7 +118,8 @@ def test_topk_rows_against_golden(n):
 
 
 def test_topk_back_to_back_same_slot():
-    """TOPK beats of one slot on consecutive cycles, all ties: one op per cycle, exact."""
+    """TOPK beats of one slot back to back, all ties: exact, ties to the earlier beat,
+    and each beat that reads the list waits one cycle behind the previous one."""
     n = 4
     program = [beat(OP.TOPK, n, a=[5] * n, c=n * i, first=i == 0) for i in range(12)]
     program += [beat(OP.TOPK_INDEX, n, mask=0), beat(OP.TOPK, n, a=[9, 1, 9, 2], c=100,
@@ -124,7 +128,34 @@ def test_topk_back_to_back_same_slot():
     check(data, total, program, n, 1)
     assert data[12].tolist() == [0, 1, 2, 3]  # ties: the lowest indices
     assert data[13].tolist() == [9, 9, 5, 5]  # lane 3 masked out
+    waits = topk_waits(program)
+    assert waits == len(program) - 1
+    assert len(program) + waits + dut.latency - 2 <= cycles <= len(program) + waits + \
+        dut.latency + 2, (cycles, waits, dut.latency)
+
+
+def test_topk_rows_interleaved_over_slots_run_one_per_cycle():
+    """Rows on different slots, beats interleaved: no top-k wait, one op per cycle."""
+    n, slots = 4, 2
+    rng = np.random.default_rng(4)
+    program = [beat(OP.TOPK, n, a=rng.integers(-9, 9, n), c=n * i, slot=s, first=i == 0)
+               for i in range(6) for s in range(slots)]
+    program += [beat(OP.TOPK_INDEX, n, mask=0, slot=s) for s in range(slots)]
+    assert topk_waits(program) == 0
+    data, total, cycles, dut = simulate(n, slots, program)
+    check(data, total, program, n, slots)
     assert cycles <= len(program) + dut.latency + 2, (cycles, dut.latency)
+
+
+def test_topk_ties_go_to_the_beat_folded_first():
+    """A row's beats in any index order: ties go to the earlier beat, as golden's model."""
+    n = 4
+    program = [beat(OP.TOPK, n, a=[7, 3, 7, 1], c=40, first=1),
+               beat(OP.TOPK, n, a=[7, 9, 2, 7], c=0),
+               beat(OP.TOPK_INDEX, n, mask=0)]
+    data, total, _, _ = simulate(n, 1, program)
+    check(data, total, program, n, 1)
+    assert data[2].tolist() == [1, 40, 42, 0]
 
 
 def test_topk_empty_entries():
