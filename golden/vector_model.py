@@ -4,8 +4,8 @@
 ``rtl.vector_unit.VectorOp``: ``opcode``, ``a``, ``b``, ``c``, ``mult``, ``shift``,
 ``sat``, ``mask``, ``slot``, ``first``) and returns the result beat the hardware must
 produce, keeping the per-slot state as the hardware does: the running total (max or
-sum), the reciprocal's divisor, the top-k list (golden ``topk`` over every
-(value, index) folded into the slot since its ``first``, in the order folded: ties to
+sum) and the reciprocal's divisor per slot, the unit's one top-k list (golden ``topk``
+over every (value, index) folded since the last ``first``, in the order folded: ties to
 the earlier beat, then the lower lane) and the SiLU table.
 
 The opcode numbers are defined here (:class:`VectorOpcode`); the RTL enum of the same
@@ -100,15 +100,15 @@ def opcode_of(value) -> VectorOpcode:
 class VectorUnitModel:
     """The vector unit's results, one op beat at a time, with its slot state.
 
-    ``n`` lanes, ``slots`` slots, top-k lists of ``max_top_k`` entries (default
+    ``n`` lanes, ``slots`` slots, one top-k list of ``max_top_k`` entries (default
     ``min(n, 8)``). State at construction = the hardware's after reset: totals 0,
-    divisors 1, empty top-k lists, a SiLU table of zeros.
+    divisors 1, an empty top-k list, a SiLU table of zeros.
     """
 
     def __init__(self, n: int, slots: int, max_top_k: int | None = None):
         self.n, self.slots = n, slots
         self.max_top_k = default_max_top_k(n) if max_top_k is None else max_top_k
-        self.rows = [([], []) for _ in range(slots)]  # top-k: every (value, index) since first
+        self.row = ([], [])  # top-k: every (value, index) folded since the last first
         self.totals = np.zeros(slots, np.int64)
         self.recip_l = np.ones(slots, np.int64)
         self.table = np.zeros(256, np.int64)
@@ -155,11 +155,11 @@ class VectorUnitModel:
         data = np.where(enabled, _signed(data, LANE_BITS), 0)
         if code in (OP.TOPK, OP.TOPK_INDEX):
             if op["first"]:
-                self.rows[slot] = ([], [])
+                self.row = ([], [])
             for i in np.flatnonzero(enabled):
-                self.rows[slot][0].append(int(a[i]))
-                self.rows[slot][1].append((c + int(i)) % (1 << TOPK_INDEX_BITS))
-            values, indices = top_list(*self.rows[slot], self.max_top_k)
+                self.row[0].append(int(a[i]))
+                self.row[1].append((c + int(i)) % (1 << TOPK_INDEX_BITS))
+            values, indices = top_list(*self.row, self.max_top_k)
             data = np.zeros(n, np.int64)
             data[:self.max_top_k] = 0 if code == OP.TOPK else -1
             data[: values.size] = values if code == OP.TOPK else indices

@@ -93,13 +93,14 @@ class VecEngine(wiring.Component):
       unfinished there is nothing to check and the command starts at once.
       Write-after-read and write-after-write need no check: every read of an earlier
       instruction is issued before any beat of a later one, and writes are in order.
-    - The vector unit's slot state (running max and sums, 1/l, top-k lists, the SiLU
-      table) needs none either: the unit processes ops strictly in order and each piece
-      of state is read and updated at one pipeline stage (totals and top-k lists in the
-      last stage, the SiLU table at stage 0, which its read addresses too), so an op
-      sees every earlier op's update exactly as consecutive beats of one row already
-      do; the reciprocal is the exception and the unit interlocks it (no DIV is taken
-      while a RECIP is in its pipeline).
+    - The vector unit's state (running max and sums, 1/l, the top-k list, the SiLU
+      table) needs none either: the unit processes ops strictly in order and most
+      state is read and updated at one pipeline stage (totals in the last stage, the
+      SiLU table at stage 0, which its read addresses too), so an op sees every earlier
+      op's update exactly as consecutive beats of one row already do; the reciprocal
+      and the top-k list are the exceptions, and the unit interlocks them (no DIV is
+      taken while a RECIP is in its pipeline; a list-reading top-k beat waits a cycle
+      right after another).
     - Inside an instruction, operands are read about ``unit.latency`` beats before
       their results are written: a beat must not read what an earlier beat of the same
       instruction writes, and a TILE destination must not overlap the total entries

@@ -134,7 +134,7 @@ class VectorUnit(wiring.Component):
     SILU       ``SILU[a_i + 128]`` (int8 table)                                 kept
     SWIGLU     as MUL with ``SILU[a_i + 128]`` for ``a_i``                      kept
     SILU_LOAD  0; writes ``SILU[c & 255] = a_0`` (int8)                         kept
-    TOPK       folds (a_i, index c + i) into the slot's top-k list; value of entry i kept
+    TOPK       folds (a_i, index c + i) into the top-k list; value of entry i      kept
     TOPK_INDEX folds as TOPK; index of entry i (-1 if empty)                      kept
     ========== ============================================================== ===========
 
@@ -146,11 +146,13 @@ class VectorUnit(wiring.Component):
     ``c - a_i`` to 0 (golden refuses it). DIV and RECIP read ``c`` as an unsigned
     ``attn_sum_bits`` divisor >= 1. MUL/SWIGLU take the low 24 bits of ``a_i``, ``b_i``.
 
-    Top-k (MoE routing): each slot also keeps a list of ``max_top_k`` = K entries
-    (value, index), sorted largest value first (golden ``topk``). TOPK and TOPK_INDEX
-    fold the enabled lanes of a beat, lane i as (``a_i``, index ``(c + i) mod 2**16``),
-    into it: ``list = top_K(first ? [] : list[slot], lanes)``; a row of E logits is
-    ``ceil(E / n)`` beats with ``c`` = the beat's first index, ``first`` on the first.
+    Top-k (MoE routing): the unit keeps one list of ``max_top_k`` = K entries (value,
+    index), sorted largest value first (golden ``topk``); ``slot`` plays no part in it.
+    TOPK and TOPK_INDEX fold the enabled lanes of a beat, lane i as (``a_i``, index
+    ``(c + i) mod 2**16``), into it: ``list = top_K(first ? [] : list, lanes)``; a row
+    of E logits is ``ceil(E / n)`` consecutive top-k beats with ``c`` = the beat's first
+    index, ``first`` on the first (rows are routed one after another, as the vector
+    engine issues them: one list serves them all).
     ``data_i`` (i < K) is entry i of the new list: its value for TOPK (0 if the entry is
     empty), its index for TOPK_INDEX (-1 if empty); lanes i >= K are 0. A TOPK_INDEX
     with ``mask = 0`` reads the list without changing it. Ties go to the entry folded
@@ -165,8 +167,8 @@ class VectorUnit(wiring.Component):
     slots : int
         Reduction/reciprocal registers (rows in flight), 1 to 64 (default 4).
     max_top_k : int
-        Top-k list length K per slot, 1 to ``n`` (default ``min(n, 8)``): the largest
-        ``top_k`` the unit can route. The merge is K x min(n, K) comparators.
+        Top-k list length K, 1 to ``n`` (default ``min(n, 8)``): the largest ``top_k``
+        the unit can route. The merge is K x min(n, K) comparators.
 
     Latency and throughput
     ----------------------
@@ -179,11 +181,10 @@ class VectorUnit(wiring.Component):
       FIFO is empty); ``latency`` = 8 + ceil(log2(n) / 2) + 1.
     - TOPK/TOPK_INDEX have the same latency. The beat is sorted in two pipeline stages
       beside the lane datapath (pairwise compares, then rank select); its merge with the
-      slot's list takes two more (K x min(n, K) compares, then a one-hot select into
-      the list), so a top-k beat that reads its slot's list (not ``first``) is not taken
-      in the cycle right after a top-k beat on the same slot: one op per cycle when the
-      rows of consecutive beats are on different slots, one per two cycles along one
-      row.
+      list takes two more (K x min(n, K) compares, then a one-hot select into the
+      list), so a top-k beat that reads the list (not ``first``) is not taken in the
+      cycle right after another top-k beat: a row of one beat per cycle, a longer row
+      at one beat per two cycles.
     """
 
     def __init__(self, n: int = 8, slots: int = 4, max_top_k: int | None = None):
@@ -198,7 +199,7 @@ class VectorUnit(wiring.Component):
                 raise ValueError(
                     f"vector unit {name} must be between {low} and {high}, not {value}")
         self.n, self.slots = n, slots
-        #: Top-k list length per slot: the largest ``top_k`` this unit can route.
+        #: Top-k list length: the largest ``top_k`` this unit can route.
         self.max_top_k = max_top_k
         levels = (n - 1).bit_length()
         #: Pipeline stages of the lane-reduction tree (a register every two adder levels).
@@ -246,16 +247,14 @@ class VectorUnit(wiring.Component):
                 recip_busy & (self.ops.payload.opcode == VectorOpcode.DIV))),
             take.eq(self.ops.valid & self.ops.ready),
         ]
-        # A top-k beat that reads its slot's list (not ``first``) is not taken in the
-        # cycle after a top-k beat on the same slot: the merge compares with the list one
-        # stage before that earlier beat writes it.
+        # A top-k beat that reads the list (not ``first``) is not taken in the cycle
+        # after a top-k beat: the merge compares with the list one stage before that
+        # earlier beat writes it.
         offered = self.ops.payload
         offered_topk = (offered.opcode == VectorOpcode.TOPK) | (offered.opcode
                                                                   == VectorOpcode.TOPK_INDEX)
         last_topk = _reg(m, take & offered_topk, "topk_last")
-        last_topk_slot = _reg(m, offered.slot, "topk_last_slot")
-        m.d.comb += topk_wait.eq(last_topk & offered_topk & ~offered.first
-                                 & (offered.slot == last_topk_slot))
+        m.d.comb += topk_wait.eq(last_topk & offered_topk & ~offered.first)
         popped = self.results.valid & self.results.ready
         m.d.sync += credits.eq(credits - take + popped)
 
@@ -502,25 +501,17 @@ class VectorUnit(wiring.Component):
         m.d.comb += is_max.eq((p6.opcode == VectorOpcode.MAX) | (p6.opcode == VectorOpcode.LOGIT))
         lowest = -(1 << (LANE_BITS - 1))
         level = [Mux(p6.mask[i], lanes6[i], Mux(is_max, lowest, 0)) for i in range(n)]
-        # --- top-k: the slot's list L (K entries), compared with the sorted beat B ------
+        # --- top-k: the list L (K entries), compared with the sorted beat B ------------
         # before[i][j] = B_j sorts before L_i: valid, and a larger value (on equal values
         # the list's entry came first). Computed with the last tree stage, one cycle before
-        # the list update (the intake keeps a same-slot top-k beat a cycle away), and
-        # registered with the slot's list as read then.
-        list_val = [[Signal(lane, name=f"topk_val_slot{s}_{e}") for e in range(k_list)]
-                    for s in range(self.slots)]
-        list_idx = [[Signal(unsigned(idx_bits), name=f"topk_idx_slot{s}_{e}")
-                     for e in range(k_list)] for s in range(self.slots)]
-        list_ok = [[Signal(name=f"topk_ok_slot{s}_{e}") for e in range(k_list)]
-                   for s in range(self.slots)]
+        # the list update (the intake keeps a list-reading top-k beat a cycle behind the
+        # previous top-k beat), and registered with the list as read then.
+        list_val = [Signal(lane, name=f"topk_val{e}") for e in range(k_list)]
+        list_idx = [Signal(unsigned(idx_bits), name=f"topk_idx{e}") for e in range(k_list)]
+        list_ok = [Signal(name=f"topk_ok{e}") for e in range(k_list)]
 
         def merge_compares(p, beat_val, beat_ok):
-            old = []
-            for e in range(k_list):
-                val = Array(list_val[s][e] for s in range(self.slots))[p.slot]
-                idx = Array(list_idx[s][e] for s in range(self.slots))[p.slot]
-                ok = Array(list_ok[s][e] for s in range(self.slots))[p.slot] & ~p.first
-                old.append((val, idx, ok))
+            old = [(list_val[e], list_idx[e], list_ok[e] & ~p.first) for e in range(k_list)]
             before = [[_reg(m, beat_ok[j] & (~ok | (beat_val[j] > val)), f"topk_before{i}_{j}")
                        for j in range(m_beat)] for i, (val, _, ok) in enumerate(old)]
             return before, ([_reg(m, val, f"topk_old_val{e}") for e, (val, _, _) in enumerate(old)],
@@ -569,7 +560,7 @@ class VectorUnit(wiring.Component):
             with m.If(v_t & reduces & (p_t.slot == s)):
                 m.d.sync += totals[s].eq(new_total)
 
-        # --- top-k: merge the sorted beat B (M entries) into the slot's list L (K) ---
+        # --- top-k: merge the sorted beat B (M entries) into the list L (K entries) --
         # Both lists are sorted, so before[i][j] is monotone in i and j, and an entry's
         # rank in the union is its position plus the number of entries of the other list
         # before it: L_i lands at r = i + #{j: before[i][j]}, B_j at r = j + #{i: not
@@ -595,11 +586,9 @@ class VectorUnit(wiring.Component):
             new_ok.append(Signal(name=f"topk_new_ok{r}"))
             m.d.comb += [new_val[r].eq(val.as_signed()), new_idx[r].eq(idx), new_ok[r].eq(ok)]
         is_topk = (p_t.opcode == VectorOpcode.TOPK) | (p_t.opcode == VectorOpcode.TOPK_INDEX)
-        for s in range(self.slots):
-            with m.If(v_t & is_topk & (p_t.slot == s)):
-                for e in range(k_list):
-                    m.d.sync += [list_val[s][e].eq(new_val[e]), list_idx[s][e].eq(new_idx[e]),
-                                 list_ok[s][e].eq(new_ok[e])]
+        with m.If(v_t & is_topk):
+            m.d.sync += [x.eq(y) for x, y in zip(list_val + list_idx + list_ok,
+                                                  new_val + new_idx + new_ok, strict=True)]
         data_out = []
         for i in range(n):
             out = Signal(lane, name=f"data_out{i}")

@@ -84,11 +84,10 @@ def expected_results(program: list[dict], n: int, slots: int, max_top_k: int | N
 
 def topk_waits(program: list[dict]) -> int:
     """Cycles the unit's intake waits for top-k, offered ``program`` back to back: one
-    per top-k beat that reads its slot's list (not ``first``) right after a top-k beat
-    on the same slot."""
+    per top-k beat that reads the list (not ``first``) right after another top-k beat."""
     topk_ops = ("TOPK", "TOPK_INDEX")
     return sum(op["opcode"].name in topk_ops and prev["opcode"].name in topk_ops
-               and op["slot"] == prev["slot"] and not op["first"]
+               and not op["first"]
                for prev, op in zip(program, program[1:], strict=False))
 
 

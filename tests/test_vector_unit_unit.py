@@ -117,8 +117,8 @@ def test_topk_rows_against_golden(n):
     check(data, total, program, n, 3, finals, golden)
 
 
-def test_topk_back_to_back_same_slot():
-    """TOPK beats of one slot back to back, all ties: exact, ties to the earlier beat,
+def test_topk_back_to_back():
+    """TOPK beats of one row back to back, all ties: exact, ties to the earlier beat,
     and each beat that reads the list waits one cycle behind the previous one."""
     n = 4
     program = [beat(OP.TOPK, n, a=[5] * n, c=n * i, first=i == 0) for i in range(12)]
@@ -134,13 +134,17 @@ def test_topk_back_to_back_same_slot():
         dut.latency + 2, (cycles, waits, dut.latency)
 
 
-def test_topk_rows_interleaved_over_slots_run_one_per_cycle():
-    """Rows on different slots, beats interleaved: no top-k wait, one op per cycle."""
+def test_topk_rows_of_one_beat_and_interleaved_ops_do_not_wait():
+    """Rows of one beat (``first``) back to back, and a longer row's beats with other
+    ops between them: no top-k wait, one op per cycle, exact."""
     n, slots = 4, 2
     rng = np.random.default_rng(4)
-    program = [beat(OP.TOPK, n, a=rng.integers(-9, 9, n), c=n * i, slot=s, first=i == 0)
-               for i in range(6) for s in range(slots)]
-    program += [beat(OP.TOPK_INDEX, n, mask=0, slot=s) for s in range(slots)]
+    program = [beat(OP.TOPK, n, a=rng.integers(-9, 9, n), c=n * i, slot=i % slots, first=1)
+               for i in range(8)]
+    for i in range(6):
+        program += [beat(OP.TOPK, n, a=rng.integers(-9, 9, n), c=n * i, first=i == 0),
+                    beat(OP.SUM, n, a=rng.integers(-9, 9, n), slot=1, first=i == 0)]
+    program.append(beat(OP.TOPK_INDEX, n, mask=0))
     assert topk_waits(program) == 0
     data, total, cycles, dut = simulate(n, slots, program)
     check(data, total, program, n, slots)
