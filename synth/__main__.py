@@ -23,6 +23,7 @@ from synth.designs import (
     UnknownDesign,
     build_design,
     describe,
+    preload,
 )
 from synth.flow import BUILD_DIR, DEFAULT_FREQ_MHZ, PNR_SEED, SynthError, run_flow, warm_up
 
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             job(name)
     else:
+        preload(names)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(job, names))
 

@@ -11,6 +11,7 @@ not exist yet (or fails to import) makes that design *unavailable* — listed by
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 from collections.abc import Callable
@@ -28,6 +29,7 @@ __all__ = [
     "get_factory",
     "build_design",
     "describe",
+    "preload",
 ]
 
 #: A design factory: no arguments, returns a fresh Elaboratable (usually a wiring.Component).
@@ -61,7 +63,19 @@ def rtl_design(module: str, cls: str, /, **params: Any) -> Factory:
     args = ", ".join(f"{k}={v!r}" for k, v in params.items())
     factory.__doc__ = f"{module}.{cls}({args})"
     factory.__qualname__ = factory.__name__ = f"make_{cls}"
+    factory.module = module  # for preload()
     return factory
+
+
+def preload(names) -> None:
+    """Import the RTL modules of these designs now, in this thread: concurrent first
+    imports of one package from several threads can see it half initialised. A module
+    that does not import is left for its factory to report."""
+    for name in names:
+        module = getattr(DESIGNS[name], "module", None)
+        if module is not None:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
 
 
 #: Design name → factory. Names are ``[a-z0-9_]`` without ``__`` (the metric separator).
