@@ -236,26 +236,49 @@ def _check_fields(layout: data.StructLayout, fields: dict, path: str) -> None:
 
 
 def decode(word: int) -> tuple[Opcode, dict]:
-    """The opcode and fields of an instruction word; ``ValueError`` for an illegal opcode."""
+    """The opcode and fields of an instruction word; ``ValueError`` for an illegal opcode
+    or a field holding no member of its enumeration."""
     if not 0 <= word < (1 << INSTRUCTION_BITS):
         raise ValueError(f"instruction word {word:#x} is wider than {INSTRUCTION_BITS} bits")
     try:
-        opcode = data.Const(INSTRUCTION, word & ((1 << INSTRUCTION.size) - 1)).opcode
+        opcode = Opcode(word & ((1 << OPCODE_BITS) - 1))
     except ValueError:
         raise ValueError(f"illegal opcode {word & 0xF} in instruction word {word:#x}") from None
-    member = ARGS_OF.get(opcode)
-    if member is None:
-        return opcode, {}
-    args = data.Const(INSTRUCTION, word & ((1 << INSTRUCTION.size) - 1)).args[member]
-    return opcode, _as_dict(args)
+    plan = _DECODE_PLANS.get(opcode)
+    return opcode, {} if plan is None else _extract(word >> INSTRUCTION["args"].offset, plan)
 
 
-def _as_dict(const) -> dict:
+def _plan(layout: data.StructLayout) -> tuple:
+    """Per field of ``layout``: its name, offset, width, signedness, and the plan of a
+    nested layout or the enumeration a value must belong to (read once, used per word:
+    building a ``data.Const`` per word costs far more)."""
+    plan = []
+    for name, field in layout:
+        shape = field.shape
+        nested = _plan(shape) if isinstance(shape, data.StructLayout) else None
+        members = ({m.value for m in shape} if isinstance(shape, type)
+                   and issubclass(shape, PyEnum) else None)
+        cast = Shape.cast(shape)
+        plan.append((name, field.offset, cast.width, cast.signed, nested, members))
+    return tuple(plan)
+
+
+def _extract(bits: int, plan: tuple) -> dict:
     out = {}
-    for name, _ in const.shape():
-        value = const[name]
-        if isinstance(value, data.Const):
-            out[name] = _as_dict(value)
-        else:
-            out[name] = value.value if isinstance(value, PyEnum) else int(value)
+    for name, offset, width, is_signed, nested, members in plan:
+        if nested is not None:
+            out[name] = _extract(bits >> offset, nested)
+            continue
+        value = bits >> offset & ((1 << width) - 1)
+        if is_signed and value >> (width - 1):
+            value -= 1 << width
+        if members is not None and value not in members:
+            raise ValueError(f"field {name} = {value} is no member of its enumeration")
+        out[name] = value
     return out
+
+
+#: Opcode -> decoding plan of its union member (see :func:`decode`).
+OPCODE_BITS = Shape.cast(Opcode).width
+_DECODE_PLANS = {opcode: _plan(INSTRUCTION["args"].shape[member].shape)
+                 for opcode, member in ARGS_OF.items()}

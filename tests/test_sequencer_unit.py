@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from compiler.hazards import accesses, check_synchronisation
 from golden.vector_model import VectorOpcode as VOP
-from rtl.isa import Opcode, VecDst, decode, encode
+from rtl.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
 from rtl.sequencer import ErrorCode, Sequencer
 from tb import coverage
 from tb.runner import run_amaranth
@@ -320,3 +320,6 @@ def test_isa_round_trip_and_refusals():
         encode(Opcode.HALT, count=1)
     with pytest.raises(ValueError, match="illegal opcode"):
         decode(0)
+    pack = INSTRUCTION["args"].offset + VecArgs()["pack"].offset  # VecPack has no value 3
+    with pytest.raises(ValueError, match="pack = 3 is no member"):
+        decode(vec(pack=VecPack.BYTE) | 3 << pack)
