@@ -55,7 +55,9 @@ class Chip(wiring.Component):
     Verilog module :data:`TILE_MODULE` (the tile without a fixed position, its
     ``mask_bit`` tied per instance) whose design is :attr:`tile_design`, to be
     elaborated once beside the chip (``tb.runner.build(..., modules=...)``): the
-    simulator then compiles one tile instead of k * k.
+    simulator then compiles one tile instead of k * k. ``sim_gating`` (simulation only):
+    the mesh's clock stops while the network is empty (:class:`rtl.mesh.Mesh`); give
+    the tiles theirs with ``tile={"sim_gating": True}``.
 
     Host port (every beat names its ``tile``):
 
@@ -70,7 +72,8 @@ class Chip(wiring.Component):
     """
 
     def __init__(self, k: int = 2, *, tile: dict | None = None, vcs: int = 2,
-                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, shared_tile: bool = False):
+                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, shared_tile: bool = False,
+                 sim_gating: bool = False):
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 8:
             raise ValueError(f"the mesh side k must be an integer 1..8, not {k!r}")
         # Checked even when k = 1 builds no network (no interface or router to check them).
@@ -99,7 +102,8 @@ class Chip(wiring.Component):
         self.nis = [NetworkInterface(n, x, y, k=k, vcs=vcs, depth=depth, max_packet=max_packet,
                                      spad_words=spad_words)
                     for y in range(k) for x in range(k)] if k > 1 else []
-        self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth) if k > 1 else None
+        self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth,
+                         sim_gating=sim_gating) if k > 1 else None
         tiles = k * k
         self.tile_bits = tile_bits = max(1, ceil_log2(tiles))
         sp = first.scratchpad

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from amaranth import Cat, Module
+from amaranth import Cat, DomainRenamer, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig, Port, xy_route
+from rtl.params import check_bool
 from rtl.router import COUNTER_BITS, LINK_PORTS, Router, Routing
+from rtl.sim_gate import gated
 
 __all__ = ["Mesh", "channel_dependencies", "check_deadlock_free", "find_cycle"]
 
@@ -150,6 +152,12 @@ class Mesh(wiring.Component):
         are injected).
     error : Signal, out
         Some router dropped a packet since reset.
+    holding : Signal (not a port)
+        Some router holds a flit or a credit (:attr:`rtl.router.Router.holding`).
+    sim_gating : bool
+        For simulation only: the routers' clock ticks only in cycles where some router
+        is ``holding`` or a flit is offered (:mod:`rtl.sim_gate`); the network is idle
+        most of a layer's cycles, and Verilator then skips it. Cycle for cycle the same.
 
     Latency
     -------
@@ -158,9 +166,12 @@ class Mesh(wiring.Component):
     """
 
     def __init__(self, k: int = 2, *, payload_bits: int = 32, vcs: int = 2,
-                 depth: int = DEFAULT_DEPTH, routing: Routing = xy_route):
+                 depth: int = DEFAULT_DEPTH, routing: Routing = xy_route,
+                 sim_gating: bool = False):
         self.config = config = NocConfig(k=k, payload_bits=payload_bits, vcs=vcs, depth=depth)
         check_deadlock_free(config, routing)
+        self.sim_gating = check_bool("sim_gating", sim_gating)
+        self.holding = Signal()
         self.routers = [Router(x, y, k=k, payload_bits=payload_bits, vcs=vcs, depth=depth,
                                routing=routing)
                         for y in range(k) for x in range(k)]
@@ -175,9 +186,14 @@ class Mesh(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         k = self.config.k
+        m.d.comb += self.holding.eq(Cat(router.holding for router in self.routers).any())
+        if self.sim_gating:
+            offered = Cat(s.valid for streams in self.inject for s in streams).any()
+            gated(m, "routers", self.holding | offered)
         for node, router in enumerate(self.routers):
             x, y = router.x, router.y
-            m.submodules[f"router_{x}_{y}"] = router
+            m.submodules[f"router_{x}_{y}"] = (DomainRenamer("routers")(router)
+                                               if self.sim_gating else router)
             for v in range(self.config.vcs):
                 wiring.connect(m, wiring.flipped(self.inject[node][v]), router.inject[v])
                 wiring.connect(m, router.eject[v], wiring.flipped(self.eject[node][v]))

@@ -221,6 +221,10 @@ class Router(wiring.Component):
         #: FIFOs), ``out_src[o]`` (input port * vcs + input VC of the flit in output
         #: register o, link outputs).
         self.probe: dict[str, list] = {}
+        #: Out (not a port): the router holds a flit, a flit on an output link or a credit
+        #: to return. While it does not and nothing arrives, no register changes (what
+        #: :class:`rtl.mesh.Mesh` gates its clock on in simulation).
+        self.holding = Signal()
         #: Set before elaboration to give each input buffer's probe ``stored[i]``, the
         #: flit in slot i (a read port per slot: for the formal harness).
         self.observe = False
@@ -538,6 +542,13 @@ class Router(wiring.Component):
                     total = pending[p][v] + bufs[p][v]["freed"] + discard[p][v]
                     m.d.sync += [link.credit[v].eq(total != 0),
                                  pending[p][v].eq(total - (total != 0))]
+
+        m.d.comb += self.holding.eq(Cat(
+            *[bufs[p][v]["used"].any() for p in ports for v in range(vcs)],
+            *[ejects[v]["count"] != 0 for v in range(vcs)],
+            *[out_valid[o] for o in built if o is not Port.L],
+            *[self.link(p, incoming=True).credit[v] | (pending[p][v] != 0)
+              for p in LINK_PORTS for v in range(vcs)]).any())
 
         # --- drop counter ------------------------------------------------------------------
         limit = (1 << COUNTER_BITS) - 1

@@ -5,12 +5,9 @@ from __future__ import annotations
 from amaranth import (
     Array,
     Cat,
-    ClockDomain,
-    ClockSignal,
     DomainRenamer,
     Module,
     Mux,
-    ResetSignal,
     Signal,
     signed,
     unsigned,
@@ -23,6 +20,7 @@ from rtl.accumulator import AccWrite, Entry
 from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
 from rtl.params import check_bool
 from rtl.scratchpad import Request, Response, failed
+from rtl.sim_gate import gated
 from rtl.vector_unit import VectorOpcode, VectorUnit
 
 __all__ = ["VecEngine"]
@@ -204,14 +202,7 @@ class VecEngine(wiring.Component):
             # (VectorUnit.active, an op offered, reset), sampled on the falling edge as a
             # clock gate does; Verilator then skips the unit's logic in idle cycles.
             # Cycle for cycle the same as the ungated unit; not for synthesis.
-            m.domains.unit = ClockDomain("unit", local=True)
-            m.domains.unit_gate = ClockDomain("unit_gate", clk_edge="neg", reset_less=True,
-                                              local=True)
-            enable = Signal(init=1)
-            m.d.unit_gate += enable.eq(unit.active | unit.ops.valid | ResetSignal())
-            m.d.comb += [ClockSignal("unit_gate").eq(ClockSignal()),
-                         ClockSignal("unit").eq(ClockSignal() & enable),
-                         ResetSignal("unit").eq(ResetSignal())]
+            gated(m, "unit", unit.active | unit.ops.valid)
             m.submodules.unit = DomainRenamer("unit")(unit)
         else:
             m.submodules.unit = unit

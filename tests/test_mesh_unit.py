@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
+from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from rtl.mesh import Mesh, channel_dependencies, check_deadlock_free, find_cycle
@@ -87,11 +88,13 @@ class Scoreboard:
 
 def run(k: int, packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
         idle: float = 0.0, eject_stall: float = 0.0, max_cycles: int = 5000,
-        watchdog: int = 300) -> dict:
+        watchdog: int = 300, sim_gating: bool = False) -> dict:
     """Inject ``packets`` (in list order per source node and VC) into a k x k mesh and
-    check every delivery; returns the scoreboard, acceptance cycles and drop counts."""
+    check every delivery; returns the scoreboard, acceptance cycles and drop counts, the
+    local ports' handshakes per cycle (``trace``) and the cycles no router held
+    anything (``quiet``)."""
     rng = np.random.default_rng(seed)
-    mesh = Mesh(k, payload_bits=16, vcs=vcs, depth=depth)
+    mesh = Mesh(k, payload_bits=16, vcs=vcs, depth=depth, sim_gating=sim_gating)
     cfg = mesh.config
     board = Scoreboard(k)
     nodes = [(x, y) for y in range(k) for x in range(k)]
@@ -102,7 +105,7 @@ def run(k: int, packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: in
         queues[packet.src, packet.vc] += packet.flits(cfg)
         start[packet.pid] = packet.start
     accepted: dict[int, int] = {}
-    result = {"board": board, "accepted": accepted}
+    result = {"board": board, "accepted": accepted, "trace": [], "quiet": 0}
     streams = [(i, n, v) for i, n in enumerate(nodes) for v in range(vcs)]
 
     sim = Simulator(mesh)
@@ -124,7 +127,10 @@ def run(k: int, packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: in
             for i, _, v in streams:
                 samples += [mesh.inject[i][v].ready, mesh.eject[i][v].valid,
                             mesh.eject[i][v].ready, mesh.eject[i][v].payload]
-            values = (await ctx.tick().sample(*samples))[2:]
+            values = (await ctx.tick().sample(*samples, mesh.holding))[2:]
+            result["quiet"] += not values[-1]
+            result["trace"].append(tuple(v.as_bits() if isinstance(v, data.Const) else v
+                                         for v in values))
             progress = False
             for j, (_, n, v) in enumerate(streams):
                 ready, valid, eready, flit = values[4 * j:4 * j + 4]
@@ -211,6 +217,19 @@ def test_random_traffic_saturated_2x2_four_vcs(seed):
                  seed=seed + 22,
                  eject_stall=0.3)
     assert result["error"] == 0
+
+
+def test_a_gated_network_clock_changes_nothing(seed):
+    """With ``sim_gating`` the routers' clock stops while the network is empty. Packets
+    sent one at a time (a lone flit on a link is then all the network holds), then in
+    bursts with quiet gaps, with idle sources and stalled ejection: the same handshakes
+    at every local port, cycle for cycle, as the ungated mesh."""
+    packets = [replace(p, start=30 * p.pid if p.pid < 20 else 600 + 40 * (p.pid // 10))
+               for p in random_traffic(3, 80, seed=seed + 31)]
+    runs = [run(3, packets, seed=seed + 32, idle=0.3, eject_stall=0.3, sim_gating=gating)
+            for gating in (False, True)]
+    assert runs[0]["trace"] == runs[1]["trace"]
+    assert runs[1]["quiet"] > len(runs[1]["trace"]) // 10, "the network was never idle"
 
 
 def test_unroutable_is_dropped_at_the_source_and_counted():
