@@ -56,8 +56,9 @@ class Chip(wiring.Component):
     ``mask_bit`` tied per instance) whose design is :attr:`tile_design`, to be
     elaborated once beside the chip (``tb.runner.build(..., modules=...)``): the
     simulator then compiles one tile instead of k * k. ``sim_gating`` (simulation only):
-    the mesh's clock stops while the network is empty (:class:`rtl.mesh.Mesh`); give
-    the tiles theirs with ``tile={"sim_gating": True}``.
+    the clocks of the mesh and of each network interface stop while they are idle
+    (:class:`rtl.mesh.Mesh`, :class:`rtl.network_interface.NetworkInterface`); give the
+    tiles theirs with ``tile={"sim_gating": True}``.
 
     Host port (every beat names its ``tile``):
 
@@ -100,7 +101,7 @@ class Chip(wiring.Component):
         # A 1 x 1 chip has no network (no interfaces, no mesh): its tile's network ports
         # are tied off.
         self.nis = [NetworkInterface(n, x, y, k=k, vcs=vcs, depth=depth, max_packet=max_packet,
-                                     spad_words=spad_words)
+                                     spad_words=spad_words, sim_gating=sim_gating)
                     for y in range(k) for x in range(k)] if k > 1 else []
         self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth,
                          sim_gating=sim_gating) if k > 1 else None

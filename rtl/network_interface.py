@@ -3,13 +3,15 @@ the router back into words for its scratchpad (see docs/noc.md, "Network interfa
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Const, DomainRenamer, Module, Mux, Signal, unsigned
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.dma_engine import NetWord
 from rtl.isa import ADDR_BITS, TILE_MASK_BITS
 from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
+from rtl.params import check_bool
+from rtl.sim_gate import gated
 
 __all__ = ["MAX_PACKET", "NetPayload", "NetworkInterface", "PacketKind", "check_max_packet",
            "payload_bits"]
@@ -100,10 +102,16 @@ class NetworkInterface(wiring.Component):
     Timing: egress one flit per cycle after one cycle of hold-back; ingress one word
     per cycle into the FIFO and one per cycle out of it, a packet delivered from the
     cycle after its tail.
+
+    ``holding`` (not a port): a flit is held, or a complete packet waits or is delivered;
+    while it is not and nothing is offered, no register changes. ``sim_gating``, for
+    simulation only: the interface's clock ticks only then (:mod:`rtl.sim_gate`), so
+    Verilator skips an idle interface; cycle for cycle the same.
     """
 
     def __init__(self, n: int = 8, x: int = 0, y: int = 0, *, k: int = 2, vcs: int = 2,
-                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, spad_words: int = 1 << ADDR_BITS):
+                 depth: int = DEFAULT_DEPTH, max_packet: int = 8, spad_words: int = 1 << ADDR_BITS,
+                 sim_gating: bool = False):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"word size N must be a power of two from 2 to 32, not {n!r}")
         self.config = NocConfig(k=k, payload_bits=payload_bits(n), vcs=vcs, depth=depth)
@@ -117,6 +125,8 @@ class NetworkInterface(wiring.Component):
             raise ValueError(f"spad_words must be 1..{1 << ADDR_BITS}, not {spad_words!r}")
         self.n, self.x, self.y, self.k = n, x, y, k
         self.max_packet, self.spad_words = max_packet, spad_words
+        self.sim_gating = check_bool("sim_gating", sim_gating)
+        self.holding = Signal()
         flit = self.config.flit
         super().__init__({
             "tile_out": In(stream.Signature(NetWord(n))),
@@ -143,7 +153,8 @@ class NetworkInterface(wiring.Component):
         m.d.comb += routable.eq((tiles != 0) & ((tiles & ~inside) == 0))
         return mask, single, routable
 
-    def _egress(self, m: Module) -> None:
+    def _egress(self, m: Module) -> Signal:
+        """Words into flits; returns the flag that a flit is held."""
         cfg, n, k = self.config, self.n, self.k
         word = self.tile_out.payload
         mask, single, routable = self._mesh_mask(m, word.tiles)
@@ -214,10 +225,13 @@ class NetworkInterface(wiring.Component):
         with m.If(sent_now & ~sent.all()):
             m.d.sync += sent.eq(sent + 1)
         m.d.comb += [self.dropped_out.eq(dropped), self.sent.eq(sent)]
+        return held_valid
 
     # --- ingress ------------------------------------------------------------------------
 
-    def _ingress(self, m: Module) -> None:
+    def _ingress(self, m: Module):
+        """Flits into packets; returns the flag that a complete packet waits or is being
+        delivered (the words of an open one wait for its next flit: they change nothing)."""
         cfg, n, mp = self.config, self.n, self.max_packet
         desc_layout = data.StructLayout({
             "addr": unsigned(ADDR_BITS), "count": range(mp + 1), "good": 1,
@@ -327,11 +341,17 @@ class NetworkInterface(wiring.Component):
         with m.If(dropped < (1 << COUNTER_BITS) - 1 - cfg.vcs):
             m.d.sync += dropped.eq(dropped + drops)
         m.d.comb += [self.received.eq(received), self.dropped_in.eq(dropped)]
+        return Cat(q.w_level != 0 for q in descs).any()  # (delivery pops one at its end)
 
     def elaborate(self, platform):
         m = Module()
-        self._egress(m)
-        self._ingress(m)
-        with m.If((self.dropped_out != 0) | (self.dropped_in != 0)):
-            m.d.sync += self.error.eq(1)
+        logic = Module() if self.sim_gating else m
+        holding = self._egress(logic) | self._ingress(logic)
+        m.d.comb += self.holding.eq(holding)
+        with logic.If((self.dropped_out != 0) | (self.dropped_in != 0)):
+            logic.d.sync += self.error.eq(1)
+        if self.sim_gating:
+            offered = self.tile_out.valid | Cat(e.valid for e in self.eject).any()
+            gated(m, "interface", holding | offered)
+            m.submodules.logic = DomainRenamer("interface")(logic)
         return m

@@ -36,8 +36,8 @@ def chip_from_json(d: dict) -> ChipConfig:
 
 def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
     """The RTL chip of a :class:`ChipConfig` (``shared_tile``: as simulated, one tile
-    design instantiated k * k times, the vector units' and the mesh's clocks gated while
-    idle)."""
+    design instantiated k * k times, the clocks of the vector units and the network gated
+    while idle)."""
     return Chip(config.k, tile={**tile_kwargs(config.tile), "sim_gating": shared_tile},
                 vcs=config.vcs, depth=config.depth, max_packet=config.max_packet,
                 shared_tile=shared_tile, sim_gating=shared_tile)
