@@ -27,6 +27,7 @@ from tb.runner import ROOT, TOPLEVEL
 CELLS_DIR = ROOT / "build" / "energy"
 
 _NET_LINE = re.compile(r"^\((\S+) .*\(TC (\d+)\)\)$")
+_CLOCK = re.compile(r"(\w+_)?clk")
 _INSTANCE = re.compile(r"^\s+(\\\S+|\w+)\s+(\\\S+|\w+)\s*\($", re.M)
 _MODULE = re.compile(r"^module (\\\S+|\w+)\s*\(", re.M)
 
@@ -34,7 +35,9 @@ _MODULE = re.compile(r"^module (\\\S+|\w+)\s*\(", re.M)
 def parse_saif(path: Path) -> dict[str, tuple[int, int]]:
     """Instance path (``a/b/c``) -> (toggles, bits) of the instance's own nets, from a
     SAIF file as Verilator writes it (one ``(INSTANCE``, ``(NET``, net bit or ``)``
-    per line)."""
+    per line). Clock nets (``clk``, ``<domain>_clk``) are left out: they toggle twice a
+    cycle whatever the data, and where the simulation gates a block's clock
+    (``rtl.sim_gate``) the synthesised design does not."""
     totals: dict[str, list[int]] = {}
     stack: list[str] = []
     in_net = False
@@ -55,6 +58,8 @@ def parse_saif(path: Path) -> dict[str, tuple[int, int]]:
                 match = _NET_LINE.match(line)
                 if match is None:
                     raise ValueError(f"{path}: unexpected SAIF net line {line!r}")
+                if _CLOCK.fullmatch(match.group(1)):
+                    continue
                 entry = totals.setdefault("/".join(stack), [0, 0])
                 entry[0] += int(match.group(2))
                 entry[1] += 1
