@@ -96,15 +96,13 @@ class AttentionLayer:
         return self.heads // self.kv_heads
 
     @classmethod
-    def from_workload(cls, workload, layer: int, phase: str) -> AttentionLayer:
-        """Layer ``layer`` of a golden ``Workload``; ``phase`` "prefill" or "decode"
-        picks the calibrated output scale."""
-        if phase not in ("prefill", "decode"):
-            raise ValueError(f"phase must be 'prefill' or 'decode', not {phase!r}")
+    def from_workload(cls, workload, layer: int) -> AttentionLayer:
+        """Layer ``layer`` of a golden ``Workload`` (its scales: one output scale serves
+        prefill and decode)."""
         cfg = workload.config
         if not 0 <= layer < len(cfg.windows):
             raise ValueError(f"workload {cfg.name} has attention layers 0..{len(cfg.windows) - 1}")
-        (lm, ls), (om, osh) = _multipliers(workload.attention_scales(layer, phase),
+        (lm, ls), (om, osh) = _multipliers(workload.attention_scales(layer),
                                            cfg.head_dim, NUMERICS)
         sinks = workload.sinks(layer)
         sinks = None if sinks is None else tuple(int(x) for x in quantize_log2_logit(sinks))
@@ -792,7 +790,7 @@ def prefill_from_workload(config: TileConfig, workload, layer: int, tokens: int 
     p = f"attn{layer}."
     t = workload.tensors
     tokens = t[p + "q_prefill"].shape[0] if tokens is None else tokens
-    return build_prefill(config, AttentionLayer.from_workload(workload, layer, "prefill"),
+    return build_prefill(config, AttentionLayer.from_workload(workload, layer),
                          t[p + "q_prefill"][:tokens], t[p + "k_prefill"][:tokens],
                          t[p + "v_prefill"][:tokens], **kwargs)
 
@@ -808,5 +806,5 @@ def decode_from_workload(config: TileConfig, workload, layer: int, sequence: int
     cache = PagedKVCache(t[p + "k_pages"], t[p + "v_pages"])
     context = int(t[p + "context_lens"][sequence])
     k, v = gather(cache, t[p + "block_table"][sequence:sequence + 1])
-    return build_decode(config, AttentionLayer.from_workload(workload, layer, "decode"),
+    return build_decode(config, AttentionLayer.from_workload(workload, layer),
                         t[p + "q_decode"][sequence], k[0, :context], v[0, :context], **kwargs)

@@ -30,15 +30,22 @@ from compiler.attention import AttentionLayer, build_decode, build_extend
 from compiler.config import ChipConfig
 from compiler.kv import PageAllocator
 from compiler.program import TileProgram
-from golden.attention import attention_decode, attention_prefill
+from golden.attention import (
+    attention_decode,
+    attention_decode_float,
+    attention_prefill,
+    attention_prefill_float,
+    cosine,
+)
+from golden.gemm import Saturation
 from golden.kv_cache import build_cache
-from golden.workloads import Workload, WorkloadConfig, generate, get_workload
+from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
 from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
 
 __all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull", "Step",
-           "agent_schedule", "attention_rounds", "contexts", "layer_rounds", "moe_round",
-           "moe_words"]
+           "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",
+           "layer_rounds", "moe_round", "moe_words"]
 
 PLACEMENTS = ("local", "striped")
 #: The phases of a schedule step (see :data:`Step`).
@@ -64,6 +71,13 @@ class Job:
     program: TileProgram
     expected: np.ndarray  # golden output of the job's query heads
     inputs: Workload  # the golden workload the job's inputs, weights and scales come from
+    #: The float64 twin of ``expected`` on the same int8 inputs, in real units, and the
+    #: scale of ``expected``'s codes.
+    reference: np.ndarray | None = None
+    out_scale: float = 1.0
+    #: Outputs the integer model clamped to int8 while computing ``expected`` (the MoE
+    #: layer's intermediate requantisations included).
+    saturation: Saturation = field(default_factory=Saturation)
 
 
 @dataclass
@@ -91,6 +105,8 @@ class ChipRound:
     summaries: list[dict] = field(default_factory=list)
     #: Tokens the step adds to each sequence (prefill: the context, decode: 1).
     tokens: int = 1
+    #: The run's workloads, one per sequence (one layer: the same weights and scales).
+    workloads: list[Workload] = field(default_factory=list)
 
 
 def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
@@ -280,14 +296,13 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
         raise KvCacheFull(f"a context of {longest} tokens does not fit the KV cache "
                          f"({capacity} tokens per sequence: {chip.tile.max_pages} pages of "
                          f"{chip.tile.page_size})")
-    data = []
-    for s in range(batch):
-        longest = max(lengths[s] for _, lengths, _ in schedule)
-        wl = generate(wcfg, seed=seed + s, prefill_tokens=max(longest, 1))
-        t = wl.tensors
-        p = f"attn{layer}."
-        data.append((wl, t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"]))
+    p = f"attn{layer}."
+    data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
+             wl.tensors[p + "v_prefill"])
+            for wl in batch_workloads(wcfg, batch, max(longest, 1), seed)]
     window = wcfg.windows[layer]
+    full = AttentionLayer.from_workload(data[0][0], layer)
+    scales = data[0][0].attention_scales(layer)
 
     def run_round(phase: str, lengths: tuple[int, ...], before: tuple[int, ...], slot: int,
                   evict: bool) -> ChipRound:
@@ -298,31 +313,32 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             tile = j % T
             wl, q, k, v = data[s]
             length = lengths[s]
-            numerics = "decode" if phase == "decode" else "prefill"  # extend: a prefill
-            full = AttentionLayer.from_workload(wl, layer, numerics)
             jl = _job_layer(full, g)
             group = full.group
             heads = slice(g * group, (g + 1) * group)
             kk, vv = k[:length, g:g + 1], v[:length, g:g + 1]
-            scales = wl.attention_scales(layer, numerics)
             sinks = wl.sinks(layer)
+            sinks = None if sinks is None else sinks[heads]
+            saturation = Saturation()
             if phase != "decode":
                 first = before[s] if phase == "extend" else 0
                 program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
                                        allocator=tiles.allocator(slot), first_row=2 * slot)
-                golden = attention_prefill(q[:length], k[:length], v[:length], scales,
-                                           window=window, sinks=sinks,
-                                           block_keys=chip.tile.page_size)
-                expected = golden[first:, heads]
+                args = (q[:length, heads], kk, vv, scales)
+                expected = attention_prefill(*args, window=window, sinks=sinks,
+                                             block_keys=chip.tile.page_size, first=first,
+                                             saturation=saturation)
+                reference = attention_prefill_float(*args, window=window, sinks=sinks,
+                                                    first=first)
             else:
                 program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
                                        allocator=tiles.allocator(slot), first_row=2 * slot)
-                cache, table = build_cache([k[:length]], [v[:length]], chip.tile.page_size)
-                golden = attention_decode(q[length - 1][None], cache, table,
-                                          np.array([length]), scales, window=window,
-                                          sinks=sinks)
-                expected = golden[:, heads]
-            job = Job(s, g, tile, program, expected, wl)
+                cache, table = build_cache([kk], [vv], chip.tile.page_size)
+                args = (q[length - 1, heads][None], cache, table, np.array([length]), scales)
+                expected = attention_decode(*args, window=window, sinks=sinks,
+                                            saturation=saturation)
+                reference = attention_decode_float(*args, window=window, sinks=sinks)
+            job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation)
             jobs.append(job)
             load = loads.setdefault(tile, TileLoad([], {}, []))
             load.instructions = list(program.instructions)
@@ -336,7 +352,8 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
         if placement == "striped":
             _striped_programs(chip, loads, sends)
         tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
-        rnd = ChipRound(phase, lengths, loads, jobs, network, tokens=tokens[phase])
+        rnd = ChipRound(phase, lengths, loads, jobs, network, tokens=tokens[phase],
+                        workloads=[wl for wl, *_ in data])
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -395,30 +412,33 @@ class _MoeOutput:
     summary: dict
 
 
-def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
-              contexts_: tuple[int, ...], tokens: int, seed: int = 1,
-              offset: int = 0) -> ChipRound:
-    """The MoE layer on ``tokens`` of the workload's MoE tokens (from ``offset``): one
-    round, every tile busy (experts round-robin), the output on the home tile checked
-    against ``golden.moe.moe_layer``. The host writes every tile's weights before the
-    round (attention rounds reuse the working space)."""
+def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
+              x: np.ndarray) -> ChipRound:
+    """The MoE layer of ``wl`` (its weights and scales) on the int8 tokens ``x`` (T,
+    hidden): one round, every tile busy (experts round-robin), the output on the home
+    tile checked against ``golden.moe.moe_layer``. The host writes every tile's weights
+    before the round (attention rounds reuse the working space)."""
     from compiler.moe import build_moe
-    from golden.moe import moe_layer, router_logits
+    from golden.moe import moe_layer, moe_layer_float, router_logits
 
-    cfg = get_workload(workload) if isinstance(workload, str) else workload
-    wl = generate(cfg, seed=seed, moe_tokens=offset + tokens)
-    x = wl.tensors["moe.x"][offset:offset + tokens]
-    program = build_moe(chip.tile, chip.k, wl.moe_weights(), wl.moe_scales(), cfg.top_k, x)
-    golden = moe_layer(x, wl.moe_weights(), wl.moe_scales(), cfg.top_k)
-    expected = golden.out
+    cfg = wl.config
+    weights, scales = wl.moe_weights(), wl.moe_scales()
+    program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, x)
+    saturation = Saturation()
+    golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
+    reference = moe_layer_float(x, weights, scales, cfg.top_k).out
     # A tie decides a top-k choice when the k-th and (k+1)-th best scores are equal.
-    scores = np.sort(router_logits(x, wl.moe_weights()), axis=-1)[:, ::-1]
+    logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
-        (scores[:, cfg.top_k - 1] == scores[:, cfg.top_k]).any())
+        (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
     loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
              for t, p in enumerate(program.tiles)}
+    # The job's inputs: the layer's weights and scales with exactly this round's tokens.
+    inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
+                      wl.scales)
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
-                                                program.summary), expected, wl)
+                                                program.summary), golden.out, inputs,
+              reference, float(scales.out), saturation)
     s = program.summary
     return ChipRound(f"{phase}-moe", contexts_, loads, [job],
                      network_words=s["network_words_sent"], macs=s["macs_executed"],
@@ -428,16 +448,28 @@ def moe_round(chip: ChipConfig, workload: str | WorkloadConfig, phase: str,
                                  "tied": tied}])
 
 
+@functools.lru_cache(maxsize=4)
+def batch_workloads(cfg: WorkloadConfig, batch: int, tokens: int, seed: int) -> list[Workload]:
+    """The tensors of a run: ``batch`` sequences of ``tokens`` tokens sharing one layer
+    (weights and scales calibrated over every token of the batch,
+    :func:`golden.workloads.generate_batch`); sequence s's token t has its q/k/v rows at
+    t and its MoE hidden state at ``moe.x[t]``."""
+    return generate_batch(cfg, batch, seed=seed, prefill_tokens=tokens,
+                          decode_context_lens=(tokens,), moe_tokens=tokens)
+
+
 def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                  batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
                  placement: str = "local", seed: int = 1, moe: bool = True,
                  schedule: list[Step] | None = None) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
-    each step followed (``moe``) by the MoE layer on as many tokens as the step produced
-    (``batch x`` the prefilled length, in rounds of :data:`MOE_TOKENS`; ``batch`` per
-    decode step). ``schedule``: as for :func:`attention_rounds`. The miniature has no
-    output projection, so the MoE layer takes the workload's MoE tokens rather than the
-    attention output."""
+    each step followed (``moe``) by the MoE layer on the tokens the step produced, in
+    rounds of :data:`MOE_TOKENS` (sequence after sequence: a prefill's every token, a
+    decode step's newest one). Every round runs the same layer: one set of weights and
+    scales for the whole run. ``schedule``: as for :func:`attention_rounds`. The
+    miniature has no output projection: token t of a sequence enters the MoE layer as
+    the workload's MoE hidden state of token t (``moe.x[t]``), not as its attention
+    output."""
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule)
@@ -450,8 +482,44 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         if following is not None and (following.phase, following.contexts) == \
                 (rnd.phase, rnd.contexts):
             continue  # the step has more attention rounds
-        produced = batch * rnd.tokens
-        for offset in range(0, produced, MOE_TOKENS):
-            out.append(moe_round(chip, workload, rnd.phase, rnd.contexts,
-                                 min(MOE_TOKENS, produced - offset), seed, offset))
+        x = np.concatenate([wl.tensors["moe.x"][length - rnd.tokens:length]
+                            for wl, length in zip(rnd.workloads, rnd.contexts, strict=True)])
+        for offset in range(0, x.shape[0], MOE_TOKENS):
+            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
+                                 x[offset:offset + MOE_TOKENS]))
+    return out
+
+
+def accuracy(rounds: list[ChipRound]) -> dict[str, dict]:
+    """How close the outputs of ``rounds`` are to float64, per phase (``prefill``,
+    ``decode``, ``prefill-moe``, ...): the golden outputs every job is checked against
+    bit for bit, against their float64 twins on the same int8 inputs.
+
+    Per phase: ``cosine`` over the phase's whole output tensor (every job of every
+    round, in real units), ``cosine_min_output`` the worst single job output (one
+    sequence's KV head, or one MoE round), ``max_lsb_error`` the largest |int8 output -
+    float output / scale|, ``saturated`` of ``outputs`` the requantised values clamped
+    to int8 (attention: the outputs; MoE: its intermediate results too) with their
+    ``saturated_share`` and ``sites``."""
+    phases: dict[str, list[Job]] = {}
+    for rnd in rounds:
+        phases.setdefault(rnd.phase, []).extend(rnd.jobs)
+    out: dict[str, dict] = {}
+    for phase, jobs in phases.items():
+        got = np.concatenate([(job.expected * job.out_scale).ravel() for job in jobs])
+        ref = np.concatenate([np.asarray(job.reference).ravel() for job in jobs])
+        saturation = Saturation()
+        for job in jobs:
+            saturation.merge(job.saturation)
+        out[phase] = {
+            "cosine": cosine(got, ref),
+            "cosine_min_output": min(cosine(job.expected * job.out_scale, job.reference)
+                                     for job in jobs),
+            "max_lsb_error": max(float(np.abs(job.expected - job.reference / job.out_scale)
+                                       .max()) for job in jobs),
+            "saturated": saturation.saturated,
+            "outputs": saturation.outputs,
+            "saturated_share": saturation.saturated / max(saturation.outputs, 1),
+            "sites": saturation.as_dict(),
+        }
     return out

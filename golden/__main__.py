@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from golden.expected import accuracy, compute_expected
+from golden.gemm import Saturation
 from golden.io import compare, load_expected, load_workload, save_expected, save_workload
 from golden.workloads import WORKLOADS, generate
 
@@ -67,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "expected":
         wl = load_workload(args.directory)
         start = time.perf_counter()
-        expected = compute_expected(wl)
+        saturation: dict[str, Saturation] = {}
+        expected = compute_expected(wl, saturation=saturation)
         seconds = time.perf_counter() - start
         save_expected(args.directory, expected)
-        report = accuracy(wl, expected)
+        report = accuracy(wl, expected, saturation)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
@@ -78,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key:32s} {value:.6f}")
             print(f"computed {len(expected)} outputs in {seconds:.2f} s -> "
                   f"{args.directory}/expected")
-        return 0
+        clipped = {name: s for name, s in saturation.items() if s.saturated}
+        for name, s in clipped.items():
+            print(f"python -m golden: {name}: {s.saturated} of {s.outputs} values saturated "
+                  f"at int8 (worst: {s.worst()}); the manifest's scales do not hold for "
+                  "these inputs", file=sys.stderr)
+        return 1 if clipped else 0
     expected = load_expected(args.directory)
     if not expected:
         parser.error(f"{args.directory} has no expected outputs; run `expected` first")

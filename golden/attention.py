@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from golden.exp import LOG2E, logit_multiplier, quantize_log2_logit, to_log2_domain
-from golden.gemm import quantize_multiplier, wrap
+from golden.gemm import HEADROOM_LSB, Saturation, quantize_multiplier, wrap
 from golden.kv_cache import PagedKVCache, check_block_table, gather
 from golden.numerics import NUMERICS, Numerics
 from golden.softmax import exact_matmul, normalise_output, online_softmax_pv
@@ -88,6 +88,11 @@ def _multipliers(
     return logit_multiplier(logit_scale, numerics), quantize_multiplier(out_scale, numerics)
 
 
+def _check_first(first: int, tokens: int) -> None:
+    if not 0 <= first < tokens:
+        raise ValueError(f"first output row {first} outside the {tokens} query rows")
+
+
 def _visible(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
     visible = k_pos <= q_pos
     if window is not None:
@@ -117,15 +122,20 @@ def attention_prefill(
     window: int | None = None,
     sinks: np.ndarray | None = None,
     block_keys: int = 16,
+    first: int = 0,
     numerics: Numerics = NUMERICS,
+    saturation: Saturation | None = None,
 ) -> np.ndarray:
-    """Causal self-attention of T tokens, integer model. Returns int8 (T, H, dv).
+    """Causal self-attention of T tokens, integer model. Returns int8 (T - first, H, dv):
+    the outputs of query rows ``first`` .. T-1 (an extend of a cached context).
 
     ``q`` (T, H, d), ``k`` (T, H_kv, d), ``v`` (T, H_kv, dv) int8; keys stream in blocks
     of ``block_keys`` from key 0 (use the page size to match decode bit for bit).
+    ``saturation`` counts the outputs clamped to int8 (``attention.out``).
     """
     q, k, v, group = _check_prefill(q, k, v)
     _check_window(window)
+    _check_first(first, q.shape[0])
     sinks = _check_sinks(sinks, q.shape[1])
     if block_keys < 1:
         raise ValueError(f"block_keys must be >= 1, got {block_keys}")
@@ -137,8 +147,8 @@ def attention_prefill(
     sink_rows = None
     if sinks is not None:
         sink_rows = quantize_log2_logit(sinks, numerics).reshape(kv_heads, group)
-    out = np.empty((tokens, heads, v.shape[2]), np.int8)
-    for t0 in range(0, tokens, PREFILL_CHUNK):
+    out = np.empty((tokens - first, heads, v.shape[2]), np.int8)
+    for t0 in range(first, tokens, PREFILL_CHUNK):
         t1 = min(t0 + PREFILL_CHUNK, tokens)
         n = t1 - t0
         qc = q[t0:t1].reshape(n, kv_heads, group, dim).transpose(1, 2, 0, 3)
@@ -149,8 +159,9 @@ def attention_prefill(
         mask = _visible(q_pos, np.arange(t1)[None, :], window)[None]
         sink = None if sink_rows is None else np.repeat(sink_rows, n, axis=1)
         acc, total = online_softmax_pv(x, mask, v_t[:, :t1], block_keys, sink, numerics)
-        y = normalise_output(acc, total, om, osh, numerics)  # (kvh, group*n, dv)
-        out[t0:t1] = y.reshape(kv_heads, group, n, -1).transpose(2, 0, 1, 3).reshape(n, heads, -1)
+        y = normalise_output(acc, total, om, osh, numerics, saturation)  # (kvh, group*n, dv)
+        rows = y.reshape(kv_heads, group, n, -1).transpose(2, 0, 1, 3).reshape(n, heads, -1)
+        out[t0 - first:t1 - first] = rows
     return out
 
 
@@ -174,10 +185,13 @@ def attention_prefill_float(
     *,
     window: int | None = None,
     sinks: np.ndarray | None = None,
+    first: int = 0,
 ) -> np.ndarray:
-    """float64 twin of :func:`attention_prefill` on the dequantised inputs; real (T, H, dv)."""
+    """float64 twin of :func:`attention_prefill` on the dequantised inputs; real
+    (T - first, H, dv)."""
     q, k, v, group = _check_prefill(q, k, v)
     _check_window(window)
+    _check_first(first, q.shape[0])
     sinks = _check_sinks(sinks, q.shape[1])
     tokens, heads, dim = q.shape
     kv_heads = k.shape[1]
@@ -185,8 +199,8 @@ def attention_prefill_float(
     kf = k.astype(np.float64).transpose(1, 2, 0) * scales.k  # (kvh, d, T)
     vf = v.astype(np.float64).transpose(1, 0, 2) * scales.v  # (kvh, T, dv)
     sink = None if sinks is None else sinks.reshape(kv_heads, group, 1)
-    out = np.empty((tokens, heads, v.shape[2]))
-    for t0 in range(0, tokens, PREFILL_CHUNK):
+    out = np.empty((tokens - first, heads, v.shape[2]))
+    for t0 in range(first, tokens, PREFILL_CHUNK):
         t1 = min(t0 + PREFILL_CHUNK, tokens)
         n = t1 - t0
         qc = qf[t0:t1].reshape(n, kv_heads, group, dim).transpose(1, 2, 0, 3)  # (kvh,g,n,d)
@@ -194,7 +208,7 @@ def attention_prefill_float(
         visible = _visible(np.arange(t0, t1)[:, None], np.arange(t1)[None, :], window)
         s = None if sink is None else np.broadcast_to(sink, (kv_heads, group, n))
         o = _softmax_pv_float(z, visible, vf[:, None, :t1], s)  # (kvh, g, n, dv)
-        out[t0:t1] = o.transpose(2, 0, 1, 3).reshape(n, heads, -1)
+        out[t0 - first:t1 - first] = o.transpose(2, 0, 1, 3).reshape(n, heads, -1)
     return out
 
 
@@ -236,11 +250,13 @@ def attention_decode(
     window: int | None = None,
     sinks: np.ndarray | None = None,
     numerics: Numerics = NUMERICS,
+    saturation: Saturation | None = None,
 ) -> np.ndarray:
     """One decode step for a batch of sequences, integer model. Returns int8 (B, H, dv).
 
     ``q`` (B, H, d) int8 is each sequence's newest token, at position ``context_lens[b] - 1``
     (its K/V already appended). Keys stream one page per block, in logical page order.
+    ``saturation`` counts the outputs clamped to int8 (``attention.out``).
     """
     q, table, lens, group = _check_decode(q, cache, block_table, context_lens)
     _check_window(window)
@@ -253,7 +269,7 @@ def attention_decode(
     if sinks is not None:
         sink = np.tile(quantize_log2_logit(sinks, numerics), q.shape[0]).reshape(-1, group)
     acc, total = online_softmax_pv(x, mask, vg, cache.page_size, sink, numerics)
-    y = normalise_output(acc, total, om, osh, numerics)  # (G, g, dv)
+    y = normalise_output(acc, total, om, osh, numerics, saturation)  # (G, g, dv)
     return y.reshape(q.shape[0], q.shape[1], -1)
 
 
@@ -278,10 +294,19 @@ def attention_decode_float(
     return o.reshape(q.shape[0], q.shape[1], -1)
 
 
-def calibrate_out_scale(o_float: np.ndarray) -> float:
-    """Output scale that maps the largest |output| to 127 (static max calibration)."""
+def calibrate_out_scale(o_float: np.ndarray, v_peak: float | None = None,
+                        headroom: int = HEADROOM_LSB) -> float:
+    """Static output scale: the largest |output| of ``o_float`` maps to ``127 - headroom``.
+
+    ``v_peak`` (the largest |V| in real units, when known) caps the peak: an attention
+    output is a convex combination of V rows (a sink only shrinks it), so no output of
+    any query can exceed it, and a scale from the cap saturates nothing whatever is
+    asked of the layer.
+    """
     peak = float(np.abs(o_float).max())
-    return peak / 127.0 if peak > 0 else 1.0 / 127.0
+    if v_peak is not None:
+        peak = min(peak, float(v_peak))
+    return peak / (127.0 - headroom) if peak > 0 else 1.0 / 127.0
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

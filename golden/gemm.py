@@ -77,13 +77,62 @@ def quantize_multiplier(scale: float, numerics: Numerics = NUMERICS) -> tuple[in
     return multiplier, shift
 
 
+#: Output codes a calibrated scale keeps free below 127: the integer models round their
+#: intermediate results (quantised probabilities, reciprocals, requantisations), so an
+#: output may land a little above its float64 value, and a calibrated peak must not
+#: saturate. docs/numerics.md states what it costs.
+HEADROOM_LSB = 3
+
+
+class Saturation:
+    """Saturated outputs per requantisation site, counted by the integer models.
+
+    Pass one to a model (``saturation=``): every :func:`requantize` it makes adds, under
+    its site's name (e.g. ``attention.out``, ``moe.hidden``), how many of its outputs
+    were clamped to the int8 range and how many it produced. A saturated output is an
+    error the float64 twin cannot see in LSBs alone; a calibration that holds keeps every
+    count at zero.
+    """
+
+    def __init__(self) -> None:
+        #: site -> [saturated outputs, outputs]
+        self.sites: dict[str, list[int]] = {}
+
+    def add(self, site: str, saturated: int, outputs: int) -> None:
+        counts = self.sites.setdefault(site, [0, 0])
+        counts[0] += int(saturated)
+        counts[1] += int(outputs)
+
+    def merge(self, other: Saturation) -> None:
+        for site, (saturated, outputs) in other.sites.items():
+            self.add(site, saturated, outputs)
+
+    @property
+    def saturated(self) -> int:
+        return sum(c[0] for c in self.sites.values())
+
+    @property
+    def outputs(self) -> int:
+        return sum(c[1] for c in self.sites.values())
+
+    def worst(self) -> str | None:
+        """The site with the most saturated outputs, or None when nothing saturated."""
+        site = max(self.sites, key=lambda s: self.sites[s][0], default=None)
+        return site if site is not None and self.sites[site][0] else None
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {site: {"saturated": s, "outputs": n} for site, (s, n) in self.sites.items()}
+
+
 def requantize(
-    acc: np.ndarray, multiplier: int, shift: int, numerics: Numerics = NUMERICS
+    acc: np.ndarray, multiplier: int, shift: int, numerics: Numerics = NUMERICS, *,
+    saturation: Saturation | None = None, site: str = "requantize",
 ) -> np.ndarray:
     """int32 accumulators to int8: ``clamp(floor((acc * multiplier + 2**(shift-1)) / 2**shift))``.
 
     Rounding is round-half-up (ties go towards +infinity); shift 0 means no rounding term.
-    Saturation clamps to the operand range. ``multiplier`` is unsigned, < 2**requant_mult_bits.
+    Saturation clamps to the operand range; with ``saturation`` the clamped outputs are
+    counted under ``site``. ``multiplier`` is unsigned, < 2**requant_mult_bits.
     """
     if not 0 <= multiplier < (1 << numerics.requant_mult_bits):
         raise ValueError(
@@ -98,6 +147,8 @@ def requantize(
     rounding = (1 << (shift - 1)) if shift else 0
     scaled = (acc.astype(np.int64) * multiplier + rounding) >> shift
     out = np.clip(scaled, numerics.operand_min, numerics.operand_max)
+    if saturation is not None:
+        saturation.add(site, np.count_nonzero(out != scaled), scaled.size)
     return out.reshape(acc.shape).astype(np.int8)
 
 

@@ -25,7 +25,7 @@ from golden.numerics import NUMERICS, Numerics
 from golden.workloads import Workload, WorkloadConfig
 
 FORMAT = "serrano-workload"
-VERSION = 1
+VERSION = 2
 
 
 def _entry(path: Path, root: Path, array: np.ndarray) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from golden.exp import LOG2E, logit_multiplier, to_log2_domain
-from golden.gemm import quantize_multiplier, requantize, wrap
+from golden.gemm import HEADROOM_LSB, Saturation, quantize_multiplier, requantize, wrap
 from golden.numerics import NUMERICS, Numerics
 from golden.softmax import exact_matmul, softmax, softmax_float
 
@@ -160,25 +160,31 @@ def silu_output_scale(gate_scale: float, numerics: Numerics = NUMERICS) -> float
     return float(_silu(np.float64(numerics.operand_max * gate_scale))) / numerics.operand_max
 
 
-def _requant(acc: np.ndarray, scale: float, numerics: Numerics) -> np.ndarray:
+def _requant(acc: np.ndarray, scale: float, numerics: Numerics,
+             saturation: Saturation | None = None, site: str = "moe") -> np.ndarray:
     m, sh = quantize_multiplier(scale, numerics)
-    return requantize(wrap(acc, numerics.acc_bits), m, sh, numerics)
+    return requantize(wrap(acc, numerics.acc_bits), m, sh, numerics, saturation=saturation,
+                      site=site)
 
 
 def expert_ffn(
-    x: np.ndarray, e: int, weights: MoEWeights, scales: MoEScales, numerics: Numerics = NUMERICS
+    x: np.ndarray, e: int, weights: MoEWeights, scales: MoEScales, numerics: Numerics = NUMERICS,
+    saturation: Saturation | None = None,
 ) -> np.ndarray:
-    """SwiGLU expert ``e`` on int8 rows ``x`` (n, H); returns int8 (n, H) at ``expert_out``."""
+    """SwiGLU expert ``e`` on int8 rows ``x`` (n, H); returns int8 (n, H) at ``expert_out``.
+    ``saturation`` counts clamped outputs of its four requantisations (``moe.gate``,
+    ``moe.up``, ``moe.hidden``, ``moe.expert``)."""
     sx = scales.x
     g = _requant(exact_matmul(x, weights.w_gate[e]), sx * scales.w_gate[e] / scales.gate_act[e],
-                 numerics)
+                 numerics, saturation, "moe.gate")
     u = _requant(exact_matmul(x, weights.w_up[e]), sx * scales.w_up[e] / scales.up_act[e],
-                 numerics)
+                 numerics, saturation, "moe.up")
     a = silu_table(scales.gate_act[e], scales.silu_act[e], numerics)[g.astype(np.int64) + 128]
     h = _requant(a.astype(np.int64) * u, scales.silu_act[e] * scales.up_act[e]
-                 / scales.hidden_act[e], numerics)
+                 / scales.hidden_act[e], numerics, saturation, "moe.hidden")
     return _requant(exact_matmul(h, weights.w_down[e]),
-                    scales.hidden_act[e] * scales.w_down[e] / scales.expert_out, numerics)
+                    scales.hidden_act[e] * scales.w_down[e] / scales.expert_out, numerics,
+                    saturation, "moe.expert")
 
 
 def expert_ffn_float(x: np.ndarray, e: int, weights: MoEWeights, scales: MoEScales) -> np.ndarray:
@@ -200,8 +206,11 @@ def moe_layer(
     scales: MoEScales,
     top_k: int,
     numerics: Numerics = NUMERICS,
+    saturation: Saturation | None = None,
 ) -> MoEResult:
-    """Integer MoE layer on int8 tokens ``x`` (T, H): int8 output, experts, Q0.G gates, loads."""
+    """Integer MoE layer on int8 tokens ``x`` (T, H): int8 output, experts, Q0.G gates, loads.
+    ``saturation`` counts the clamped outputs of every requantisation (the experts' and
+    the combine's, ``moe.out``)."""
     x = _check(x, weights, top_k, scales)
     logits = router_logits(x, weights, numerics)
     chosen = topk(logits, top_k)
@@ -215,12 +224,15 @@ def moe_layer(
     for e in range(weights.experts):
         token, slot = np.nonzero(chosen == e)
         if token.size:
-            y = expert_ffn(x[token], e, weights, scales, numerics).astype(np.int64)
+            y = expert_ffn(x[token], e, weights, scales, numerics,
+                           saturation).astype(np.int64)
             np.add.at(acc, token, gates[token, slot][:, None] * y)
     for s in range(weights.num_shared):
-        y = expert_ffn(x, weights.experts + s, weights, scales, numerics).astype(np.int64)
+        y = expert_ffn(x, weights.experts + s, weights, scales, numerics,
+                       saturation).astype(np.int64)
         acc += y << shift
-    out = _requant(acc, scales.expert_out / scales.out / (1 << shift), numerics)
+    out = _requant(acc, scales.expert_out / scales.out / (1 << shift), numerics, saturation,
+                   "moe.out")
     load = np.bincount(chosen.ravel(), minlength=weights.experts)
     return MoEResult(out, chosen, gates, load)
 
@@ -257,10 +269,13 @@ def calibrate_moe_scales(
 
     Every expert is calibrated on all tokens (so an expert no token picks still gets a
     scale); the combined output and the shared expert-output scale use the routed pass.
+    Each peak maps to ``127 - HEADROOM_LSB`` (the integer path rounds its intermediate
+    results, so it may land a little above the float64 peak; the headroom keeps a
+    calibrated peak from saturating). Calibrate on every token the layer will see.
     """
     xf = np.asarray(x, np.float64) * x_scale
     total = weights.experts + weights.num_shared
-    amax = float(np.iinfo(np.int8).max)
+    amax = float(np.iinfo(np.int8).max - HEADROOM_LSB)
 
     def peak(a: np.ndarray) -> float:
         m = float(np.abs(a).max())

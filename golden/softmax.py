@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from golden.exp import NEG_INF, exp2_neg
-from golden.gemm import requantize
+from golden.gemm import Saturation, requantize
 from golden.numerics import NUMERICS, Numerics
 from golden.reciprocal import divide
 
@@ -142,12 +142,15 @@ def normalise_output(
     multiplier: int,
     shift: int,
     numerics: Numerics = NUMERICS,
+    saturation: Saturation | None = None,
 ) -> np.ndarray:
     """``acc / l`` then requantise to int8: the end of an attention row.
 
     ``o = round(acc / l * 2**O)`` (O = ``attn_out_frac_bits``) by the reciprocal, then
     ``clamp((o * multiplier + 2**(shift-1)) >> shift)`` with ``multiplier / 2**shift``
-    ``~= s_v / s_out / 2**O`` (see :func:`golden.gemm.requantize`).
+    ``~= s_v / s_out / 2**O`` (see :func:`golden.gemm.requantize`); clamped outputs are
+    counted in ``saturation`` under ``attention.out``.
     """
     o = divide(acc, total[..., None], numerics.attn_out_frac_bits, numerics)
-    return requantize(o, multiplier, shift, numerics)
+    return requantize(o, multiplier, shift, numerics, saturation=saturation,
+                      site="attention.out")

@@ -8,7 +8,7 @@ and a few outlier channels, quantised per tensor (symmetric int8, max calibratio
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from numbers import Integral
 
 import numpy as np
@@ -156,67 +156,91 @@ def _channel_gains(rng: np.random.Generator, dim: int, cfg: WorkloadConfig) -> n
     return gains
 
 
+def _stream(seed: int, *key: int) -> np.random.Generator:
+    """An independent random stream per (seed, purpose, ...): what one stream draws never
+    shifts another, so a layer's weights do not depend on how many tokens are drawn, and
+    token t of a sequence is the same whatever its length."""
+    return np.random.default_rng([seed, *key])
+
+
+#: Stream purposes (the second word of every stream's key).
+_LAYER, _TOKENS, _MOE_WEIGHTS, _MOE_TOKENS = range(4)
+#: Tokens drawn from a layer's own stream to set its logit gain and router scale.
+_CALIBRATION_TOKENS = 64
+
+
 @dataclass
-class AttentionLayerTensors:
-    """Float tensors of one attention layer before quantisation."""
+class _AttentionLayerParams:
+    """What fixes an attention layer's token distribution: the weight side of q, k, v."""
 
-    q_prefill: np.ndarray
-    k_prefill: np.ndarray
-    v_prefill: np.ndarray
-    q_decode: np.ndarray
-    k_decode: list[np.ndarray] = field(default_factory=list)
-    v_decode: list[np.ndarray] = field(default_factory=list)
+    k_gain: np.ndarray
+    k_mean: np.ndarray
+    q_dir: np.ndarray
+    q_gain: float
+    sinks: np.ndarray | None
 
+    @classmethod
+    def draw(cls, cfg: WorkloadConfig, seed: int, layer: int) -> _AttentionLayerParams:
+        rng = _stream(seed, _LAYER, layer)
+        d = cfg.head_dim
+        # Outlier channels sit in keys (and so queries), not values, as measured in LLMs.
+        # With latent KV the values are the keys' first v_head_dim channels (the latent),
+        # so the outliers go to the channels past them (the decoupled rope part of MLA).
+        k_gain = np.ones(d)
+        rope = d - cfg.v_head_dim if cfg.latent_kv else 0
+        k_gain[d - rope if rope else 0:] = _channel_gains(rng, rope or d, cfg)
+        k_mean = rng.standard_normal((cfg.kv_heads, d)) * 0.5  # a bias direction per KV head
+        # Queries lean towards a per-head direction so some keys stand out (peaked
+        # attention), and token 0 of every sequence is a strong "attention sink" token.
+        q_dir = rng.standard_normal((cfg.heads, d))
+        sinks = rng.normal(1.0, 1.0, cfg.heads) if cfg.sinks else None
+        params = cls(k_gain, k_mean, q_dir, 1.0, sinks)
+        # q's gain sets the logits' spread, measured on tokens of the layer's own stream.
+        n = _CALIBRATION_TOKENS
+        q = params.queries(rng.standard_normal((n, cfg.heads, d)))
+        k = params.keys(rng.standard_normal((n, cfg.kv_heads, d)), cfg) - k_mean
+        kq = np.repeat(k, cfg.heads // cfg.kv_heads, axis=1)
+        z = np.einsum("thd,shd->hts", q, kq) * d**-0.5
+        params.q_gain = cfg.logit_std / max(float(z.std()), 1e-9)
+        return params
 
-def _attention_float(rng, cfg: WorkloadConfig, prefill: int, contexts) -> AttentionLayerTensors:
-    kvh, d, dv = cfg.kv_heads, cfg.head_dim, cfg.v_head_dim
-    k_gain = _channel_gains(rng, d, cfg)
-    # Outlier channels sit in keys (and so queries), not values, as measured in LLMs.
-    k_mean = rng.standard_normal((kvh, d)) * 0.5  # keys share a bias direction per head
-    # Queries lean towards a per-head direction so some keys stand out (peaked attention),
-    # and token 0 of every sequence is a strong "attention sink" token.
-    q_dir = rng.standard_normal((cfg.heads, d))
+    def queries(self, noise: np.ndarray) -> np.ndarray:
+        return (noise * self.k_gain + 0.7 * self.q_dir) * self.q_gain
 
-    def keys(n: int) -> np.ndarray:
-        k = rng.standard_normal((n, kvh, d)) * k_gain + k_mean
-        k[0] += 1.5 * q_dir.reshape(kvh, -1, d).mean(axis=1)
+    def keys(self, noise: np.ndarray, cfg: WorkloadConfig) -> np.ndarray:
+        k = noise * self.k_gain + self.k_mean
+        k[:1] += 1.5 * self.q_dir.reshape(cfg.kv_heads, -1, cfg.head_dim).mean(axis=1)
         return k
 
-    def values(n: int, k: np.ndarray) -> np.ndarray:
-        if cfg.latent_kv:
-            return k[..., :dv].copy()
-        return rng.standard_normal((n, kvh, dv))
 
-    def queries(n: int) -> np.ndarray:
-        return rng.standard_normal((n, cfg.heads, d)) * k_gain + 0.7 * q_dir
-
-    t = AttentionLayerTensors(queries(prefill), keys(prefill), None, queries(len(contexts)))
-    t.v_prefill = values(prefill, t.k_prefill)
-    for n in contexts:
-        k = keys(n)
-        t.k_decode.append(k)
-        t.v_decode.append(values(n, k))
-    # Scale q so the logits have the configured spread (measured on the prefill keys).
-    group = cfg.heads // kvh
-    kq = np.repeat(t.k_prefill - k_mean, group, axis=1)  # (T, H, d)
-    z = np.einsum("thd,shd->hts", t.q_prefill, kq) * d**-0.5
-    gain = cfg.logit_std / max(float(z.std()), 1e-9)
-    t.q_prefill *= gain
-    t.q_decode *= gain
-    return t
+def _sequence_tokens(cfg: WorkloadConfig, params: _AttentionLayerParams, seed: int,
+                     layer: int, sequence: int, n: int):
+    """Float q (n, H, d), k (n, H_kv, d), v (n, H_kv, dv) of tokens 0..n-1 of a sequence."""
+    kvh, d = cfg.kv_heads, cfg.head_dim
+    q = params.queries(_stream(seed, _TOKENS, layer, sequence, 0)
+                       .standard_normal((n, cfg.heads, d)))
+    k = params.keys(_stream(seed, _TOKENS, layer, sequence, 1).standard_normal((n, kvh, d)), cfg)
+    if cfg.latent_kv:
+        v = k[..., :cfg.v_head_dim].copy()
+    else:
+        v = _stream(seed, _TOKENS, layer, sequence, 2).standard_normal((n, kvh, cfg.v_head_dim))
+    return q, k, v
 
 
 @dataclass
 class Workload:
-    """A config, its int8/float tensors by name, and its scales (JSON-serialisable dicts)."""
+    """A config, its int8/float tensors by name, and its scales (JSON-serialisable dicts).
+
+    A workload is one sequence of a batch: :func:`generate_batch` gives every sequence of
+    a batch the same weights and scales (one calibration per layer)."""
 
     config: WorkloadConfig
     tensors: dict[str, np.ndarray]
     scales: dict[str, dict]
 
-    def attention_scales(self, layer: int, phase: str) -> AttentionScales:
+    def attention_scales(self, layer: int) -> AttentionScales:
         s = self.scales[f"attn{layer}"]
-        return AttentionScales(s["q"], s["k"], s["v"], s[f"out_{phase}"], s.get("softmax_scale"))
+        return AttentionScales(s["q"], s["k"], s["v"], s["out"], s.get("softmax_scale"))
 
     def moe_weights(self) -> MoEWeights:
         t = self.tensors
@@ -230,6 +254,15 @@ class Workload:
         return self.tensors.get(f"attn{layer}.sinks")
 
 
+def _q8(x: np.ndarray, scale: float) -> np.ndarray:
+    return np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
+
+
+def _peak_scale(arrays: list[np.ndarray]) -> float:
+    peak = max(float(np.abs(a).max()) for a in arrays)
+    return peak / 127.0 if peak > 0 else 1.0 / 127.0
+
+
 def generate(
     cfg: WorkloadConfig | str,
     seed: int | None = None,
@@ -237,7 +270,35 @@ def generate(
     prefill_tokens: int | None = None,
     moe_tokens: int | None = None,
 ) -> Workload:
-    """Seeded, deterministic tensors for every layer of ``cfg`` (calibrated scales included)."""
+    """Seeded, deterministic tensors for every layer of ``cfg`` (calibrated scales
+    included): the first sequence of :func:`generate_batch`."""
+    return generate_batch(cfg, 1, seed=seed, decode_context_lens=decode_context_lens,
+                          prefill_tokens=prefill_tokens, moe_tokens=moe_tokens)[0]
+
+
+def generate_batch(
+    cfg: WorkloadConfig | str,
+    batch: int,
+    seed: int | None = None,
+    decode_context_lens: tuple[int, ...] | None = None,
+    prefill_tokens: int | None = None,
+    moe_tokens: int | None = None,
+) -> list[Workload]:
+    """``batch`` sequences of one layer stack: the same weights and scales, each its own
+    tokens. Seeded and deterministic; every random stream is independent
+    (:func:`_stream`), so the weights do not depend on the token counts and a longer
+    sequence begins with the tokens of a shorter one.
+
+    Per sequence and attention layer: ``q/k/v_prefill`` of ``prefill_tokens`` tokens,
+    and a decode batch — one query per entry of ``decode_context_lens``, each the newest
+    token of the sequence at that length (its keys and values paged into ``k/v_pages``).
+    MoE: ``moe.x``, the sequence's first ``moe_tokens`` hidden states.
+
+    One calibration per layer over everything the batch holds (max calibration; input
+    scales map the peak to 127, output and activation scales keep
+    :data:`golden.gemm.HEADROOM_LSB` codes free, and an attention output scale is capped
+    by the largest |V|: see :func:`golden.attention.calibrate_out_scale`).
+    """
     if isinstance(cfg, str):
         cfg = get_workload(cfg)
     overrides = {
@@ -247,60 +308,56 @@ def generate(
         }.items() if v is not None
     }
     cfg = replace(cfg, **overrides) if overrides else cfg
-    rng = np.random.default_rng(cfg.seed)
-    tensors: dict[str, np.ndarray] = {}
+    if isinstance(batch, bool) or not isinstance(batch, Integral) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, not {batch!r}")
+    if cfg.seed < 0:
+        raise ValueError(f"seed must be >= 0, not {cfg.seed}")
+    tensors: list[dict[str, np.ndarray]] = [{} for _ in range(batch)]
     scales: dict[str, dict] = {}
     contexts = tuple(int(c) for c in cfg.decode_context_lens)
+    tokens = max(cfg.prefill_tokens, *contexts)
     for layer, window in enumerate(cfg.windows):
-        t = _attention_float(rng, cfg, cfg.prefill_tokens, contexts)
+        params = _AttentionLayerParams.draw(cfg, cfg.seed, layer)
+        seqs = [_sequence_tokens(cfg, params, cfg.seed, layer, s, tokens) for s in range(batch)]
+        s_q = _peak_scale([q for q, _, _ in seqs])
+        s_k = _peak_scale([k for _, k, _ in seqs])
+        s_v = s_k if cfg.latent_kv else _peak_scale([v for _, _, v in seqs])
         p = f"attn{layer}."
-        q_i, s_q = quantize(np.concatenate([t.q_prefill.ravel(), t.q_decode.ravel()]))
-        k_i, s_k = quantize(np.concatenate([t.k_prefill.ravel()] + [k.ravel() for k in t.k_decode]))
-        if cfg.latent_kv:
-            s_v = s_k
-        else:
-            all_v = [t.v_prefill.ravel()] + [v.ravel() for v in t.v_decode]
-            s_v = quantize(np.concatenate(all_v))[1]
-
-        def q8(x, s):
-            return np.clip(np.rint(x / s), -128, 127).astype(np.int8)
-
-        tensors[p + "q_prefill"] = q8(t.q_prefill, s_q)
-        tensors[p + "k_prefill"] = q8(t.k_prefill, s_k)
-        tensors[p + "v_prefill"] = q8(t.v_prefill, s_v)
-        tensors[p + "q_decode"] = q8(t.q_decode, s_q)
-        cache, table = build_cache(
-            [q8(k, s_k) for k in t.k_decode], [q8(v, s_v) for v in t.v_decode],
-            cfg.page_size, rng=rng,
-        )
-        tensors[p + "k_pages"] = cache.k_pages
-        tensors[p + "v_pages"] = cache.v_pages
-        tensors[p + "block_table"] = table
-        tensors[p + "context_lens"] = np.array(contexts, np.int64)
-        if cfg.sinks:
-            tensors[p + "sinks"] = rng.normal(1.0, 1.0, cfg.heads)
-        sinks = tensors.get(p + "sinks")
         base = AttentionScales(s_q, s_k, s_v, 1.0)
-        o_pre = attention_prefill_float(
-            tensors[p + "q_prefill"], tensors[p + "k_prefill"], tensors[p + "v_prefill"], base,
-            window=window, sinks=sinks,
-        )
-        o_dec = attention_decode_float(
-            tensors[p + "q_decode"], cache, table, tensors[p + "context_lens"], base,
-            window=window, sinks=sinks,
-        )
-        scales[f"attn{layer}"] = {
-            "q": s_q, "k": s_k, "v": s_v, "softmax_scale": None, "window": window,
-            "out_prefill": calibrate_out_scale(o_pre), "out_decode": calibrate_out_scale(o_dec),
-        }
+        peaks, v_peak = [], 0.0
+        for s, (q, k, v) in enumerate(seqs):
+            t = tensors[s]
+            q8, k8, v8 = _q8(q, s_q), _q8(k, s_k), _q8(v, s_v)
+            n = cfg.prefill_tokens
+            t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"] = q8[:n], k8[:n], v8[:n]
+            t[p + "q_decode"] = np.stack([q8[c - 1] for c in contexts])
+            cache, table = build_cache([k8[:c] for c in contexts], [v8[:c] for c in contexts],
+                                       cfg.page_size, rng=_stream(cfg.seed, _TOKENS, layer, s, 3))
+            t[p + "k_pages"], t[p + "v_pages"] = cache.k_pages, cache.v_pages
+            t[p + "block_table"] = table
+            t[p + "context_lens"] = np.array(contexts, np.int64)
+            if params.sinks is not None:
+                t[p + "sinks"] = params.sinks
+            peaks.append(attention_prefill_float(t[p + "q_prefill"], t[p + "k_prefill"],
+                                                 t[p + "v_prefill"], base, window=window,
+                                                 sinks=params.sinks))
+            peaks.append(attention_decode_float(t[p + "q_decode"], cache, table,
+                                                t[p + "context_lens"], base, window=window,
+                                                sinks=params.sinks))
+            v_peak = max(v_peak, float(np.abs(v8[:tokens]).max()) * s_v)
+        out = calibrate_out_scale(np.concatenate([o.ravel() for o in peaks]), v_peak)
+        scales[f"attn{layer}"] = {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
+                                  "window": window, "out": out}
 
     # MoE: hidden states with outlier channels; weights ~ N(0, 1/fan_in) per expert.
     h, e_all = cfg.hidden, cfg.experts + cfg.shared_experts
-    x = rng.standard_normal((cfg.moe_tokens, h)) * _channel_gains(rng, h, cfg)
-    x_i, s_x = quantize(x)
+    rng = _stream(cfg.seed, _MOE_WEIGHTS)
+    gains = _channel_gains(rng, h, cfg)
     router = rng.standard_normal((h, cfg.experts))
-    router *= cfg.router_std / float((x_i * s_x @ router).std())
+    sample = rng.standard_normal((_CALIBRATION_TOKENS, h)) * gains
+    router *= cfg.router_std / float((sample @ router).std())
     r_i, s_r = quantize(router)
+    shared: dict[str, np.ndarray] = {"moe.router": r_i}
     weight_scales = {}
     for name, shape, fan in (
         ("w_gate", (h, cfg.ffn), h), ("w_up", (h, cfg.ffn), h), ("w_down", (cfg.ffn, h), cfg.ffn),
@@ -308,11 +365,17 @@ def generate(
         w = rng.standard_normal((e_all, *shape)) / np.sqrt(fan)
         peak = np.abs(w).reshape(e_all, -1).max(axis=1)
         s = peak / 127.0
-        tensors["moe." + name] = np.clip(np.rint(w / s[:, None, None]), -128, 127).astype(np.int8)
+        shared["moe." + name] = np.clip(np.rint(w / s[:, None, None]), -128, 127).astype(np.int8)
         weight_scales[name] = s
-    tensors["moe.x"] = x_i
-    tensors["moe.router"] = r_i
-    weights = MoEWeights(r_i, tensors["moe.w_gate"], tensors["moe.w_up"], tensors["moe.w_down"],
+    xs = [_stream(cfg.seed, _MOE_TOKENS, s).standard_normal((cfg.moe_tokens, h)) * gains
+          for s in range(batch)]
+    s_x = _peak_scale(xs)
+    x_all = np.concatenate([_q8(x, s_x) for x in xs])
+    weights = MoEWeights(r_i, shared["moe.w_gate"], shared["moe.w_up"], shared["moe.w_down"],
                          cfg.shared_experts)
-    scales["moe"] = calibrate_moe_scales(x_i, weights, s_x, s_r, weight_scales, cfg.top_k).to_json()
-    return Workload(cfg, tensors, scales)
+    scales["moe"] = calibrate_moe_scales(x_all, weights, s_x, s_r, weight_scales,
+                                         cfg.top_k).to_json()
+    for s, t in enumerate(tensors):
+        t.update(shared)
+        t["moe.x"] = x_all[s * cfg.moe_tokens:(s + 1) * cfg.moe_tokens]
+    return [Workload(cfg, t, scales) for t in tensors]

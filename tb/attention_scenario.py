@@ -83,15 +83,15 @@ def attention_steps(config: TileConfig, workload: str, layer: int, *, prefill: i
     host = _KvHost()
     out = []
     if prefill:
-        program = build_prefill(config, AttentionLayer.from_workload(wl, layer, "prefill"),
+        program = build_prefill(config, AttentionLayer.from_workload(wl, layer),
                                 q[:prefill], k[:prefill], v[:prefill])
         expected = attention_prefill(q[:prefill], k[:prefill], v[:prefill],
-                                     wl.attention_scales(layer, "prefill"), window=window,
+                                     wl.attention_scales(layer), window=window,
                                      sinks=sinks, block_keys=config.page_size)
         out.append(Step("prefill", prefill, program,
                         host.requests(program, k[:prefill], v[:prefill]), expected))
-    decode_layer = AttentionLayer.from_workload(wl, layer, "decode")
-    scales = wl.attention_scales(layer, "decode")
+    decode_layer = AttentionLayer.from_workload(wl, layer)
+    scales = wl.attention_scales(layer)
     for position in range(start, total):
         length = position + 1
         program = build_decode(config, decode_layer, q[position], k[:length], v[:length])

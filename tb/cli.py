@@ -296,7 +296,7 @@ def _with_progress(simulate, prefix: str = "") -> dict:
 
 def sim(args: argparse.Namespace) -> int:
     """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
-    from compiler.chip import KvCacheFull, contexts, layer_rounds
+    from compiler.chip import KvCacheFull, accuracy, contexts, layer_rounds
     from golden.workloads import get_workload
     from tb.chip_run import chip_config, chip_figures, simulate_layer
 
@@ -365,6 +365,12 @@ def sim(args: argparse.Namespace) -> int:
                 line += f"; {tokens / seconds:,.0f} tokens/s at {fmax:.1f} MHz"
             rows.append((phase, line))
             rows.append(("", "phases (all tiles): " + _shares(metrics[f"chip__{phase}__phases"])))
+        phase_accuracy = accuracy(rounds)
+        rows += _accuracy_rows(phase_accuracy)
+        for phase, figures in phase_accuracy.items():
+            for key in ("cosine", "cosine_min_output", "max_lsb_error", "saturated",
+                        "saturated_share"):
+                metrics[f"chip__{phase.replace('-', '_')}__accuracy_{key}"] = figures[key]
         if args.moe:
             ratio = max(r.get("dense_over_sparse", 0) for r in result["rounds"]
                         if r["phase"].endswith("moe"))
@@ -398,6 +404,21 @@ def sim(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0 if passed else 1
+
+
+def _accuracy_rows(phases: dict[str, dict]) -> list[tuple[str, str]]:
+    """The report's accuracy rows: per phase, the run's outputs (bit-exact with the RTL)
+    against their float64 twins (compiler.chip.accuracy, docs/numerics.md)."""
+    rows = [("accuracy", "the run's outputs against float64 on the same int8 inputs "
+                         "(cosine over the phase's outputs; worst LSB; saturated values):")]
+    for phase, a in phases.items():
+        saturated = (f"{a['saturated']:,} of {a['outputs']:,} requantised values saturated"
+                     if a["saturated"] else f"none of {a['outputs']:,} requantised values "
+                                            "saturated")
+        rows.append(("", f"{phase + ':':<12} cosine {a['cosine']:.5f} (worst output "
+                         f"{a['cosine_min_output']:.5f}), worst {a['max_lsb_error']:.2f} "
+                         f"LSB, {saturated}"))
+    return rows
 
 
 def _energy_line(energy, tokens: int) -> str:

@@ -58,14 +58,14 @@ def _expected_decode(workload, layer: int) -> np.ndarray:
     t, p = workload.tensors, f"attn{layer}."
     cache = PagedKVCache(t[p + "k_pages"], t[p + "v_pages"])
     return attention_decode(t[p + "q_decode"], cache, t[p + "block_table"],
-                            t[p + "context_lens"], workload.attention_scales(layer, "decode"),
+                            t[p + "context_lens"], workload.attention_scales(layer),
                             window=workload.config.windows[layer], sinks=workload.sinks(layer))
 
 
 def _expected_prefill(workload, layer: int) -> np.ndarray:
     t, p = workload.tensors, f"attn{layer}."
     return attention_prefill(t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"],
-                             workload.attention_scales(layer, "prefill"),
+                             workload.attention_scales(layer),
                              window=workload.config.windows[layer],
                              sinks=workload.sinks(layer), block_keys=workload.config.page_size)
 
@@ -362,7 +362,7 @@ def test_refuses_what_does_not_fit(tiny, gpt_oss):
     for cfg, message in cases:
         with pytest.raises(ValueError, match=message):
             decode_from_workload(cfg, tiny, 1, 3)
-    layer = AttentionLayer.from_workload(tiny, 1, "decode")
+    layer = AttentionLayer.from_workload(tiny, 1)
     q = t["attn1.q_decode"][0]
     k = np.zeros((5, 2, 12), np.int8)
     with pytest.raises(ValueError, match="int8"):
@@ -381,11 +381,11 @@ def test_refuses_what_does_not_fit(tiny, gpt_oss):
     with pytest.raises(ValueError, match="sums at most 1024 keys"):
         build_decode(wide, AttentionLayer(1, 1, 8, 8, 2048, None, None, 1, 1, 1, 1),
                      np.zeros((1, 8), np.int8), k8, k8)
-    with pytest.raises(ValueError, match="phase"):
-        AttentionLayer.from_workload(tiny, 0, "train")
+    with pytest.raises(ValueError, match="attention layers 0..1"):
+        AttentionLayer.from_workload(tiny, 2)
     # A 1024-token gpt-oss decode fits the default config; 4096 tokens do not fit its
     # program memory.
-    layer = AttentionLayer.from_workload(gpt_oss, 1, "decode")
+    layer = AttentionLayer.from_workload(gpt_oss, 1)
     cfg = _config(gpt_oss)
     kk = np.zeros((4096, 2, 32), np.int8)
     with pytest.raises(ValueError, match="program_depth"):
