@@ -396,7 +396,7 @@ def sim(args: argparse.Namespace) -> int:
         print()
         for label, text in rows:
             print(f"{label:<12} {text}")
-        result = {**result, "metrics": metrics}
+        result = {**result, "metrics": metrics, "accuracy": phase_accuracy}
         if result.get("energy"):
             result["energy"] = asdict(result["energy"])
     if args.json:

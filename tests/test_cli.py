@@ -29,6 +29,13 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
                                                 + metrics["chip__prefill__moe_cycles"])
     assert 0 < metrics["chip__decode__utilisation"] < 1
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
+    # Accuracy of the run's own outputs, per phase: printed and in the JSON.
+    assert "accuracy     the run's outputs against float64" in text
+    assert "decode-moe:" in text and "none of " in text
+    assert set(figures["accuracy"]) == {"prefill", "prefill-moe", "decode", "decode-moe"}
+    assert metrics["chip__decode__accuracy_saturated"] == 0
+    assert metrics["chip__prefill__accuracy_cosine"] >= 0.999
+    assert metrics["chip__decode_moe__accuracy_cosine"] >= 0.99
     # --dump: two sequences and one MoE round per phase, each a golden workload directory.
     assert "4 workload directories" in text
     assert ", 0 elements differ" in text
