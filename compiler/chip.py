@@ -395,11 +395,13 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
     """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
     ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
     results), compiled on a tile whose whole scratchpad is working space."""
-    from compiler.moe import build_moe, moe_tile_config
+    from compiler.moe import Projection, build_moe, moe_tile_config
 
     wl = generate(cfg, moe_tokens=MOE_TOKENS)
+    o = np.zeros((MOE_TOKENS, cfg.heads * cfg.v_head_dim), np.int8)
     program = build_moe(moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(),
-                        cfg.top_k, wl.tensors["moe.x"])
+                        cfg.top_k, wl.tensors["moe.x"],
+                        Projection(o, wl.tensors["attn0.w_o"], wl.projection_scales(0)))
     return max(program.summary["scratchpad_words"])
 
 
@@ -413,27 +415,38 @@ class _MoeOutput:
 
 
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
-              x: np.ndarray) -> ChipRound:
-    """The MoE layer of ``wl`` (its weights and scales) on the int8 tokens ``x`` (T,
-    hidden): one round, every tile busy (experts round-robin), the output on the home
-    tile checked against ``golden.moe.moe_layer``. The host writes every tile's weights
-    before the round (attention rounds reuse the working space)."""
-    from compiler.moe import build_moe
+              x: np.ndarray, o: np.ndarray | None = None, layer: int = 0) -> ChipRound:
+    """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
+    round, every tile busy (experts round-robin), the output on the home tile checked
+    against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
+    the same tokens, ``x`` is the residual stream and the home tile first computes the
+    layer's input ``clamp(x + rq(o · W_o))`` of attention layer ``layer``
+    (``golden.decoder``). The host writes every tile's weights before the round
+    (attention rounds reuse the working space)."""
+    from compiler.moe import Projection, build_moe
+    from golden.decoder import project_residual, project_residual_float
     from golden.moe import moe_layer, moe_layer_float, router_logits
 
     cfg = wl.config
     weights, scales = wl.moe_weights(), wl.moe_scales()
-    program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, x)
     saturation = Saturation()
+    projection, x_real, residual = None, None, x
+    if o is not None:
+        projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer))
+        x_real = project_residual_float(o, projection.w_o, residual, projection.scales)
+        x = project_residual(o, projection.w_o, residual, projection.scales,
+                             saturation=saturation)
+    program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual, projection)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
-    reference = moe_layer_float(x, weights, scales, cfg.top_k).out
+    reference = (moe_layer_float(x, weights, scales, cfg.top_k) if x_real is None else
+                 moe_layer_float(x_real, weights, scales, cfg.top_k, real=True)).out
     # A tie decides a top-k choice when the k-th and (k+1)-th best scores are equal.
     logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
     loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
              for t, p in enumerate(program.tiles)}
-    # The job's inputs: the layer's weights and scales with exactly this round's tokens.
+    # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
                       wl.scales)
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
@@ -467,26 +480,38 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     rounds of :data:`MOE_TOKENS` (sequence after sequence: a prefill's every token, a
     decode step's newest one). Every round runs the same layer: one set of weights and
     scales for the whole run. ``schedule``: as for :func:`attention_rounds`. The
-    miniature has no output projection: token t of a sequence enters the MoE layer as
-    the workload's MoE hidden state of token t (``moe.x[t]``), not as its attention
-    output."""
+    MoE layer's input of token t of a sequence is that token's attention output,
+    projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
+    computed on the home tile at the start of the MoE round (``golden.decoder``)."""
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule)
     if not moe:
         return rounds
     out: list[ChipRound] = []
+    step: list[ChipRound] = []
     for i, rnd in enumerate(rounds):
         out.append(rnd)
+        step.append(rnd)
         following = rounds[i + 1] if i + 1 < len(rounds) else None
         if following is not None and (following.phase, following.contexts) == \
                 (rnd.phase, rnd.contexts):
             continue  # the step has more attention rounds
-        x = np.concatenate([wl.tensors["moe.x"][length - rnd.tokens:length]
-                            for wl, length in zip(rnd.workloads, rnd.contexts, strict=True)])
+        # Each sequence's new tokens: residual rows and attention outputs (every KV head's
+        # query heads side by side: channel h·d_v + c of query head h).
+        residual, attention = [], []
+        for s, (wl, length) in enumerate(zip(rnd.workloads, rnd.contexts, strict=True)):
+            residual.append(wl.tensors["moe.x"][length - rnd.tokens:length])
+            jobs = sorted((job for r in step for job in r.jobs if job.sequence == s),
+                          key=lambda job: job.kv_head)
+            heads = np.concatenate([job.expected for job in jobs], axis=1)
+            attention.append(heads.reshape(heads.shape[0], -1))
+        x, o = np.concatenate(residual), np.concatenate(attention)
         for offset in range(0, x.shape[0], MOE_TOKENS):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
-                                 x[offset:offset + MOE_TOKENS]))
+                                 x[offset:offset + MOE_TOKENS], o[offset:offset + MOE_TOKENS],
+                                 layer))
+        step = []
     return out
 
 

@@ -52,6 +52,7 @@ from compiler.config import TileConfig
 from compiler.hazards import accesses, check_synchronisation
 from compiler.kv import pack_word
 from compiler.program import Op, TileProgram, encode_ops, summarise
+from golden.decoder import IDENTITY, ProjectionScales, project_residual
 from golden.exp import LOG2E, NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier, requantize, wrap
 from golden.moe import MoEScales, MoEWeights, expert_ffn, router_logits, silu_table, topk
@@ -62,7 +63,8 @@ from golden.vector_model import default_max_top_k
 from rtl.isa import Opcode, VecDst, VecPack
 
 __all__ = [
-    "SEM_TOKENS", "SEM_RESULTS", "MemoryFull", "MoeChipProgram", "MoeLayer", "build_moe",
+    "SEM_TOKENS", "SEM_RESULTS", "MemoryFull", "MoeChipProgram", "MoeLayer", "Projection",
+    "build_moe",
     "check_chip_synchronisation", "dense_masked_reference", "moe_from_workload",
     "moe_tile_config", "run_on_chip_model",
 ]
@@ -413,10 +415,24 @@ class MoeChipProgram:
         return self._reader(read)
 
 
+@dataclass(frozen=True)
+class Projection:
+    """The attention output and its projection, for a MoE layer whose input the home tile
+    computes (``golden.decoder.project_residual``): ``o`` (T, H·d_v) int8, ``w_o``
+    (H·d_v, hidden) int8 and their scales."""
+
+    o: np.ndarray
+    w_o: np.ndarray
+    scales: ProjectionScales
+
+
 def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
-              top_k: int, x: np.ndarray) -> MoeChipProgram:
+              top_k: int, x: np.ndarray, projection: Projection | None = None
+              ) -> MoeChipProgram:
     """Compile the MoE layer ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a
-    ``k`` x ``k`` chip of ``config`` tiles; ``x`` the int8 tokens (T, hidden).
+    ``k`` x ``k`` chip of ``config`` tiles; ``x`` the int8 tokens (T, hidden). With
+    ``projection``, ``x`` is the residual stream and the layer's input is computed on the
+    home tile first: ``clamp(x + rq(o · W_o))`` (``golden.decoder``), then multicast.
 
     ``summary`` (a dict): ``macs_executed`` (every GEMM on every tile), ``macs_sparse``
     (what a sparse dispatch needs: the router, top_k routed experts and the shared ones per
@@ -463,8 +479,27 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     if sel_mult >= 1 << NUMERICS.requant_mult_bits or huge >= 1 << 44:
         problems.append(f"the router logits' spread needs an offset of {huge}, beyond the "
                         f"lanes' range")
+    if projection is not None:
+        attn_out, w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+        if attn_out.dtype != np.int8 or attn_out.ndim != 2 or attn_out.shape[0] != tokens:
+            problems.append(f"the attention output must be int8 ({tokens}, channels), got "
+                            f"{attn_out.shape} {attn_out.dtype}")
+        elif w_o.dtype != np.int8 or w_o.shape != (attn_out.shape[1], hidden):
+            problems.append(f"w_o must be int8 ({attn_out.shape[1]}, {hidden}), got "
+                            f"{w_o.shape} {w_o.dtype}")
+        elif attn_out.shape[1] > MAX_GEMM_DIM:
+            problems.append(f"{attn_out.shape[1]} attention output channels exceed a GEMM's "
+                            "12-bit field")
+        if hidden % n:
+            problems.append(f"the projection needs hidden ({hidden}) a multiple of N ({n})")
+        if config.slots < n:
+            problems.append(f"the projection's vector ops take N = {n} rows; the vector "
+                            f"unit has {config.slots} slots")
     if problems:
         raise ValueError("cannot map this MoE layer: " + "; ".join(problems))
+    residual = x
+    if projection is not None:
+        x = project_residual(attn_out, w_o, residual, projection.scales)
 
     expert_tile = tuple(e % tiles for e in range(layer.total))
     home = 0
@@ -486,7 +521,16 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     spad = [_Bump(glob.next, limit, "scratchpad", f"tile {t} ({t % k}, {t // k})", config.banks)
             for t in range(tiles)]
     words = [_Words(n) for _ in range(tiles)]
-    words[home].put(x_addr, _token_layout(x, n))
+    if projection is None:
+        words[home].put(x_addr, _token_layout(x, n))
+    else:  # the home tile computes x from these (see the projection ops below)
+        channels = attn_out.shape[1]
+        o_addr = spad[home].take(tb * channels, "attention outputs", b_bank)
+        res_addr = spad[home].take(tb * hidden, "residual stream", b_bank)
+        wo_addr = spad[home].take(hc * channels, "output projection", a_bank)
+        words[home].put(o_addr, _token_layout(attn_out, n))
+        words[home].put(res_addr, _token_layout(residual, n))
+        words[home].put(wo_addr, _column_layout(w_o, n))
 
     ident, iota, w_addr, tbl_addr, h_addr = {}, {}, {}, {}, {}
     identity = np.eye(n, dtype=np.int64)
@@ -549,6 +593,10 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
         plan["y_tiles"] = min(hc, room // n)
         if plan["y_tiles"] < 1:
             ffn_bump.take(n, "FFN output")
+        if t == home and projection is not None:  # in chunks of channel tiles
+            plan["p_tiles"] = min(hc, (config.acc_depth - base) // n)
+            plan["proj"] = _Bump(base, config.acc_depth, "accumulator memory",
+                                 f"tile {t}").take(n, "projected attention")
         if t == home:
             gate_bump = _Bump(base, config.acc_depth, "accumulator memory", f"tile {t}")
             plan["r"] = gate_bump.take(ec * n, "router logits")
@@ -613,6 +661,26 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
                 e.vec(VOP.REQUANT, rows, width, plan["g"], mult=dm, shift=ds,
                       dst=y_addr[ex] + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD,
                       lo=0, hi=width * n)
+
+    if projection is not None:  # x = clamp(residual + rq(o . W_o)), block by block
+        e, plan = emitters[home], plans[home]
+        pm, ps = projection.scales.multiplier()
+        proj, chunk = plan["proj"], plan["p_tiles"]
+        for b, rows in enumerate(block_rows):
+            for j0 in range(0, hc, chunk):
+                width = min(chunk, hc - j0)
+                every = {"lo": 0, "hi": width * n}
+                # The transposed product x^T = W_o^T . o^T: entry proj + c holds channel
+                # j0·N + c of the block's tokens (one per lane), as x's token words do.
+                e.gemm(a=wo_addr + j0 * channels, b=o_addr + b * channels, c=proj,
+                       m=width * n, k=channels, p=rows, a_rows=0, b_rows=0)
+                e.vec(VOP.REQUANT, n, width, proj, mult=pm, shift=ps, dst=proj,
+                      dst_kind=VecDst.TILE, **every)
+                # + the residual's token words (I . words, accumulated), then the clamp.
+                e.gemm(a=ident[home], b=res_addr + b * hidden + j0 * n, c=proj, m=n, k=n,
+                       p=width * n, a_rows=1, b_rows=0, accumulate=1, acc_shift=0)
+                e.vec(VOP.REQUANT, n, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
+                      dst=x_addr + b * hidden + j0 * n, dst_kind=VecDst.SPAD, **every)
 
     # Home multicasts the tokens; expert tiles wait for them.
     others = [t for t in range(tiles) if t != home and any(expert_tile[e] == t
@@ -741,7 +809,8 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
             output_words if at_home else [], (tokens, hidden) if at_home else (0,),
             summary, reader if at_home else _no_output))
 
-    summary = _chip_summary(layer, weights, x, programs, expert_tile, tiles, home, k)
+    summary = _chip_summary(layer, weights, x, programs, expert_tile, tiles, home, k,
+                            0 if projection is None else tokens * channels * hidden)
     return MoeChipProgram(config, k, home, programs, expert_tile, output_words,
                           (tokens, hidden), summary, reader)
 
@@ -752,13 +821,13 @@ def _no_output(read) -> np.ndarray:
 
 def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,
                   programs: list[TileProgram], expert_tile, tiles: int, home: int,
-                  k: int) -> dict:
+                  k: int, projection_macs: int) -> dict:
     tokens, hidden, ffn = x.shape[0], layer.hidden, layer.ffn
     per_expert = 3 * tokens * hidden * ffn
     router = tokens * hidden * layer.experts
     executed = sum(p.summary.macs for p in programs)
     sparse_experts = (layer.top_k + layer.shared) * tokens * 3 * hidden * ffn
-    sparse = router + sparse_experts
+    sparse = projection_macs + router + sparse_experts
     sent = delivered = 0
     for p in programs:
         for op, f in p.ops:
@@ -782,6 +851,7 @@ def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,
         "expert_macs_sparse": sparse_experts,
         "expert_dense_over_sparse": layer.total * per_expert / sparse_experts,
         "overhead_macs": executed - layer.total * per_expert,
+        "projection_macs": projection_macs,
         "network_words_sent": sent, "network_words_delivered": delivered,
         "network_words_sparse": sparse_words,
         "instructions": [p.summary.length for p in programs],

@@ -12,6 +12,7 @@ from golden.attention import (
     cosine,
     lsb_error,
 )
+from golden.decoder import project_residual, project_residual_float
 from golden.gemm import Saturation
 from golden.kv_cache import PagedKVCache
 from golden.moe import moe_layer, moe_layer_float
@@ -24,8 +25,11 @@ def compute_expected(wl: Workload, numerics: Numerics = NUMERICS,
     """Integer outputs (``*.out``, bit-exact with the RTL) and float64 twins (``*.ref``).
 
     Attention layer i: ``attn{i}.prefill.out`` (T, H, dv) int8 with prefill key blocks of
-    ``page_size`` keys, ``attn{i}.decode.out`` (B, H, dv) int8. MoE: ``moe.out`` (T, H) int8,
-    ``moe.experts`` (T, k), ``moe.gates`` (T, k) Q0.15, ``moe.load`` (E,). ``saturation``
+    ``page_size`` keys, ``attn{i}.decode.out`` (B, H, dv) int8, ``attn{i}.proj.out`` (T',
+    hidden) int8 the MoE input after layer i (``golden.decoder``: its prefill outputs
+    projected into the residual stream ``moe.x``, T' the tokens both hold). MoE:
+    ``moe.out`` (T, H) int8, ``moe.experts`` (T, k), ``moe.gates`` (T, k) Q0.15,
+    ``moe.load`` (E,). ``saturation``
     (a dict, filled when given) receives per integer output ``X.out`` the values its
     model clamped to int8 (for the MoE layer, its intermediate results' too).
     """
@@ -49,6 +53,15 @@ def compute_expected(wl: Workload, numerics: Numerics = NUMERICS,
             saturation=counts.setdefault(p + "decode.out", Saturation()),
         )
         out[p + "decode.ref"] = attention_decode_float(*args, window=window, sinks=sinks)
+        # The MoE input after this layer: its prefill outputs projected into the residual
+        # stream (moe.x), for the tokens both cover.
+        both = min(t["moe.x"].shape[0], t[p + "q_prefill"].shape[0])
+        args = (out[p + "prefill.out"][:both].reshape(both, -1), t[p + "w_o"],
+                t["moe.x"][:both], wl.projection_scales(layer))
+        out[p + "proj.out"] = project_residual(
+            *args, numerics=numerics,
+            saturation=counts.setdefault(p + "proj.out", Saturation()))
+        out[p + "proj.ref"] = project_residual_float(*args)
     weights, scales = wl.moe_weights(), wl.moe_scales()
     r = moe_layer(t["moe.x"], weights, scales, cfg.top_k, numerics,
                   saturation=counts.setdefault("moe.out", Saturation()))
@@ -83,6 +96,10 @@ def accuracy(wl: Workload, expected: dict[str, np.ndarray],
                     cosine(a * s, b) for a, b in zip(y, ref, strict=True)
                 )
             acc[p + phase + ".max_lsb_error"] = lsb_error(y, ref, s)
+        proj = expected[p + "proj.out"], expected[p + "proj.ref"]
+        s_x = wl.projection_scales(layer).hidden
+        acc[p + "proj.cosine"] = cosine(proj[0] * s_x, proj[1])
+        acc[p + "proj.max_lsb_error"] = lsb_error(*proj, s_x)
     s_out = wl.moe_scales().out
     acc["moe.cosine"] = cosine(expected["moe.out"] * s_out, expected["moe.ref"])
     for name, counts in (saturation or {}).items():

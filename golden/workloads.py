@@ -19,6 +19,8 @@ from golden.attention import (
     attention_prefill_float,
     calibrate_out_scale,
 )
+from golden.decoder import ProjectionScales
+from golden.gemm import HEADROOM_LSB
 from golden.kv_cache import build_cache
 from golden.moe import MoEScales, MoEWeights, calibrate_moe_scales
 
@@ -178,6 +180,10 @@ class _AttentionLayerParams:
     q_dir: np.ndarray
     q_gain: float
     sinks: np.ndarray | None
+    #: The output projection (H·d_v, hidden), real: the projected attention output of
+    #: the layer's own sample tokens has unit standard deviation, like the residual
+    #: stream's ordinary channels.
+    w_o: np.ndarray | None = None
 
     @classmethod
     def draw(cls, cfg: WorkloadConfig, seed: int, layer: int) -> _AttentionLayerParams:
@@ -202,6 +208,11 @@ class _AttentionLayerParams:
         kq = np.repeat(k, cfg.heads // cfg.kv_heads, axis=1)
         z = np.einsum("thd,shd->hts", q, kq) * d**-0.5
         params.q_gain = cfg.logit_std / max(float(z.std()), 1e-9)
+        v = k[..., :cfg.v_head_dim] + k_mean[..., :cfg.v_head_dim] if cfg.latent_kv else \
+            rng.standard_normal((n, cfg.kv_heads, cfg.v_head_dim))
+        o = _causal_attention(z * params.q_gain, v, cfg)
+        w_o = rng.standard_normal((cfg.heads * cfg.v_head_dim, cfg.hidden))
+        params.w_o = w_o / (np.sqrt(w_o.shape[0]) * max(float(np.sqrt((o**2).mean())), 1e-9))
         return params
 
     def queries(self, noise: np.ndarray) -> np.ndarray:
@@ -211,6 +222,17 @@ class _AttentionLayerParams:
         k = noise * self.k_gain + self.k_mean
         k[:1] += 1.5 * self.q_dir.reshape(cfg.kv_heads, -1, cfg.head_dim).mean(axis=1)
         return k
+
+
+def _causal_attention(z: np.ndarray, v: np.ndarray, cfg: WorkloadConfig) -> np.ndarray:
+    """float64 causal attention of logits ``z`` (H, T, T) over values ``v`` (T, H_kv,
+    d_v): outputs (T, H·d_v)."""
+    t = z.shape[1]
+    z = np.where(np.tril(np.ones((t, t), bool)), z, -np.inf)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    vh = np.repeat(v, cfg.heads // cfg.kv_heads, axis=1)  # (T, H, d_v)
+    return np.einsum("hts,shd->thd", p, vh).reshape(t, -1)
 
 
 def _sequence_tokens(cfg: WorkloadConfig, params: _AttentionLayerParams, seed: int,
@@ -252,6 +274,12 @@ class Workload:
 
     def sinks(self, layer: int) -> np.ndarray | None:
         return self.tensors.get(f"attn{layer}.sinks")
+
+    def projection_scales(self, layer: int) -> ProjectionScales:
+        """Scales of attention layer ``layer``'s output projection into the residual
+        stream (``golden.decoder``)."""
+        s = self.scales[f"attn{layer}"]
+        return ProjectionScales(s["out"], s["w_o"], self.scales["moe"]["x"])
 
 
 def _q8(x: np.ndarray, scale: float) -> np.ndarray:
@@ -316,6 +344,7 @@ def generate_batch(
     scales: dict[str, dict] = {}
     contexts = tuple(int(c) for c in cfg.decode_context_lens)
     tokens = max(cfg.prefill_tokens, *contexts)
+    projections = []  # per layer: its real W_o (as quantised) and each sequence's outputs
     for layer, window in enumerate(cfg.windows):
         params = _AttentionLayerParams.draw(cfg, cfg.seed, layer)
         seqs = [_sequence_tokens(cfg, params, cfg.seed, layer, s, tokens) for s in range(batch)]
@@ -346,8 +375,12 @@ def generate_batch(
                                                 sinks=params.sinks))
             v_peak = max(v_peak, float(np.abs(v8[:tokens]).max()) * s_v)
         out = calibrate_out_scale(np.concatenate([o.ravel() for o in peaks]), v_peak)
+        w_o, s_wo = quantize(params.w_o)
+        for t in tensors:
+            t[p + "w_o"] = w_o
+        projections.append((w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]]))
         scales[f"attn{layer}"] = {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
-                                  "window": window, "out": out}
+                                  "window": window, "out": out, "w_o": s_wo}
 
     # MoE: hidden states with outlier channels; weights ~ N(0, 1/fan_in) per expert.
     h, e_all = cfg.hidden, cfg.experts + cfg.shared_experts
@@ -367,13 +400,20 @@ def generate_batch(
         s = peak / 127.0
         shared["moe." + name] = np.clip(np.rint(w / s[:, None, None]), -128, 127).astype(np.int8)
         weight_scales[name] = s
+    # The residual stream (the hidden states entering the layer, ``moe.x``) and the MoE
+    # layer's input after each attention layer: residual + projected attention output
+    # (golden.decoder), for the tokens both cover. The hidden scale holds both.
     xs = [_stream(cfg.seed, _MOE_TOKENS, s).standard_normal((cfg.moe_tokens, h)) * gains
           for s in range(batch)]
-    s_x = _peak_scale(xs)
+    both = min(cfg.moe_tokens, cfg.prefill_tokens)
+    inputs = [x[:both] + o[:both] @ w_o for w_o, outputs in projections
+              for x, o in zip(xs, outputs, strict=True)]
+    s_x = max(_peak_scale(xs), _peak_scale(inputs) * 127.0 / (127.0 - HEADROOM_LSB))
     x_all = np.concatenate([_q8(x, s_x) for x in xs])
     weights = MoEWeights(r_i, shared["moe.w_gate"], shared["moe.w_up"], shared["moe.w_down"],
                          cfg.shared_experts)
-    scales["moe"] = calibrate_moe_scales(x_all, weights, s_x, s_r, weight_scales,
+    calibration = np.concatenate([x_all] + [_q8(x, s_x) for x in inputs])
+    scales["moe"] = calibrate_moe_scales(calibration, weights, s_x, s_r, weight_scales,
                                          cfg.top_k).to_json()
     for s, t in enumerate(tensors):
         t.update(shared)

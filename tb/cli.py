@@ -345,7 +345,8 @@ def sim(args: argparse.Namespace) -> int:
         result, passed = outcome["result"], True
         metrics = chip_figures(result, k, n)
         fmax, fmax_text = _fmax_line(n)
-        layer = "golden.attention and golden.moe" if args.moe else "golden.attention"
+        layer = ("golden.attention, golden.decoder and golden.moe" if args.moe
+                 else "golden.attention")
         rows = [("result", f"PASS: all {metrics['outputs']} int8 outputs of "
                            f"{len(result['rounds'])} rounds bit-exact with {layer}")]
         for phase, name, label in (("prefill", "cycles", "time-to-first-token proxy"),
@@ -601,11 +602,14 @@ def main(argv: list[str] | None = None) -> int:
                     "sequences: attention (a prefill of each prompt, then decode steps, each "
                     "sequence at its own context; (sequence, KV head) jobs placed on tiles, "
                     "KV pages placed by --placement) followed by the MoE layer after each "
-                    "step (experts spread over the tiles, tokens multicast). Every output is "
-                    "compared bit for bit with golden.attention and golden.moe. Prints "
-                    "prefill cycles (time-to-first-token proxy), decode cycles per token "
-                    "(inter-token latency proxy), utilisation, phase shares, network "
-                    "traffic, tokens/s at the measured ECP5 Fmax, simulation speed and area.",
+                    "step on the attention outputs projected into the residual stream "
+                    "(experts spread over the tiles, tokens multicast). Every output is "
+                    "compared bit for bit with golden.attention, golden.decoder and "
+                    "golden.moe. Prints prefill cycles (time-to-first-token proxy), decode "
+                    "cycles per token (inter-token latency proxy), utilisation, phase "
+                    "shares, the outputs' accuracy against float64 and saturated values per "
+                    "phase, network traffic, tokens/s at the measured ECP5 Fmax, simulation "
+                    "speed and area.",
     )
     sim_parser.add_argument("--layer", type=_non_negative, default=None,
                             help="attention layer (default: the workload's last, e.g. "

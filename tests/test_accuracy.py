@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from compiler.chip import accuracy, attention_rounds, layer_rounds
 from golden.__main__ import main as golden_main
+from golden.decoder import project_residual
 from golden.gemm import Saturation, requantize
 from golden.io import save_workload
 from golden.workloads import generate, generate_batch, get_workload
@@ -30,11 +31,11 @@ def _shape(workload: str, head_dim: int | None, ratio: int | None) -> dict:
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(workload=st.sampled_from(["gpt-oss", "deepseek-r1", "kimi-k2", "tiny"]),
        head_dim=st.sampled_from([None, 24, 40]), ratio=st.sampled_from([None, 1, 3, 8]),
-       seed=st.integers(1, 1000), batch=st.integers(1, 3),
+       tensor_seed=st.integers(1, 1000), batch=st.integers(1, 3),
        prefill=st.sampled_from([0, 1, 17, 40]), context=st.integers(1, 600),
        steps=st.integers(1, 2), data=st.data())
 def test_attention_outputs_hold_the_bounds_on_what_the_chip_runs(
-        workload, head_dim, ratio, seed, batch, prefill, context, steps, data):
+        workload, head_dim, ratio, tensor_seed, batch, prefill, context, steps, data):
     """Every attention output a chip run computes — prefill rows, decode steps on queries
     and contexts of the run, every sequence of the batch under one calibration — is
     within cosine 0.999 and 3 LSB of float64, and none saturates."""
@@ -43,21 +44,21 @@ def test_attention_outputs_hold_the_bounds_on_what_the_chip_runs(
     config = chip_config(cfg, moe=False)
     context = min(context, config.tile.max_pages * config.tile.page_size - steps)
     rounds = attention_rounds(config, cfg, layer, batch=batch, prefill=prefill,
-                              context=context, steps=steps, seed=seed)
+                              context=context, steps=steps, seed=tensor_seed)
     for phase, a in accuracy(rounds).items():
         assert a["saturated"] == 0, (phase, a["sites"])
         assert a["cosine"] >= 0.999, (phase, a["cosine"])
         assert a["max_lsb_error"] <= 3, (phase, a["max_lsb_error"])
 
 
-@pytest.mark.parametrize("workload,batch,prefill,context,seed", [
+@pytest.mark.parametrize("workload,batch,prefill,context,tensor_seed", [
     ("gpt-oss", 2, 17, 100, 1), ("gpt-oss", 1, 0, 45, 7), ("tiny", 3, 11, 13, 2)])
-def test_moe_rounds_hold_the_bounds(workload, batch, prefill, context, seed):
+def test_moe_rounds_hold_the_bounds(workload, batch, prefill, context, tensor_seed):
     """The MoE rounds of a layer (prefill tokens and each decode step's tokens) are within
     cosine 0.99 of float64 and no intermediate result saturates."""
     cfg = get_workload(workload)
     rounds = layer_rounds(chip_config(cfg), cfg, 1, batch=batch, prefill=prefill,
-                          context=context, steps=2, seed=seed)
+                          context=context, steps=2, seed=tensor_seed)
     figures = accuracy(rounds)
     assert any(phase.endswith("moe") for phase in figures)
     for phase, a in figures.items():
@@ -67,24 +68,33 @@ def test_moe_rounds_hold_the_bounds(workload, batch, prefill, context, seed):
 
 
 def test_a_run_is_one_layer():
-    """Every MoE round of a run has the same weights and scales; each decode step's MoE
-    round takes that step's own tokens (token t of sequence s is its moe.x[t]); every
-    attention job of the batch shares the layer's scales."""
+    """Every MoE round of a run has the same weights and scales; each step's MoE round
+    takes that step's own tokens: token t of sequence s enters it as its attention output
+    projected by W_o plus its residual moe.x[t]; every attention job of the batch shares
+    the layer's scales."""
     cfg = get_workload("tiny")
-    rounds = layer_rounds(chip_config(cfg), cfg, 0, batch=2, prefill=5, steps=2, seed=3)
+    layer = 0
+    rounds = layer_rounds(chip_config(cfg), cfg, layer, batch=2, prefill=5, steps=2, seed=3)
     moe = [r for r in rounds if r.phase.endswith("moe")]
     assert [r.phase for r in moe] == ["prefill-moe", "decode-moe", "decode-moe"]
     first = moe[0].jobs[0].inputs
     sequences = rounds[0].workloads
-    for r in moe:
+    attention = [r for r in rounds if not r.phase.endswith("moe")]
+    for r, step in zip(moe, attention, strict=True):
         inputs = r.jobs[0].inputs
         assert inputs.scales == first.scales
-        for name in ("moe.router", "moe.w_gate", "moe.w_up", "moe.w_down"):
+        for name in ("moe.router", "moe.w_gate", "moe.w_up", "moe.w_down", "attn0.w_o"):
             np.testing.assert_array_equal(inputs.tensors[name], first.tensors[name])
         tokens = 5 if r.phase == "prefill-moe" else 1
-        want = np.concatenate([wl.tensors["moe.x"][n - tokens:n]
-                               for wl, n in zip(sequences, r.contexts, strict=True)])
+        residual = np.concatenate([wl.tensors["moe.x"][n - tokens:n]
+                                   for wl, n in zip(sequences, r.contexts, strict=True)])
+        o = np.concatenate([np.concatenate([job.expected for job in sorted(
+            (job for job in step.jobs if job.sequence == s), key=lambda job: job.kv_head)],
+            axis=1).reshape(tokens, -1) for s in range(2)])
+        want = project_residual(o, first.tensors["attn0.w_o"], residual,
+                                first.projection_scales(layer))
         np.testing.assert_array_equal(inputs.tensors["moe.x"], want)
+        assert not np.array_equal(want, residual)
     assert not np.array_equal(moe[1].jobs[0].inputs.tensors["moe.x"],
                               moe[2].jobs[0].inputs.tensors["moe.x"])
     attention = [job for r in rounds if not r.phase.endswith("moe") for job in r.jobs]

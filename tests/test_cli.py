@@ -19,7 +19,7 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
                  "8", "--steps", "1", "--json", str(out), "--dump", str(tmp_path / "dump")]) == 0
     text = capsys.readouterr().out
     assert "2x2 chip of N=8 tiles" in text and "round 4/4 decode-moe" in text
-    assert "bit-exact with golden.attention and golden.moe" in text
+    assert "bit-exact with golden.attention, golden.decoder and golden.moe" in text
     assert "time-to-first-token proxy" in text and "inter-token latency proxy" in text
     assert "dense-masked" in text and "flits injected" in text
     figures = json.loads(out.read_text())

@@ -123,3 +123,37 @@ def test_bad_inputs_are_refused_before_anything_runs(gpt_oss, tiny):
     with pytest.raises(ValueError, match="int8"):
         build_moe(cfg, 1, tiny.moe_weights(), tiny.moe_scales(), 2,
                   tiny.tensors["moe.x"].astype(np.int16))
+
+
+@pytest.mark.parametrize("name,tokens,k", [("tiny", 8, 2), ("tiny", 3, 1), ("gpt-oss", 9, 2)])
+def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tokens, k):
+    """With a Projection the home tile computes the MoE input clamp(r + rq(o . W_o))
+    itself (golden.decoder) before routing: the output is bit-exact with golden's layer
+    on that input, including an attention output so large that the residual add
+    saturates."""
+    from compiler.moe import Projection
+    from golden.decoder import project_residual
+    from golden.gemm import Saturation
+
+    wl = generate(name)
+    rng = np.random.default_rng(tokens)
+    channels = wl.config.heads * wl.config.v_head_dim
+    o = rng.integers(-128, 128, (tokens, channels)).astype(np.int8)
+    w_o = wl.tensors["attn1.w_o"]
+    o[0] = np.where(w_o[:, 0] < 0, -127, 127)  # one token whose channel 0 clamps
+    projection = Projection(o, w_o, wl.projection_scales(1))
+    residual = wl.tensors["moe.x"][:tokens]
+    program = build_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(),
+                        wl.config.top_k, residual, projection)
+    check_chip_synchronisation(program)
+    got, _ = run_on_chip_model(program)
+    saturation = Saturation()
+    x = project_residual(o, projection.w_o, residual, projection.scales,
+                         saturation=saturation)
+    assert saturation.saturated > 0  # the case is exercised
+    want = moe_layer(x, wl.moe_weights(), wl.moe_scales(), wl.config.top_k)
+    np.testing.assert_array_equal(got, want.out)
+    assert program.summary["projection_macs"] == tokens * channels * wl.config.hidden
+    with pytest.raises(ValueError, match="w_o must be int8"):
+        build_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(), wl.config.top_k,
+                  residual, Projection(o, projection.w_o[1:], projection.scales))
