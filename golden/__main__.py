@@ -3,7 +3,10 @@
     python -m golden list
     python -m golden generate gpt-oss build/wl/gpt-oss [--seed 1] [--contexts 1,100,4096]
     python -m golden expected build/wl/gpt-oss       # writes expected/, prints accuracy
-    python -m golden compare build/wl/gpt-oss DUMPDIR  # bit-exact check of a simulator dump
+    python -m golden compare DIR OUTPUTS             # OUTPUTS/<name>.npy against DIR's expected
+
+Exit status: 0 when all is well; 1 when outputs differ or a manifest's scales make a value
+saturate; 2 for a usage error or an input that cannot be read (one line on stderr).
 """
 
 from __future__ import annotations
@@ -51,7 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("directory", help="saved workload with expected outputs")
     cmp_.add_argument("actual", help="directory of <name>.npy outputs to check")
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except (ValueError, OSError) as error:
+        print(f"python -m golden {args.command}: {error}", file=sys.stderr)
+        return 2
+    except KeyError as error:  # a manifest without a scale or tensor the models need
+        print(f"python -m golden {args.command}: the workload lacks {error}", file=sys.stderr)
+        return 2
 
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "list":
         for name, cfg in WORKLOADS.items():
             print(f"{name:12s} heads {cfg.heads}:{cfg.kv_heads} head_dim {cfg.head_dim}/"
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if clipped else 0
     expected = load_expected(args.directory)
     if not expected:
-        parser.error(f"{args.directory} has no expected outputs; run `expected` first")
+        raise ValueError(f"{args.directory} has no expected outputs; run `expected` first")
     mismatches = compare(expected, args.actual)
     for name, count in mismatches.items():
         print(f"{name:32s} {'ok' if count == 0 else f'{count} elements differ'}")

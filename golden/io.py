@@ -16,6 +16,7 @@ The simulator dumps its outputs in the same form (a directory of ``<name>.npy``)
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,31 +47,57 @@ def save_workload(wl: Workload, directory: str | Path, numerics: Numerics = NUME
         "format": FORMAT, "version": VERSION, "config": wl.config.to_json(),
         "numerics": asdict(numerics), "scales": wl.scales, "tensors": entries, "expected": {},
     }
-    path = root / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return path
+    return _write_manifest(root, manifest)
+
+
+_MANIFEST_KEYS = ("config", "numerics", "scales", "tensors", "expected")
 
 
 def _read_manifest(root: Path) -> dict:
     path = root / "manifest.json"
     if not path.is_file():
         raise ValueError(f"{root} is not a workload directory: no manifest.json")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a JSON manifest ({error})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a {FORMAT} manifest (a JSON object)")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ValueError(
             f"{path}: not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
             f"version {manifest.get('version')!r})"
         )
+    missing = [key for key in _MANIFEST_KEYS if not isinstance(manifest.get(key), dict)]
+    if missing:
+        raise ValueError(f"{path}: the manifest lacks {', '.join(missing)}")
     return manifest
+
+
+def _write_manifest(root: Path, manifest: dict) -> Path:
+    """Write the manifest atomically: a reader sees the old one or the new one, whole."""
+    path = root / "manifest.json"
+    partial = root / "manifest.json.partial"
+    partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(partial, path)
+    return path
 
 
 def _load_entries(root: Path, entries: dict) -> dict[str, np.ndarray]:
     arrays = {}
     for name, entry in entries.items():
+        if not isinstance(entry, dict) or not {"file", "shape", "dtype"} <= entry.keys():
+            raise ValueError(f"tensor {name}: the manifest's entry is not {{file, shape, "
+                             f"dtype}}: {entry!r}")
         path = root / entry["file"]
         if not path.is_file():
             raise ValueError(f"tensor {name}: file {path} is missing")
-        array = np.load(path, allow_pickle=False)
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as error:
+            raise ValueError(f"tensor {name}: {path} is not a .npy array ({error})") from None
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ValueError(f"tensor {name}: {path} holds NaN or infinite values")
         if list(array.shape) != entry["shape"] or str(array.dtype) != entry["dtype"]:
             raise ValueError(
                 f"tensor {name}: {path} holds {array.dtype}{list(array.shape)}, the manifest "
@@ -88,21 +115,44 @@ def load_workload(directory: str | Path, numerics: Numerics = NUMERICS) -> Workl
         diff = sorted(k for k, v in asdict(numerics).items() if manifest["numerics"].get(k) != v)
         raise ValueError(f"{root}: saved with different numerics (fields {', '.join(diff)})")
     tensors = _load_entries(root, manifest["tensors"])
-    return Workload(WorkloadConfig.from_json(manifest["config"]), tensors, manifest["scales"])
+    try:
+        config = WorkloadConfig.from_json(manifest["config"])
+    except TypeError as error:  # an unknown field
+        raise ValueError(f"{root}: the manifest's config is not a workload config "
+                         f"({error})") from None
+    _check_scales(root, config, manifest["scales"])
+    return Workload(config, tensors, manifest["scales"])
+
+
+def _check_scales(root: Path, config: WorkloadConfig, scales: dict) -> None:
+    """Every scale the models read is there (each one's value is checked where used)."""
+    from dataclasses import fields
+
+    from golden.moe import MoEScales
+
+    need = {f"attn{layer}": ("q", "k", "v", "out", "w_o") for layer in range(len(config.windows))}
+    need["moe"] = tuple(f.name for f in fields(MoEScales))
+    for group, names in need.items():
+        have = scales.get(group)
+        missing = [n for n in names if not isinstance(have, dict) or n not in have]
+        if missing:
+            raise ValueError(f"{root}: the manifest's scales lack "
+                             + ", ".join(f"{group}.{name}" for name in missing))
 
 
 def save_expected(directory: str | Path, expected: dict[str, np.ndarray]) -> None:
-    """Write expected outputs under ``directory/expected`` and list them in the manifest."""
+    """Write expected outputs under ``directory/expected`` and list them in the manifest,
+    beside the ones it lists already (a simulator dump's golden outputs stay)."""
     root = Path(directory)
     manifest = _read_manifest(root)
     (root / "expected").mkdir(exist_ok=True)
-    entries = {}
+    entries = dict(manifest["expected"])
     for name, array in sorted(expected.items()):
         path = root / "expected" / f"{name}.npy"
         np.save(path, np.asarray(array), allow_pickle=False)
         entries[name] = _entry(path, root, np.asarray(array))
     manifest["expected"] = entries
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_manifest(root, manifest)
 
 
 def load_expected(directory: str | Path) -> dict[str, np.ndarray]:
@@ -123,10 +173,12 @@ def save_outputs(directory: str | Path, outputs: dict[str, np.ndarray]) -> None:
 def compare(expected: dict[str, np.ndarray], actual_dir: str | Path) -> dict[str, int]:
     """Mismatching elements per integer output (``*.out``, ``moe.experts|gates|load``).
 
-    ``actual_dir`` holds ``<name>.npy`` dumps (e.g. from the simulator); a missing file or a
-    shape mismatch raises ValueError.
+    ``actual_dir`` holds ``<name>.npy`` dumps (e.g. from the simulator); a missing or
+    unreadable file, or a shape or dtype that differs, raises ValueError.
     """
     root = Path(actual_dir)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory of <name>.npy outputs")
     result = {}
     for name, want in sorted(expected.items()):
         if not (name.endswith(".out") or name in ("moe.experts", "moe.gates", "moe.load")):
@@ -134,8 +186,12 @@ def compare(expected: dict[str, np.ndarray], actual_dir: str | Path) -> dict[str
         path = root / f"{name}.npy"
         if not path.is_file():
             raise ValueError(f"output {name}: {path} is missing")
-        got = np.load(path, allow_pickle=False)
-        if got.shape != want.shape:
-            raise ValueError(f"output {name}: shape {got.shape}, expected {want.shape}")
+        try:
+            got = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as error:
+            raise ValueError(f"output {name}: {path} is not a .npy array ({error})") from None
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise ValueError(f"output {name}: {got.dtype}{list(got.shape)}, expected "
+                             f"{want.dtype}{list(want.shape)}")
         result[name] = int(np.count_nonzero(got != want))
     return result
