@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -196,10 +198,8 @@ def tile(args: argparse.Namespace) -> int:
         for label, text in rows:
             print(f"{label:<12} {text}")
         result = {**result, "metrics": metrics}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    if args.json and not write_json(args, {"passed": passed, **result}):
+        return 1
     return 0 if passed else 1
 
 
@@ -269,7 +269,6 @@ def _fmax_line(n: int) -> tuple[float | None, str]:
 def _with_progress(simulate, prefix: str = "") -> dict:
     """``simulate(progress_file)`` in a thread, echoing the lines the simulation appends
     to the file (one per round) as they come; returns {"result": ...} or {"failure": ...}."""
-    import tempfile
     import threading
 
     progress = Path(tempfile.mkstemp(prefix="serrano-progress-")[1])
@@ -400,10 +399,8 @@ def sim(args: argparse.Namespace) -> int:
         result = {**result, "metrics": metrics, "accuracy": phase_accuracy}
         if result.get("energy"):
             result["energy"] = asdict(result["energy"])
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    if args.json and not write_json(args, {"passed": passed, **result}):
+        return 1
     return 0 if passed else 1
 
 
@@ -503,12 +500,10 @@ def agent(args: argparse.Namespace) -> int:
         print(f"{cache:<12} {r['cycles']:,} cycles end to end (attention "
               f"{r['attention_cycles']:,} + MoE {r['moe_cycles']:,}); {text}")
     print(f"{'hit/miss':<12} {speedup:.2f}x faster with the cache kept")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"passed": True, **results,
-                                         "chip__agent_loop__hit_over_miss__speedup":
-                                         round(speedup, 3)}, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    if args.json and not write_json(args, {"passed": True, **results,
+                                           "chip__agent_loop__hit_over_miss__speedup":
+                                           round(speedup, 3)}):
+        return 1
     return 0
 
 
@@ -544,10 +539,8 @@ def gemm(args: argparse.Namespace) -> int:
         print()
         for label, text in rows:
             print(f"{label:<12} {text}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"passed": passed, **result}, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    if args.json and not write_json(args, {"passed": passed, **result}):
+        return 1
     return 0 if passed else 1
 
 
@@ -643,13 +636,17 @@ def main(argv: list[str] | None = None) -> int:
                             help="attention alone (the MoE layer is run after every phase "
                                  "step by default)")
     sim_parser.add_argument("--seed", type=_non_negative, default=1,
-                            help="seed of the workload tensors (sequence s uses seed + s)")
+                            help="seed of the workload's tensors: one layer's weights, "
+                                 "each sequence's tokens from its own stream")
     sim_parser.add_argument("--energy", action="store_true",
                             help="measure the energy proxy: toggle counts (a SAIF-traced "
                                  "build) weighted by synthesised cells (docs/energy.md)")
     sim_parser.add_argument("--dump", type=Path, metavar="DIR",
                             help="write every job's inputs, weights and scales, golden and "
-                                 "RTL outputs to DIR in the golden file format (docs/chip.md)")
+                                 "RTL outputs to DIR in the golden file format (docs/chip.md); "
+                                 "DIR must be new or empty")
+    sim_parser.add_argument("--force", action="store_true",
+                            help="with --dump: empty a used DIR first")
     _add_run_options(sim_parser)
     _add_threads_option(sim_parser)
     sim_parser.set_defaults(handler=sim)
@@ -748,8 +745,75 @@ def main(argv: list[str] | None = None) -> int:
     gemm_parser.add_argument("--json", type=Path, help="also write the figures to this file")
     gemm_parser.set_defaults(handler=gemm)
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand, with its usage
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    problem = check_output_paths(args)
+    if problem:
+        print(f"serrano {args.command}: {problem}", file=sys.stderr)
+        return 2
     return args.handler(args)
+
+
+def write_json(args: argparse.Namespace, figures: dict) -> bool:
+    """Write ``figures`` to ``args.json`` (its folders made); a failure is said as what it
+    is, after the run's own report (False)."""
+    try:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    except OSError as error:
+        print(f"serrano {args.command}: the run's figures were not written to {args.json}: "
+              f"{error.strerror or error}", file=sys.stderr)
+        return False
+    print(f"\nwrote {args.json}")
+    return True
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file could not be created at ``path`` (None if it could): the nearest
+    existing folder on its way must be a writable folder."""
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:  # a probe: permissions, a read-only or pseudo file system alike
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"{folder} is not writable ({error.strerror or error})"
+    return None
+
+
+def check_output_paths(args: argparse.Namespace) -> str | None:
+    """Check every output path of a command before anything is built or simulated:
+    ``--json`` (a file), ``--plot`` (a prefix of files), ``--dump`` (an empty or new
+    folder; with ``--force`` a used one is emptied first). Returns the problem, if any."""
+    for name in ("json", "plot"):
+        path = getattr(args, name, None)
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"--{name} {path} is a folder, not a file"
+        if (reason := _unwritable(path)) is not None:
+            return f"cannot write --{name} {path}: {reason}"
+        if path.exists() and not os.access(path, os.W_OK):
+            return f"cannot write --{name} {path}: the file is not writable"
+    dump = getattr(args, "dump", None)
+    if dump is not None:
+        if dump.exists() and not dump.is_dir():
+            return f"--dump {dump} is a file, not a folder"
+        if dump.is_dir() and any(dump.iterdir()):
+            if not args.force:
+                return (f"--dump {dump} holds an earlier run's files; give an empty or new "
+                        "folder, or --force to empty it first")
+            try:
+                shutil.rmtree(dump)
+            except OSError as error:
+                return f"cannot empty --dump {dump}: {error.strerror or error}"
+        if (reason := _unwritable(dump / "run.json")) is not None:
+            return f"cannot write --dump {dump}: {reason}"
+    return None
 
 
 if __name__ == "__main__":

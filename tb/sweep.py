@@ -176,12 +176,16 @@ def sweep(args: argparse.Namespace) -> int:
         if args.energy:
             line += f" {r['energy_per_token']:>13,}"
         print(line, flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"workload": args.workload, "context": args.context,
-                                     "moe": args.moe, "runs": runs}, indent=2) + "\n")
-    print(f"wrote {args.json}")
-    for path in plot(runs, args.plot, args.energy):
-        print(f"wrote {path}")
+    try:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"workload": args.workload, "context": args.context,
+                                         "moe": args.moe, "runs": runs}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+        for path in plot(runs, args.plot, args.energy):
+            print(f"wrote {path}")
+    except OSError as error:
+        print(f"serrano sweep: the runs' figures were not written ({error})", file=sys.stderr)
+        return 1
     return 0 if all(r["passed"] for r in runs) else 1
 
 

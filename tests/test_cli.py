@@ -299,3 +299,57 @@ def test_area_line_says_when_a_design_does_not_fit(monkeypatch):
     measured["tile"].update(ecp5_fits=1, ecp5_fmax_mhz=38.25)
     assert "Fmax 38.2 MHz" in _area_line("tile")
     assert "not measured (run" in _area_line("vector_unit")
+
+
+@pytest.mark.parametrize("argv", [
+    ["sim", "--workload", "tiny"], ["agent", "--workload", "tiny"], ["gemm"],
+    ["tile", "--workload", "tiny"], ["sweep", "--workload", "tiny"]])
+def test_output_paths_are_checked_before_anything_is_built(tmp_path, capsys, argv):
+    """A --json that is a folder, or under a file, is refused in one line before any
+    build (these would otherwise fail after the whole run)."""
+    (tmp_path / "file").write_text("")
+    for bad, said in ((tmp_path, "is a folder, not a file"),
+                      (tmp_path / "file" / "out.json", "is not a folder")):
+        assert main([*argv, "--json", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+
+
+def test_dump_refuses_a_used_folder_unless_forced(tmp_path, capsys):
+    """--dump into a folder holding an earlier run's files is refused (nothing deleted);
+    --force empties it first; a file is no folder."""
+    from argparse import Namespace
+
+    from tb.cli import check_output_paths
+
+    used = tmp_path / "dump"
+    used.mkdir()
+    (used / "seq0").mkdir()
+    (used / "run.json").write_text("{}")
+    assert main(["sim", "--workload", "tiny", "--dump", str(used)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (used / "run.json").exists()
+    assert main(["sim", "--workload", "tiny", "--dump", str(used / "run.json")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert check_output_paths(Namespace(dump=used, force=True)) is None
+    assert used.is_dir() is False or not any(used.iterdir())
+    assert check_output_paths(Namespace(dump=tmp_path / "new" / "dump", force=False)) is None
+
+
+def test_an_unknown_option_prints_the_subcommands_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "--no-such-option"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: serrano sim") and "--no-such-option" in err
+
+
+def test_a_failed_write_is_said_as_such(tmp_path, capsys):
+    from argparse import Namespace
+
+    from tb.cli import write_json
+
+    (tmp_path / "file").write_text("")
+    args = Namespace(command="sim", json=tmp_path / "file" / "out.json")
+    assert write_json(args, {"passed": True}) is False
+    assert "the run's figures were not written" in capsys.readouterr().err
