@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,6 +371,42 @@ def _design_sources_digest() -> str:
     return digest.hexdigest()
 
 
+#: Run parameters that do not change what a run computes (left out of its directory name).
+VOLATILE_PARAMS = ("progress",)
+#: Run directories a build keeps (the newest; older ones are removed as new runs start,
+#: unless touched in the last :data:`PRUNE_AFTER_S` seconds: another process may be
+#: using them).
+KEEP_RUNS = 8
+PRUNE_AFTER_S = 600
+
+
+def prune_runs(runs: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove run directories of ``runs`` past the newest :data:`KEEP_RUNS` (never
+    ``keep``, nor one touched in the last :data:`PRUNE_AFTER_S` s); returns them."""
+    now = time.time() if now is None else now
+    dirs = sorted((d for d in runs.iterdir() if d.is_dir() and d != keep),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    removed = []
+    for old in dirs[KEEP_RUNS - 1:]:
+        if now - old.stat().st_mtime > PRUNE_AFTER_S:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return removed
+
+
+def run_name(testcase: str, tag: str, seed: int, params: dict | None, mutant: int) -> str:
+    """A run's directory name: the test, its tag and seed, a digest of its parameters,
+    and the pytest-xdist worker (two runs at once, the same test over two seeds in `make
+    regress`, never share one). A progress file is a fresh temporary path each time, not
+    what the run computes: it stays out of the digest, so the same run reuses its
+    directory."""
+    named = {k: v for k, v in (params or {}).items() if k not in VOLATILE_PARAMS}
+    digest = hashlib.sha1(json.dumps([named, mutant], sort_keys=True).encode()).hexdigest()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return _safe(f"{testcase}{'-' + tag if tag else ''}-seed{seed}-{digest[:8]}"
+                 f"{'-' + worker if worker else ''}")
+
+
 def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
         params: dict | None = None, tag: str = "", mutant: int = 0) -> dict:
     """Run cocotb test ``module.testcase`` on a build; return what it passed to :func:`report`.
@@ -381,14 +418,9 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     toolchain_env(handle.simulator)
     from cocotb_tools.runner import get_results
 
-    # The directory names the run by its parameters too, and by the pytest-xdist worker:
-    # two runs at once (the same test over two seeds in `make regress`) never share it.
-    digest = hashlib.sha1(json.dumps([params, mutant], sort_keys=True).encode()).hexdigest()
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    run_name = (f"{testcase}{'-' + tag if tag else ''}-seed{seed}-{digest[:8]}"
-                f"{'-' + worker if worker else ''}")
-    run_dir = handle.directory / "runs" / _safe(run_name)
+    run_dir = handle.directory / "runs" / run_name(testcase, tag, seed, params, mutant)
     run_dir.mkdir(parents=True, exist_ok=True)
+    prune_runs(handle.directory / "runs", keep=run_dir)
     result_file = run_dir / "result.json"
     result_file.unlink(missing_ok=True)
     results_xml = run_dir / "results.xml"

@@ -1,0 +1,48 @@
+"""Run directories under sim_build/<build>/runs: reused by the same run, pruned to a few."""
+
+from __future__ import annotations
+
+import os
+
+from tb.runner import KEEP_RUNS, PRUNE_AFTER_S, prune_runs, run_name
+
+
+def test_the_same_run_reuses_its_directory():
+    """A fresh progress file per run does not make a new directory; what the run computes
+    does."""
+    a = run_name("chip_layer", "tag", 1, {"batch": 2, "progress": "/tmp/serrano-a"}, 0)
+    b = run_name("chip_layer", "tag", 1, {"batch": 2, "progress": "/tmp/serrano-b"}, 0)
+    c = run_name("chip_layer", "tag", 1, {"batch": 3, "progress": "/tmp/serrano-a"}, 0)
+    assert a == b != c
+    assert run_name("chip_layer", "tag", 2, {"batch": 2}, 0) != a
+
+
+def _runs(root, count, now, age):
+    made = []
+    for i in range(count):
+        d = root / f"run{i:02d}"
+        d.mkdir(parents=True)
+        t = now - age - 10 * (count - i)  # run00 the oldest
+        os.utime(d, (t, t))
+        made.append(d)
+    return made
+
+
+def test_old_run_directories_are_pruned(tmp_path):
+    """Past the newest KEEP_RUNS (the starting run's own counted), old directories go."""
+    now = 1_000_000.0
+    made = _runs(tmp_path, KEEP_RUNS + 4, now, PRUNE_AFTER_S * 2)
+    current = made[0]  # the run starting now keeps its directory whatever its age
+    removed = prune_runs(tmp_path, keep=current, now=now)
+    assert sorted(removed) == made[1:5]
+    assert current.exists() and all(d.exists() for d in made[5:])
+    assert len(list(tmp_path.iterdir())) == KEEP_RUNS
+
+
+def test_recently_touched_run_directories_stay(tmp_path):
+    """Another process may be using a directory it touched lately: it is not removed,
+    however many there are."""
+    now = 1_000_000.0
+    made = _runs(tmp_path, KEEP_RUNS + 4, now, 0)
+    assert prune_runs(tmp_path, keep=made[-1], now=now) == []
+    assert all(d.exists() for d in made)
