@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import asdict
@@ -26,9 +28,14 @@ from tb.runner import SIMULATORS, SimulationFailed
 
 
 def _probability(text: str) -> float:
+    """A stall or idle probability the harness can draw: 0 to 255/256, in steps of 1/256."""
+    from tb.harness_driver import MAX_PROBABILITY
+
     value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"a probability in [0, 1) is needed, not {text}")
+    if not 0.0 <= value <= MAX_PROBABILITY:
+        raise argparse.ArgumentTypeError(
+            f"a probability in [0, {MAX_PROBABILITY:.4f}] is needed (the harness draws in "
+            f"steps of 1/256), not {text}")
     return value
 
 
@@ -755,6 +762,70 @@ def main(argv: list[str] | None = None) -> int:
     return args.handler(args)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process started, directly or not, by ``pid`` (from /proc; children first)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                kids = [int(c) for c in children.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += descendants(kid) + [kid]
+    return found
+
+
+def stop_descendants(grace_s: float = 2.0) -> None:
+    """SIGTERM every process this one started (builds, compilers, simulators), then
+    SIGKILL those still there after ``grace_s``."""
+    import time
+
+    victims = descendants(os.getpid())
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in victims):
+        time.sleep(0.05)
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def entry() -> None:
+    """The ``serrano`` command: :func:`main`, stopped cleanly by SIGINT or SIGTERM (a
+    terminal's Ctrl-C, a job scheduler's or an IDE's stop): every process the command
+    started is ended with it, its locks are released (they die with the process), and
+    it exits 130 or 143 with one line. A build stopped half way leaves no stamp, so the
+    next run builds again."""
+
+    def stop(signum: int, _frame) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_descendants()
+        name = signal.Signals(signum).name
+        print(f"\nserrano: stopped by {name}; every process it started is ended",
+              file=sys.stderr, flush=True)
+        os._exit(128 + signum)  # the simulation's thread cannot be joined
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    sys.exit(main())
+
+
 def write_json(args: argparse.Namespace, figures: dict) -> bool:
     """Write ``figures`` to ``args.json`` (its folders made); a failure is said as what it
     is, after the run's own report (False)."""
@@ -817,4 +888,4 @@ def check_output_paths(args: argparse.Namespace) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -92,7 +92,12 @@ class HarnessDriver:
         return int(getattr(self.dut, name).value)
 
 
+#: The largest probability the harness draws (in steps of 1/256, from an 8-bit threshold).
+MAX_PROBABILITY = 255 / 256
+
+
 def _per256(probability: float) -> int:
-    if not 0.0 <= probability < 1.0:
-        raise ValueError(f"probability must be in [0, 1), not {probability}")
+    if not 0.0 <= probability <= MAX_PROBABILITY:
+        raise ValueError(f"probability must be in [0, {MAX_PROBABILITY:.4f}] (steps of "
+                         f"1/256), not {probability}")
     return round(probability * 256)

@@ -41,7 +41,9 @@ from amaranth.lib.wiring import In
 from tb.verilog_tidy import compact_memory_init
 
 ROOT = Path(__file__).resolve().parent.parent
-SIM_BUILD = ROOT / "sim_build"
+#: Where builds and runs go (``SERRANO_SIM_BUILD`` moves them, e.g. for a test that must
+#: build from nothing).
+SIM_BUILD = Path(os.environ.get("SERRANO_SIM_BUILD", ROOT / "sim_build"))
 WAIVERS = Path(__file__).with_name("verilator.vlt")
 SIMULATORS = ("verilator", "icarus")
 TIMESCALE = ("1ns", "1ps")
@@ -294,9 +296,17 @@ def build(component, name: str, *, simulator: str | None = None,
                 always=True,
                 log_file=directory / "build.log",
             )
-        stamp_file.write_text(stamp)
-        key_file.write_text(key)
+        # Written last and whole (a rename): a build stopped half way leaves no stamp, so
+        # no later run takes its files as complete.
+        _write_atomically(stamp_file, stamp)
+        _write_atomically(key_file, key)
     return SimBuild(name, directory, simulator, waves, stamp, activity)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _write_rtlil(path: Path, component, modules: dict | None) -> None:
