@@ -187,11 +187,9 @@ def expert_ffn(
                     saturation, "moe.expert")
 
 
-def expert_ffn_float(x: np.ndarray, e: int, weights: MoEWeights, scales: MoEScales, *,
-                     real: bool = False) -> np.ndarray:
-    """float64 twin of :func:`expert_ffn` (no intermediate quantisation); real (n, H).
-    ``x``: int8 codes at ``scales.x``, or with ``real`` real values."""
-    xf = np.asarray(x, np.float64) * (1.0 if real else scales.x)
+def expert_ffn_float(x: np.ndarray, e: int, weights: MoEWeights, scales: MoEScales) -> np.ndarray:
+    """float64 twin of :func:`expert_ffn` (no intermediate quantisation); real (n, H)."""
+    xf = np.asarray(x, np.float64) * scales.x
     g = xf @ (weights.w_gate[e] * scales.w_gate[e])
     u = xf @ (weights.w_up[e] * scales.w_up[e])
     return (_silu(g) * u) @ (weights.w_down[e] * scales.w_down[e])
@@ -240,28 +238,21 @@ def moe_layer(
 
 
 def moe_layer_float(
-    x: np.ndarray, weights: MoEWeights, scales: MoEScales, top_k: int, *, real: bool = False
+    x: np.ndarray, weights: MoEWeights, scales: MoEScales, top_k: int
 ) -> MoEResult:
-    """float64 twin of :func:`moe_layer` on the dequantised inputs (real output and gates);
-    with ``real``, ``x`` holds real values (T, H) rather than int8 codes (the float64 twin
-    of what produced the integer model's input, e.g. ``golden.decoder``)."""
-    if real:
-        x = np.asarray(x, np.float64)
-        _check(np.zeros(x.shape, np.int8), weights, top_k, scales)
-    else:
-        x = _check(x, weights, top_k, scales)
-    logits = (np.asarray(x, np.float64) * (1.0 if real else scales.x)) @ (
-        weights.router * scales.router)
+    """float64 twin of :func:`moe_layer` on the dequantised inputs (real output and gates)."""
+    x = _check(x, weights, top_k, scales)
+    logits = (np.asarray(x, np.float64) * scales.x) @ (weights.router * scales.router)
     chosen = topk(logits, top_k)
     gates = softmax_float(np.take_along_axis(logits, chosen, axis=-1))
     out = np.zeros(x.shape)
     for e in range(weights.experts):
         token, slot = np.nonzero(chosen == e)
         if token.size:
-            out[token] += gates[token, slot][:, None] * expert_ffn_float(
-                x[token], e, weights, scales, real=real)
+            out[token] += gates[token, slot][:, None] * expert_ffn_float(x[token], e, weights,
+                                                                         scales)
     for s in range(weights.num_shared):
-        out += expert_ffn_float(x, weights.experts + s, weights, scales, real=real)
+        out += expert_ffn_float(x, weights.experts + s, weights, scales)
     load = np.bincount(chosen.ravel(), minlength=weights.experts)
     return MoEResult(out, chosen, gates, load)
 
