@@ -69,10 +69,16 @@ class HarnessDriver:
         getattr(self.dut, f"{stream}_stall").value = _per256(probability)
 
     async def run(self, *, seed: int, timeout_cycles: int) -> RunStats:
-        """Start, wait for ``done`` (or the timeout): one Python wake-up for the whole run."""
+        """Start, wait for ``done`` (or the timeout): one Python wake-up for the whole run.
+
+        ``start`` is held over two rising edges: a write made at a rising edge may reach
+        an event-driven simulator (Icarus) before or after the register sampling it, so a
+        pulse written high just after one edge and low just before the next could be
+        missed; over two edges it is seen once or twice, and a second sample only holds
+        the harness at its start a cycle longer (``cycle`` counts from the last)."""
         self.dut.seed.value = seed & 0xFFFF
         self.dut.start.value = 1
-        await RisingEdge(self.dut.clk)
+        await ClockCycles(self.dut.clk, 2)
         self.dut.start.value = 0
         began = time.perf_counter()
         timeout = Timer(timeout_cycles * CLOCK_NS, unit="ns")

@@ -6,6 +6,8 @@ mappings refused before simulation."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from compiler.config import ChipConfig
@@ -32,6 +34,21 @@ def test_a_threaded_build_runs_the_layer_exactly():
     assert [r["phase"] for r in result["rounds"]] == ["prefill", "decode"]
     with pytest.raises(ValueError, match="threads must be 1"):
         simulate_layer(TINY, "tiny", 1, prefill=5, threads=2, simulator="icarus")
+
+
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="Icarus Verilog, the optional second simulator, is not installed")
+def test_icarus_runs_the_chip_cycle_for_cycle_like_verilator():
+    """The tiny decoder layer (attention, projection and MoE, a prefill and a decode step)
+    on Icarus: bit-exact with golden and the same cycles in every round as Verilator."""
+    runs = {sim: simulate_layer(TINY, "tiny", 1, batch=1, prefill=3, context=8, steps=1,
+                                simulator=sim)
+            for sim in ("verilator", "icarus")}
+    cycles = {sim: [(r["phase"], r["cycles"]) for r in run["rounds"]]
+              for sim, run in runs.items()}
+    assert [phase for phase, _ in cycles["icarus"]] == ["prefill", "prefill-moe", "decode",
+                                                         "decode-moe"]
+    assert cycles["icarus"] == cycles["verilator"]
 
 
 @pytest.mark.parametrize(("placement", "moe"), [("local", True), ("striped", False)])
