@@ -12,6 +12,8 @@ models, which the RTL reproduces exactly.
 from __future__ import annotations
 
 from compiler.chip import accuracy, layer_rounds
+from golden.expected import accuracy as golden_accuracy
+from golden.expected import compute_expected
 from golden.workloads import generate, get_workload
 from tb.chip_run import chip_config
 
@@ -66,9 +68,6 @@ def measure(workload: str, overrides: dict, layer: int, batch: int, prefill: int
 def long_context_cosine(workload: str, context: int) -> float:
     """Worst attention cosine of the workload's decode batch at ``context`` (every layer,
     its prompt of 128 tokens sharing the calibration), golden against float64."""
-    from golden.expected import accuracy as golden_accuracy
-    from golden.expected import compute_expected
-
     wl = generate(workload, decode_context_lens=(context,), prefill_tokens=128, moe_tokens=1)
     figures = golden_accuracy(wl, compute_expected(wl))
     return min(v for k, v in figures.items()

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
 
+from golden.moe import MoEScales
 from golden.numerics import NUMERICS, Numerics
 from golden.workloads import Workload, WorkloadConfig
 
@@ -126,10 +127,6 @@ def load_workload(directory: str | Path, numerics: Numerics = NUMERICS) -> Workl
 
 def _check_scales(root: Path, config: WorkloadConfig, scales: dict) -> None:
     """Every scale the models read is there (each one's value is checked where used)."""
-    from dataclasses import fields
-
-    from golden.moe import MoEScales
-
     need = {f"attn{layer}": ("q", "k", "v", "out", "w_o") for layer in range(len(config.windows))}
     need["moe"] = tuple(f.name for f in fields(MoEScales))
     for group, names in need.items():

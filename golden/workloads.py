@@ -146,9 +146,19 @@ def get_workload(name: str, **overrides) -> WorkloadConfig:
 
 def quantize(x: np.ndarray) -> tuple[np.ndarray, float]:
     """Symmetric per-tensor int8: scale = max|x| / 127, codes rounded half to even."""
-    peak = float(np.abs(x).max())
-    scale = peak / 127.0 if peak > 0 else 1.0 / 127.0
-    return np.clip(np.rint(x / scale), -128, 127).astype(np.int8), scale
+    scale = _peak_scale([x])
+    return _q8(x, scale), scale
+
+
+def _q8(x: np.ndarray, scale: float) -> np.ndarray:
+    """int8 codes of ``x`` at ``scale``, rounded half to even and clamped."""
+    return np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
+
+
+def _peak_scale(arrays: list[np.ndarray]) -> float:
+    """The scale that maps the largest |value| of ``arrays`` to 127."""
+    peak = max(float(np.abs(a).max()) for a in arrays)
+    return peak / 127.0 if peak > 0 else 1.0 / 127.0
 
 
 def _channel_gains(rng: np.random.Generator, dim: int, cfg: WorkloadConfig) -> np.ndarray:
@@ -280,15 +290,6 @@ class Workload:
         stream (``golden.decoder``)."""
         s = self.scales[f"attn{layer}"]
         return ProjectionScales(s["out"], s["w_o"], self.scales["moe"]["x"])
-
-
-def _q8(x: np.ndarray, scale: float) -> np.ndarray:
-    return np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
-
-
-def _peak_scale(arrays: list[np.ndarray]) -> float:
-    peak = max(float(np.abs(a).max()) for a in arrays)
-    return peak / 127.0 if peak > 0 else 1.0 / 127.0
 
 
 def generate(

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rtl.tensor_core import MAX_N, MIN_N
+from tb.processes import stop_descendants
 from tb.runner import SIMULATORS, SimulationFailed
 
 
@@ -760,49 +760,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serrano {args.command}: {problem}", file=sys.stderr)
         return 2
     return args.handler(args)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process started, directly or not, by ``pid`` (from /proc; children first)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as children:
-                kids = [int(c) for c in children.read().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            found += descendants(kid) + [kid]
-    return found
-
-
-def stop_descendants(grace_s: float = 2.0) -> None:
-    """SIGTERM every process this one started (builds, compilers, simulators), then
-    SIGKILL those still there after ``grace_s``."""
-    import time
-
-    victims = descendants(os.getpid())
-    for pid in victims:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(pid) for pid in victims):
-        time.sleep(0.05)
-    for pid in victims:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def entry() -> None:

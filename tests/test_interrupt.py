@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tb.cli import _alive, descendants
+from tb.processes import alive, descendants
 
 SERRANO = Path(sys.executable).with_name("serrano")
 
@@ -61,7 +61,7 @@ def test_a_stopped_build_and_a_stopped_simulation_leave_nothing_behind(tmp_path)
     assert code == 130, err
     assert err.strip().splitlines()[-1].startswith("serrano: stopped by SIGINT"), err
     assert "Traceback" not in err
-    assert started and not any(_alive(pid) for pid in started)
+    assert started and not any(alive(pid) for pid in started)
     # The next run builds again where the first stopped and is correct.
     again = subprocess.run([str(SERRANO), *small], capture_output=True, text=True, env=env,
                            timeout=600)
@@ -73,7 +73,7 @@ def test_a_stopped_build_and_a_stopped_simulation_leave_nothing_behind(tmp_path)
     code, err, started = _stop(long, signal.SIGTERM)
     assert code == 143, err
     assert "stopped by SIGTERM" in err and "Traceback" not in err
-    assert not any(_alive(pid) for pid in started)
+    assert not any(alive(pid) for pid in started)
     # The model is intact: the next run takes it as built and is correct.
     again = subprocess.run([str(SERRANO), *small], capture_output=True, text=True, env=env,
                            timeout=600)
