@@ -20,7 +20,7 @@ SIM    ?= verilator
 export SIM
 
 .DEFAULT_GOAL := help
-.PHONY: help sim test regress mutate bench synth formal fpga lint clean
+.PHONY: help sim test regress mutate bench results synth formal fpga lint clean
 
 help: ## list the targets
 	@echo "serrano — make targets (first use creates .venv):"
@@ -45,13 +45,16 @@ test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(ARGS)
 
 regress: $(STAMP) ## nightly: the suite with every random test over SEEDS seeds (SHARD=i/k): JUnit, coverage, build/regress.json
-	$(BIN)/python -m tb.regress --seeds $(SEEDS) --seed-base $(SEED_BASE) --shard $(SHARD) --jobs $(JOBS) $(ARGS)
+	$(BIN)/python -m verif.regress --seeds $(SEEDS) --seed-base $(SEED_BASE) --shard $(SHARD) --jobs $(JOBS) $(ARGS)
 
 mutate: $(STAMP) ## Yosys mutants of router, tensor core, vector unit vs the suite's checks: build/mutate.json
-	$(BIN)/python -m tb.mutate $(ARGS)
+	$(BIN)/python -m verif.mutate $(ARGS)
 
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 	$(BIN)/python -m bench $(ARGS)
+
+results: $(STAMP) ## the result tables of README.md and docs/results.md, from build/bench.json and build/mutate.json
+	$(BIN)/python -m verif.results $(ARGS)
 
 synth: $(STAMP) ## Yosys + nextpnr-ecp5 area and Fmax: print a table, write build/synth.json
 	$(BIN)/python -m synth $(ARGS)
@@ -62,9 +65,10 @@ formal: $(STAMP) ## SymbiYosys proofs on the router: files and traces under buil
 fpga: $(STAMP) ## bitstream of DESIGN behind a UART bridge for BOARD: utilisation, Fmax, build/fpga.json
 	$(BIN)/python -m fpga --board $(BOARD) --design $(DESIGN) $(ARGS)
 
-lint: $(STAMP) ## ruff, and Verilator --lint-only on every generated top
+lint: $(STAMP) ## ruff, the layer contracts (import-linter), Verilator --lint-only on every generated top
 	$(BIN)/ruff check .
-	$(BIN)/python -m tb.lint
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m verif.lint
 
 clean: ## remove generated files (keeps .venv)
 	rm -rf sim_build build .pytest_cache .ruff_cache .hypothesis

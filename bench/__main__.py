@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench import MODULES
+from spec import provenance
 
 BENCH_JSON = Path("build/bench.json")
 
@@ -37,14 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     targets: dict = {}
     for module in modules.values():  # every target, also of metrics kept from earlier runs
         targets.update(module.TARGETS)
+    measured: dict = {}
     for name in args.only or MODULES:
         print(f"[bench] {name} ...", flush=True)
         start = time.perf_counter()
-        metrics.update(modules[name].run(quick=args.quick))
+        measured.update(modules[name].run(quick=args.quick))
         print(f"[bench] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+    metrics.update(measured)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    provenance.record(args.json, measured)
 
     width = max(len(k) for k in metrics)
     print(f"\n{'metric':<{width}}  {'value':>14}  target")

@@ -15,7 +15,7 @@ from compiler.chip import accuracy, layer_rounds
 from golden.expected import accuracy as golden_accuracy
 from golden.expected import compute_expected
 from golden.workloads import generate, get_workload
-from tb.chip_run import chip_config
+from sim.chip_run import chip_config
 
 #: (workload, shape overrides, layer, batch, prefill, context, steps, seed)
 SPREAD = [

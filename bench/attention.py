@@ -20,7 +20,7 @@ output checked bit-exact against golden.
 
 from __future__ import annotations
 
-from tb.tile_run import simulate_attention, tile_config
+from sim.tile_run import simulate_attention, tile_config
 
 WORKLOAD, LAYER = "gpt-oss", 1
 N = 8

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from compiler.chip import agent_schedule
 from golden.workloads import get_workload
-from tb.chip_run import chip_config, chip_figures, simulate_layer
+from sim.chip_run import chip_config, chip_figures, simulate_layer
 
 WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
 #: Miniatures benchmarked by their attention alone, at the default chip.

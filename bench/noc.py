@@ -1,14 +1,14 @@
 """The network on its own (Verilator, traffic generated and checked in hardware by
-:class:`tb.traffic.TrafficBench`): zero-load latency per hop, latency against offered
+:class:`sim.traffic.TrafficBench`): zero-load latency per hop, latency against offered
 load and saturation throughput per traffic pattern, on 4 x 4 and 8 x 8 meshes with
 single-flit packets (2 VCs, one per message class, buffers of
-:data:`rtl.noc.DEFAULT_DEPTH` = 6 flits: the network's default, the chip's too).
+:data:`spec.noc.DEFAULT_DEPTH` = 6 flits: the network's default, the chip's too).
 
 - ``noc__zero_load__cycles_per_hop``: the slope of zero-load latency against hop count,
   from two patterns whose every packet travels a known distance (neighbour: 1 hop;
   bit-complement: the average of |k-1-2x| + |k-1-2y|), at 0.5 % load.
 - ``noc__<pattern>_<k>x<k>__saturation``: accepted flits/node/cycle at saturation
-  (:mod:`tb.noc_run` defines it: < 95 % accepted, or latency > 3x zero-load).
+  (:mod:`sim.noc_run` defines it: < 95 % accepted, or latency > 3x zero-load).
 - Every run is checked: no flit corrupted, duplicated, reordered or lost, no deadlock;
   ``noc__checked_packets_4x4`` counts the packets of the correctness runs (50 000 per
   pattern on 4 x 4, 10 % random sink stalls; the smallest pattern's count is reported).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tb.noc_run import check_complete, correctness_runs, figures, simulate
+from sim.noc_run import check_complete, correctness_runs, figures, simulate
 
 OUT = Path("build")
 PATTERNS = ("uniform", "transpose", "bit_complement", "tornado", "hotspot", "neighbour", "moe")

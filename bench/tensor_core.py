@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 
-from tb.gemm_run import memory_depth, simulate_gemm
+from sim.gemm_run import memory_depth, simulate_gemm
 
 K_MULTIPLES = (1, 4, 8, 64)
 SIZES = (8, 16)

@@ -10,7 +10,7 @@ RESCALEs; per row RECIP, DIV (which waits for the RECIP's 8-cycle pipeline) and 
 
 from __future__ import annotations
 
-from tb.vector_unit_tb import simulate_program
+from sim.vector_unit_run import simulate_program
 
 N = 8
 

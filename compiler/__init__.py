@@ -1,6 +1,6 @@
 """The program builder: tile programs for the golden workloads (see docs/compiler.md).
 
-- :class:`TileConfig` (``compiler.config``): the tile's memories, slots, program memory
+- :class:`TileConfig` (``spec.config``): the tile's memories, slots, program memory
   and KV cache.
 - ``compiler.attention``: one attention layer, prefill, extend (a chunked prefill over
   a cached context) and decode, bit-exact with ``golden.attention``.
@@ -18,10 +18,10 @@ from compiler.attention import (
     decode_from_workload,
     prefill_from_workload,
 )
-from compiler.config import TileConfig
 from compiler.hazards import check_synchronisation
 from compiler.kv import KvLayout, PageAllocator
 from compiler.program import ProgramSummary, TileProgram, run_on_model
+from spec.config import TileConfig
 
 __all__ = [
     "AttentionLayer", "KvLayout", "PageAllocator", "ProgramSummary", "TileConfig",

@@ -29,14 +29,14 @@ from itertools import zip_longest
 
 import numpy as np
 
-from compiler.config import TileConfig
 from compiler.kv import KvLayout, PageAllocator, pack_word
-from compiler.program import Op, TileProgram, encode_ops, summarise
+from compiler.program import Op, OutputRows, TileProgram, encode_ops, summarise
 from golden.attention import _multipliers
 from golden.exp import NEG_INF, quantize_log2_logit
-from golden.numerics import NUMERICS
 from golden.vector_model import VectorOpcode as VOP
-from rtl.isa import BOUND_BITS, COUNT_FIELD_BITS, Opcode, VecDst, VecPack
+from spec.config import TileConfig
+from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, Opcode, VecDst, VecPack
+from spec.numerics import NUMERICS
 
 __all__ = [
     "AttentionLayer", "build_decode", "build_prefill", "decode_from_workload",
@@ -46,10 +46,8 @@ __all__ = [
 #: Semaphores: scores GEMM done, P written (VEC), P·V GEMM done. Each is signalled by one
 #: engine only, so the k-th WAIT on it means that engine's k-th signalling op finished.
 SEM_SCORES, SEM_P, SEM_PV = 0, 1, 2
-#: Largest rows/beats of a VEC (``rtl.isa.COUNT_FIELD_BITS``; the docs say 1..64).
+#: Largest rows/beats of a VEC (``spec.isa.COUNT_FIELD_BITS``; the docs say 1..64).
 MAX_COUNT = min(64, (1 << COUNT_FIELD_BITS) - 1)
-#: Largest m, k, p of a GEMM (12-bit fields).
-MAX_GEMM_DIM = (1 << 12) - 1
 #: Signed range of a VEC key bound.
 BOUND_MIN, BOUND_MAX = -(1 << (BOUND_BITS - 1)), (1 << (BOUND_BITS - 1)) - 1
 #: Bits per int8 limb (P's two limbs; the base-128 digits of the sink logits).
@@ -159,7 +157,7 @@ def _visible_intervals(positions: np.ndarray, block: int, ps: int, window: int |
 
 
 def _mask(lo: int, hi: int, causal: int, rows: int, lanes: int) -> np.ndarray:
-    """The lanes a VEC enables: lo + r·causal <= x < hi + r·causal (rtl.isa.VecArgs)."""
+    """The lanes a VEC enables: lo + r·causal <= x < hi + r·causal (spec.isa.VecArgs)."""
     r = np.arange(rows)[:, None] * causal
     x = np.arange(lanes)[None, :]
     return (lo + r <= x) & (x < hi + r)
@@ -688,16 +686,9 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
                  for r in range(c.rows)]
     dv = layer.v_head_dim
 
-    def reader(read) -> np.ndarray:
-        out = np.zeros(output_shape, np.int8)
-        for c in chunks:
-            for r, (t, h) in enumerate(c.targets):
-                lanes = []
-                for j in range(dvc):
-                    word = read(c.out_addr + j * c.rows + r)
-                    lanes += [(word >> (8 * x)) & 0xFF for x in range(n)]
-                out[t, h] = np.array(lanes[:dv], np.uint8).view(np.int8)
-        return out
+    reader = OutputRows(output_shape, n, dv, [
+        ((t, h), [c.out_addr + j * c.rows + r for j in range(dvc)])
+        for c in chunks for r, (t, h) in enumerate(c.targets)])
 
     steps = sum(len(c.steps) for c in chunks)
     summary = summarise(config, ops, mp.spad_words, mp.acc_entries,

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from compiler.attention import AttentionLayer, build_decode, build_extend
-from compiler.config import ChipConfig
 from compiler.kv import PageAllocator
 from compiler.program import TileProgram
 from golden.attention import (
@@ -40,8 +39,9 @@ from golden.attention import (
 from golden.gemm import Saturation
 from golden.kv_cache import build_cache
 from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
-from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
+from spec.config import ChipConfig
+from spec.isa import Opcode, encode
 
 __all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull", "Step",
            "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",

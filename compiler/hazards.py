@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from compiler.program import Op
 from golden.vector_model import VectorOpcode as VOP
-from rtl.isa import Opcode, VecDst
+from spec.isa import Opcode, VecDst
 
 __all__ = ["accesses", "check_synchronisation"]
 

@@ -5,7 +5,7 @@ The scratchpad's KV port keeps one block-table row per (sequence, KV head, K or 
 ``page_size`` tokens of one KV head, chunk-major: word (token t, chunk c) at
 ``page_base + c * page_size + t``, channels ``c*N .. c*N + N - 1`` of the token, zero
 padded. So a K page is directly the ``b_rows = 1`` B operand of Q·Kᵀ and a V page the
-``b_rows = 0`` B operand of P·V (``rtl.isa.GemmArgs``).
+``b_rows = 0`` B operand of P·V (``spec.isa.GemmArgs``).
 
 :class:`PageAllocator` hands out physical pages; :class:`KvLayout` is the result for one
 sequence: the block table, the MAP requests the host issues, the appends that fill it
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.config import TileConfig
+from spec.config import TileConfig
 
 __all__ = ["KvLayout", "PageAllocator", "pack_word"]
 

@@ -43,24 +43,23 @@ Semaphores: 0 GEMM, 1 VEC, 2 DMA (local completions), 3 tokens arrived (expert t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.config import TileConfig
 from compiler.hazards import accesses, check_synchronisation
 from compiler.kv import pack_word
-from compiler.program import Op, TileProgram, encode_ops, summarise
+from compiler.program import Op, OutputRows, TileProgram, encode_ops, summarise
 from golden.decoder import IDENTITY, ProjectionScales, project_residual
 from golden.exp import LOG2E, NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier, requantize, wrap
 from golden.moe import MoEScales, MoEWeights, expert_ffn, router_logits, silu_table, topk
-from golden.numerics import NUMERICS
 from golden.reciprocal import divide
 from golden.vector_model import VectorOpcode as VOP
 from golden.vector_model import default_max_top_k
-from rtl.isa import Opcode, VecDst, VecPack
+from spec.config import TileConfig
+from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, Opcode, VecDst, VecPack, tile_bit
+from spec.numerics import NUMERICS
 
 __all__ = [
     "SEM_TOKENS", "SEM_RESULTS", "MemoryFull", "MoeChipProgram", "MoeLayer", "Projection",
@@ -75,9 +74,6 @@ SEM_TOKENS, SEM_RESULTS = 3, 4
 _ENGINE_SEM = {Opcode.GEMM: SEM_GEMM, Opcode.VEC: SEM_VEC, Opcode.DMA: SEM_DMA}
 #: The name of the regions every tile holds, in a :class:`MemoryFull` message.
 EVERY_TILE = "every tile"
-#: Largest DMA length (12-bit field) and GEMM dimension.
-MAX_DMA = (1 << 12) - 1
-MAX_GEMM_DIM = (1 << 12) - 1
 #: Largest rows/beats of a VEC (7-bit fields; the docs use 1..64).
 MAX_COUNT = 64
 #: exp2_neg(d, 15) is exactly 0 once d >= (15 + 2) << 10 (numerics.md, exp2).
@@ -408,7 +404,7 @@ class MoeChipProgram:
     output_words: list[int]
     output_shape: tuple[int, int]
     summary: dict
-    _reader: Callable[[Callable[[int], int]], np.ndarray] = field(repr=False)
+    _reader: OutputRows = field(repr=False)
 
     def read_output(self, words) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
@@ -686,12 +682,12 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     others = [t for t in range(tiles) if t != home and any(expert_tile[e] == t
                                                            for e in range(layer.total))]
     if others:
-        mask = sum(1 << ((t // k) * 8 + t % k) for t in others)
-        for start in range(0, tb * hidden, MAX_DMA):
+        mask = sum(tile_bit(t % k, t // k) for t in others)
+        for start in range(0, tb * hidden, MAX_DMA_LENGTH):
             emitters[home].dma(src=x_addr + start, dst=x_addr + start,
-                               length=min(MAX_DMA, tb * hidden - start), tiles=mask,
+                               length=min(MAX_DMA_LENGTH, tb * hidden - start), tiles=mask,
                                remote_signal=1, remote_semaphore=SEM_TOKENS)
-    token_dmas = _ceil(tb * hidden, MAX_DMA) if others else 0
+    token_dmas = _ceil(tb * hidden, MAX_DMA_LENGTH) if others else 0
     for t in range(tiles):
         e = emitters[t]
         mine = [ex for ex in range(layer.total) if expert_tile[ex] == t]
@@ -704,10 +700,10 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
         for ex in mine:
             expert_ffn_ops(e, t, ex)
             if t != home:
-                home_mask = 1 << ((home // k) * 8 + home % k)
-                for start in range(0, y_stride, MAX_DMA):
+                home_mask = tile_bit(home % k, home // k)
+                for start in range(0, y_stride, MAX_DMA_LENGTH):
                     e.dma(src=y_addr[ex] + start, dst=y_addr[ex] + start,
-                          length=min(MAX_DMA, y_stride - start), tiles=home_mask,
+                          length=min(MAX_DMA_LENGTH, y_stride - start), tiles=home_mask,
                           remote_signal=1, remote_semaphore=SEM_RESULTS)
                     dmas_to_home += 1
 
@@ -783,16 +779,9 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     output_words = [out_addr + b * hc * n + j * rows + r_ for b, rows in enumerate(block_rows)
                     for j in range(hc) for r_ in range(rows)]
 
-    def reader(read) -> np.ndarray:
-        out = np.zeros((tokens, hidden), np.int8)
-        for b, rows in enumerate(block_rows):
-            for r_ in range(rows):
-                lanes = []
-                for j in range(hc):
-                    word = read(out_addr + b * hc * n + j * rows + r_)
-                    lanes += [(word >> (8 * i)) & 0xFF for i in range(n)]
-                out[b * n + r_] = np.array(lanes[:hidden], np.uint8).view(np.int8)
-        return out
+    reader = OutputRows((tokens, hidden), n, hidden, [
+        ((b * n + r_,), [out_addr + b * hc * n + j * rows + r_ for j in range(hc)])
+        for b, rows in enumerate(block_rows) for r_ in range(rows)])
 
     programs = []
     for t in range(tiles):
@@ -807,16 +796,12 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
         programs.append(TileProgram(
             config, "moe", encode_ops(ops), ops, words[t].writes, None, [], [], {},
             output_words if at_home else [], (tokens, hidden) if at_home else (0,),
-            summary, reader if at_home else _no_output))
+            summary, reader if at_home else OutputRows((0,), n, 0, [])))
 
     summary = _chip_summary(layer, weights, x, programs, expert_tile, tiles, home, k,
                             0 if projection is None else tokens * channels * hidden)
     return MoeChipProgram(config, k, home, programs, expert_tile, output_words,
                           (tokens, hidden), summary, reader)
-
-
-def _no_output(read) -> np.ndarray:
-    return np.zeros(0, np.int8)
 
 
 def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,

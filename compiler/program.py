@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.config import TileConfig
 from compiler.kv import KvLayout
 from golden.vector_model import VectorOpcode
-from rtl.isa import Opcode, encode
+from spec.config import TileConfig
+from spec.isa import Opcode, encode
 
 __all__ = ["ProgramSummary", "TileProgram", "encode_ops", "run_on_model", "summarise"]
 
-#: An instruction before encoding: the opcode and its fields (``rtl.isa.encode``'s
+#: An instruction before encoding: the opcode and its fields (``spec.isa.encode``'s
 #: keyword arguments; ints for enum fields).
 Op = tuple[Opcode, dict]
 
@@ -92,7 +92,7 @@ def _frozen(value):
 
 
 def encode_ops(ops: Sequence[Op]) -> list[int]:
-    """Instruction words of ``ops`` (``rtl.isa.encode``, memoised: programs repeat
+    """Instruction words of ``ops`` (``spec.isa.encode``, memoised: programs repeat
     instructions)."""
     words = []
     for op, fields in ops:
@@ -102,6 +102,26 @@ def encode_ops(ops: Sequence[Op]) -> list[int]:
             word = _ENCODED[key] = encode(op, **fields)
         words.append(word)
     return words
+
+
+@dataclass(frozen=True)
+class OutputRows:
+    """How an int8 output tensor is read back from scratchpad words: ``rows`` lists
+    (index into the output, the words holding that row); a row is the int8 lanes of its
+    words in order (N per word, lane i in bits 8i..8i+7), the first ``width`` kept.
+    Plain data, so a compiled program can be handed to another process."""
+
+    shape: tuple[int, ...]
+    n: int
+    width: int
+    rows: list[tuple[tuple[int, ...], list[int]]]
+
+    def __call__(self, read: Callable[[int], int]) -> np.ndarray:
+        out = np.zeros(self.shape, np.int8)
+        for index, words in self.rows:
+            lanes = [(read(w) >> (8 * x)) & 0xFF for w in words for x in range(self.n)]
+            out[index] = np.array(lanes[:self.width], np.uint8).view(np.int8)
+        return out
 
 
 @dataclass(frozen=True)
@@ -130,7 +150,7 @@ class TileProgram:
     output_words: list[int]
     output_shape: tuple[int, ...]
     summary: ProgramSummary
-    _reader: Callable[[Callable[[int], int]], np.ndarray] = field(repr=False)
+    _reader: OutputRows = field(repr=False)
 
     def read_output(self, words: Sequence[int] | Callable[[int], int]) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
@@ -143,7 +163,7 @@ def run_on_model(program: TileProgram, model=None):
     the reader. Returns (output, model). Raises ValueError if the program does not halt
     with every semaphore back at zero."""
     from golden.tile_model import TileModel
-    from rtl.isa import decode
+    from spec.isa import decode
 
     cfg = program.config
     if model is None:

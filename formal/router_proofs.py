@@ -40,8 +40,8 @@ from amaranth import Cat, Module, Mux, ResetSignal, Signal
 from amaranth.hdl import Assert, Assume, Cover, Fragment
 from amaranth.lib import wiring
 
-from rtl.noc import Port
 from rtl.router import LINK_PORTS, Router
+from spec.noc import Port
 
 __all__ = ["PARAMS", "PROOFS", "Proof", "RouterHarness"]
 

@@ -35,7 +35,7 @@ BOARDS = {"ulx3s-85f": Board("ULX3S_85F_Platform", "amaranth_boards.ulx3s")}
 
 def board_tile():
     """The tile on the board and its compiler config."""
-    from tb.tile_run import tile_config, tile_from_config
+    from sim.tile_run import tile_config, tile_from_config
 
     config = tile_config("tiny", n=4, max_context=64)
     return tile_from_config(config), config
@@ -77,7 +77,7 @@ def run_gemm(client, n: int, m: int, k: int, p: int, seed: int = 1) -> dict:
     """An M x K by K x P int8 GEMM on the tensor core behind ``client``, checked against
     golden; returns the shapes and ``passed``."""
     from golden.gemm import gemm
-    from tb.gemm_stream import assemble, operand_beats, result_rows, tile_grid
+    from sim.gemm_stream import assemble, operand_beats, result_rows, tile_grid
 
     rng = np.random.default_rng(seed)
     a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, p))
@@ -97,7 +97,7 @@ def run_prefill(client, tile, config, workload: str, layer: int, prefill: int) -
     queries and KV through the host ports, ``go``, wait for the halt, read the outputs;
     every output checked against golden."""
     from rtl.sequencer import ErrorCode
-    from tb.attention_scenario import attention_steps
+    from sim.attention_scenario import attention_steps
 
     step = attention_steps(config, workload, layer, prefill=prefill, steps=0)[0]
     program = step.program

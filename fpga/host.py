@@ -176,7 +176,7 @@ class SimulatedLink:
         """Simulate until ``host()`` (run in a thread) returns; return its result."""
         from amaranth.sim import Simulator
 
-        from tb.runner import run_amaranth
+        from sim.runner import run_amaranth
 
         result, failure, finished = {}, [], threading.Event()
 

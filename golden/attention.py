@@ -17,8 +17,8 @@ import numpy as np
 from golden.exp import LOG2E, logit_multiplier, quantize_log2_logit, to_log2_domain
 from golden.gemm import HEADROOM_LSB, Saturation, quantize_multiplier, wrap
 from golden.kv_cache import PagedKVCache, check_block_table, gather
-from golden.numerics import NUMERICS, Numerics
 from golden.softmax import exact_matmul, normalise_output, online_softmax_pv
+from spec.numerics import NUMERICS, Numerics
 
 #: Query rows per prefill chunk (bounds memory; rows are independent, so results do not change).
 PREFILL_CHUNK = 128

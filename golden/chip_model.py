@@ -2,7 +2,7 @@
 
 :class:`ChipModel` holds k x k :class:`golden.tile_model.TileModel` tiles — tile (x, y)
 at index ``y * k + x``, named by bit ``y * 8 + x`` of a DMA's ``tiles`` mask
-(``rtl.isa``) — and runs one program per tile concurrently: round-robin, one
+(``spec.isa``) — and runs one program per tile concurrently: round-robin, one
 instruction per unhalted tile per turn. A WAIT whose semaphore is short does not
 execute: the tile blocks and the WAIT is retried on its next turn. When every unhalted
 tile is blocked the chip has deadlocked: ``ValueError`` naming each blocked tile, its pc
@@ -26,7 +26,7 @@ from golden.tile_model import TileModel
 
 __all__ = ["MESH_MAX", "ChipModel", "mask_of"]
 
-#: Mesh coordinates are 3 bits: a mask has 64 bits, bit y * 8 + x (``rtl.isa``).
+#: Mesh coordinates are 3 bits: a mask has 64 bits, bit y * 8 + x (``spec.isa``).
 MESH_MAX = 8
 
 
@@ -43,7 +43,7 @@ def mask_of(*positions: tuple[int, int]) -> int:
 def _decoded(instruction):
     """(opcode name, fields) from a decoded pair or an encoded instruction word."""
     if isinstance(instruction, int):
-        from rtl.isa import decode
+        from spec.isa import decode
 
         opcode, fields = decode(instruction)
         return opcode.name, fields

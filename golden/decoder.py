@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from golden.gemm import Saturation, quantize_multiplier, requantize, wrap
-from golden.numerics import NUMERICS, Numerics
 from golden.softmax import exact_matmul
+from spec.numerics import NUMERICS, Numerics
 
 
 @dataclass(frozen=True)

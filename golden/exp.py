@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from golden.gemm import quantize_multiplier
-from golden.numerics import NUMERICS, Numerics
+from spec.numerics import NUMERICS, Numerics
 
 LOG2E = 1.0 / math.log(2.0)
 

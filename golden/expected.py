@@ -16,8 +16,8 @@ from golden.decoder import project_residual, project_residual_float
 from golden.gemm import Saturation
 from golden.kv_cache import PagedKVCache
 from golden.moe import moe_layer, moe_layer_float
-from golden.numerics import NUMERICS, Numerics
 from golden.workloads import Workload
+from spec.numerics import NUMERICS, Numerics
 
 
 def compute_expected(wl: Workload, numerics: Numerics = NUMERICS,

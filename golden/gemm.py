@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from golden.numerics import NUMERICS, Numerics
+from spec.numerics import NUMERICS, Numerics
 
 
 def _check_operand(name: str, x: np.ndarray, numerics: Numerics) -> np.ndarray:

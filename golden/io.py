@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from golden.moe import MoEScales
-from golden.numerics import NUMERICS, Numerics
 from golden.workloads import Workload, WorkloadConfig
+from spec.numerics import NUMERICS, Numerics
 
 FORMAT = "serrano-workload"
 VERSION = 2

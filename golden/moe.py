@@ -19,8 +19,8 @@ import numpy as np
 
 from golden.exp import LOG2E, logit_multiplier, to_log2_domain
 from golden.gemm import HEADROOM_LSB, Saturation, quantize_multiplier, requantize, wrap
-from golden.numerics import NUMERICS, Numerics
 from golden.softmax import exact_matmul, softmax, softmax_float
+from spec.numerics import NUMERICS, Numerics
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from golden.numerics import NUMERICS, Numerics
+from spec.numerics import NUMERICS, Numerics
 
 
 @lru_cache(maxsize=16)

@@ -14,8 +14,8 @@ import numpy as np
 
 from golden.exp import NEG_INF, exp2_neg
 from golden.gemm import Saturation, requantize
-from golden.numerics import NUMERICS, Numerics
 from golden.reciprocal import divide
+from spec.numerics import NUMERICS, Numerics
 
 
 def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,12 +1,12 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
 :class:`TileModel` executes decoded instructions one after another — GEMM, VEC, DMA,
-WAIT/SIGNAL, NOP, HALT, with the semantics of the docstrings in ``rtl/isa.py``
+WAIT/SIGNAL, NOP, HALT, with the semantics of the docstrings in ``spec/isa.py``
 (``GemmArgs``, ``VecArgs``, ``DmaArgs``, ``WaitArgs``) — on a scratchpad, an accumulator
 memory, the vector unit's slot state (:class:`golden.vector_model.VectorUnitModel`) and
-the semaphores. An instruction is ``(opcode_name, fields)``, what ``rtl.isa.decode``
+the semaphores. An instruction is ``(opcode_name, fields)``, what ``spec.isa.decode``
 returns with ``opcode.name`` for the enum (an enum with a ``name`` is accepted too);
-missing fields are 0, as ``rtl.isa.encode`` makes them. No Amaranth here.
+missing fields are 0, as ``spec.isa.encode`` makes them. No Amaranth here.
 
 Every engine operation finishes before the next instruction starts, so the model is the
 order-of-program meaning; the hardware must give the same memories and semaphores
@@ -23,20 +23,21 @@ from __future__ import annotations
 import numpy as np
 
 from golden.gemm import wrap
-from golden.numerics import NUMERICS
 from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
+from spec.isa import tile_bit
+from spec.numerics import NUMERICS
 
 __all__ = [
     "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "TileModel", "VecDst", "VecPack",
     "lanes_word", "word_lanes",
 ]
 
-#: Width of an accumulator address field (``rtl.isa.ACC_ADDR_BITS``; a test checks it).
+#: Width of an accumulator address field (``spec.isa.ACC_ADDR_BITS``; a test checks it).
 ACC_ADDR_BITS = 10
-#: Semaphores per tile and their width (``rtl.isa.SEMAPHORES``, ``COUNT_BITS``).
+#: Semaphores per tile and their width (``spec.isa.SEMAPHORES``, ``COUNT_BITS``).
 SEMAPHORES, COUNT_BITS = 16, 16
 
-#: The fields of each opcode (``rtl.isa`` layouts; a test checks they are the same).
+#: The fields of each opcode (``spec.isa`` layouts; a test checks they are the same).
 FIELDS = {
     "HALT": (), "NOP": (),
     "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
@@ -50,13 +51,13 @@ FIELDS = {
 
 
 class VecDst:
-    """``rtl.isa.VecDst`` values."""
+    """``spec.isa.VecDst`` values."""
 
     TILE, SCALAR, SPAD, NONE = 0, 1, 2, 3
 
 
 class VecPack:
-    """``rtl.isa.VecPack`` values: which bits of a lane become a scratchpad byte."""
+    """``spec.isa.VecPack`` values: which bits of a lane become a scratchpad byte."""
 
     BYTE, LIMB_LO, LIMB_HI = 0, 1, 2
 
@@ -350,7 +351,7 @@ class TileModel:
 
     def _dma(self, f: dict) -> None:
         x, y = self.position
-        here = 1 << (y * 8 + x)
+        here = tile_bit(x, y)
         if f["tiles"] == 0:
             raise ValueError("DMA to no tile (tiles = 0)")
         if f["tiles"] != here and self.network is None:

@@ -8,66 +8,39 @@ sum) and the reciprocal's divisor per slot, the unit's one top-k list (golden ``
 over every (value, index) folded since the last ``first``, in the order folded: ties to
 the earlier beat, then the lower lane) and the SiLU table.
 
-The opcode numbers are defined here (:class:`VectorOpcode`); the RTL enum of the same
-name asserts that it matches. ``opcode`` may be this IntEnum, a plain int, or any enum
-whose ``value`` is the number (the RTL's). No Amaranth here.
+The opcode numbers and lane widths are ``spec.vector``'s, shared with the RTL.
+``opcode`` may be a :class:`VectorOpcode`, a plain int, or any enum whose ``value`` is
+the number.
 """
 
 from __future__ import annotations
-
-from enum import IntEnum
 
 import numpy as np
 
 from golden.exp import exp2_neg, to_log2_domain
 from golden.gemm import requantize, wrap
 from golden.moe import topk
-from golden.numerics import NUMERICS
 from golden.reciprocal import divide
+from spec.numerics import NUMERICS
+from spec.vector import (
+    LANE_BITS,
+    MUL_BITS,
+    TOPK_DEFAULT,
+    TOPK_INDEX_BITS,
+    VectorOpcode,
+    default_max_top_k,
+)
 
 __all__ = [
     "LANE_BITS", "MUL_BITS", "TOPK_DEFAULT", "TOPK_INDEX_BITS", "VectorOpcode",
     "VectorUnitModel", "default_max_top_k", "rescale", "top_list",
 ]
 
-#: Width of a lane value and of a slot total (golden's P.V accumulator).
-LANE_BITS = NUMERICS.attn_acc_bits
-#: MUL/SWIGLU take the low ``MUL_BITS`` of each operand (signed), so a*b fits a lane.
-MUL_BITS = LANE_BITS // 2
-#: Width of a top-k index: lane i of a TOPK beat is index ``(c + i) mod 2**16``.
-TOPK_INDEX_BITS = 16
-#: Default top-k list length bound: ``min(n, TOPK_DEFAULT)``.
-TOPK_DEFAULT = 8
 #: Fraction bits of alpha in RESCALE (Q1.15).
 T = NUMERICS.exp_table_frac_bits
 
 
-class VectorOpcode(IntEnum):
-    """What one op beat computes (docs/vector_unit.md has each formula)."""
-
-    REQUANT = 0
-    LOGIT = 1
-    MAX = 2
-    SUM = 3
-    EXP = 4
-    RESCALE = 5
-    RECIP = 6
-    DIV = 7
-    ADD = 8
-    MUL = 9
-    SILU = 10
-    SWIGLU = 11
-    SILU_LOAD = 12
-    TOPK = 13
-    TOPK_INDEX = 14
-
-
 OP = VectorOpcode
-
-
-def default_max_top_k(n: int) -> int:
-    """The top-k list length of a unit of ``n`` lanes when ``max_top_k`` is not given."""
-    return min(n, TOPK_DEFAULT)
 
 
 def rescale(acc: np.ndarray, alpha: int, add: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from golden.numerics import NUMERICS
+from spec.numerics import NUMERICS
 
 __all__ = ["LANE_BITS", "AccWrite", "AccumulatorMemory", "Entry"]
 

@@ -17,10 +17,11 @@ from amaranth.utils import ceil_log2
 
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface, check_max_packet, payload_bits
-from rtl.noc import DEFAULT_DEPTH, MIN_K, NocConfig
-from rtl.params import check_bool
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
+from spec.isa import tile_index
+from spec.noc import DEFAULT_DEPTH, MIN_K, NocConfig
+from spec.params import check_bool
 
 __all__ = ["TILE_MODULE", "Chip", "NetCounters", "with_tile"]
 
@@ -54,7 +55,7 @@ class Chip(wiring.Component):
     of the network interfaces). ``shared_tile``: every tile is an instance of one
     Verilog module :data:`TILE_MODULE` (the tile without a fixed position, its
     ``mask_bit`` tied per instance) whose design is :attr:`tile_design`, to be
-    elaborated once beside the chip (``tb.runner.build(..., modules=...)``): the
+    elaborated once beside the chip (``sim.runner.build(..., modules=...)``): the
     simulator then compiles one tile instead of k * k. ``sim_gating`` (simulation only):
     the clocks of the mesh and of each network interface stop while they are idle
     (:class:`rtl.mesh.Mesh`, :class:`rtl.network_interface.NetworkInterface`); give the
@@ -132,7 +133,7 @@ class Chip(wiring.Component):
             x, y = index % self.k, index // self.k
             if self.shared_tile:
                 m.submodules[f"tile_{x}_{y}"] = self._instance(tile)
-                m.d.comb += tile.mask_bit.eq(y * 8 + x)
+                m.d.comb += tile.mask_bit.eq(tile_index(x, y))
             else:
                 m.submodules[f"tile_{x}_{y}"] = tile
             m.d.comb += [

@@ -1,5 +1,5 @@
 """The DMA engine: copies a scratchpad region to this tile and/or other tiles (see
-:class:`rtl.isa.DmaArgs`), and the network word it sends."""
+:class:`spec.isa.DmaArgs`), and the network word it sends."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from rtl.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs
-from rtl.params import check_coord, check_int
 from rtl.scratchpad import Request, Response, failed
+from spec.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs, tile_bit
+from spec.params import check_coord, check_int
 
 __all__ = ["DmaEngine", "NetWord"]
 
@@ -75,7 +75,7 @@ class DmaEngine(wiring.Component):
             m.d.comb += own_bit.eq(Const(1, TILE_MASK_BITS) << self.mask_bit)
         else:
             x, y = self.position
-            own_bit = 1 << (y * 8 + x)
+            own_bit = tile_bit(x, y)
         local = (cmd.tiles & own_bit).any()
         remote = cmd.tiles & ~own_bit
         m.d.comb += self.busy.eq(active)

@@ -1,5 +1,5 @@
 """The GEMM engine: runs GEMM instructions on the tensor core, operands from the
-scratchpad, results into the accumulator memory (see :class:`rtl.isa.GemmArgs`)."""
+scratchpad, results into the accumulator memory (see :class:`spec.isa.GemmArgs`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from golden.numerics import NUMERICS
 from rtl.accumulator import AccWrite, Entry
-from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, SIGNAL, GemmArgs
-from rtl.params import check_int
 from rtl.scratchpad import Request, Response, failed
 from rtl.tensor_core import OperandBeat, TensorCore
+from spec.isa import ACC_ADDR_BITS, ADDR_BITS, SIGNAL, GemmArgs
+from spec.numerics import NUMERICS
+from spec.params import check_int
 
 __all__ = ["GemmEngine", "OperandFetch", "OperandStreamer"]
 
@@ -55,7 +55,7 @@ class OperandStreamer(wiring.Component):
     rather than to every buffer flip-flop.
 
     Built with ``limbs``, the streamer has a second port (``req_lo``/``resp_lo``) and
-    beats of :attr:`golden.numerics.Numerics.joined_operand_bits`-bit values: a fetch
+    beats of :attr:`spec.numerics.Numerics.joined_operand_bits`-bit values: a fetch
     with its ``limbs`` flag reads each word and its low-limb word in the same step (one
     request on each port) and joins them lane by lane, ``hi·2⁷ + lo``; other fetches
     give their int8 values sign-extended. Both ports issue at one word per cycle, so a
@@ -307,7 +307,7 @@ class GemmEngine(wiring.Component):
     into the accumulator memory.
 
     Output tiles are computed in row-tile-major order, k beats each; their rows land in
-    consecutive entries from ``c`` (the C-tile layout of :class:`rtl.isa.GemmArgs`), so
+    consecutive entries from ``c`` (the C-tile layout of :class:`spec.isa.GemmArgs`), so
     the writeback only counts. Commands wait in a queue of ``queue`` (so the sequencer
     dispatches past them); one starts while the previous one is still writing back
     (the feeder moves on at once), so GEMMs follow each other without a bubble in the
@@ -322,12 +322,12 @@ class GemmEngine(wiring.Component):
 
     A GEMM with ``a_limbs`` reads A's high limbs on the A port and its low limbs on the
     A-low port in step, and multiplies the joined values (the tensor core's A operand is
-    :attr:`golden.numerics.Numerics.joined_operand_bits` wide): P·V in one pass.
+    :attr:`spec.numerics.Numerics.joined_operand_bits` wide): P·V in one pass.
 
     Ports
     -----
     cmd : stream in of :class:`GemmArgs` (checked by the sequencer)
-    done : stream out of :data:`rtl.isa.SIGNAL`
+    done : stream out of :data:`spec.isa.SIGNAL`
     a_req/a_resp, a_lo_req/a_lo_resp, b_req/b_resp : scratchpad ports (reads only)
     acc_addr, acc_data : an accumulator read port (data the cycle after the address)
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`

@@ -9,10 +9,10 @@ from amaranth import Cat, DomainRenamer, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig, Port, xy_route
-from rtl.params import check_bool
 from rtl.router import COUNTER_BITS, LINK_PORTS, Router, Routing
 from rtl.sim_gate import gated
+from spec.noc import DEFAULT_DEPTH, MessageClass, NocConfig, Port, xy_route
+from spec.params import check_bool
 
 __all__ = ["Mesh", "channel_dependencies", "check_deadlock_free", "find_cycle"]
 
@@ -145,7 +145,7 @@ class Mesh(wiring.Component):
 
     Attributes
     ----------
-    inject : ``k * k`` lists of ``vcs`` stream sinks of :class:`rtl.noc.Flit`
+    inject : ``k * k`` lists of ``vcs`` stream sinks of :class:`spec.noc.Flit`
     eject : ``k * k`` lists of ``vcs`` stream sources
     dropped : ``k * k`` Signal(16), out
         Each router's dropped-packet count (unroutable packets are dropped where they

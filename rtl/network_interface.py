@@ -8,16 +8,14 @@ from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.dma_engine import NetWord
-from rtl.isa import ADDR_BITS, TILE_MASK_BITS
-from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
-from rtl.params import check_bool
 from rtl.sim_gate import gated
+from spec.isa import ADDR_BITS, MASK_COLUMNS, TILE_MASK_BITS
+from spec.noc import DEFAULT_DEPTH, MAX_PACKET, MessageClass, NocConfig
+from spec.params import check_bool
 
 __all__ = ["MAX_PACKET", "NetPayload", "NetworkInterface", "PacketKind", "check_max_packet",
            "payload_bits"]
 
-#: Columns of the tile mask of :class:`rtl.dma_engine.NetWord` (bit ``y * 8 + x``).
-MASK_COLUMNS = 8
 #: Width of the traffic and drop counters (saturating).
 COUNTER_BITS = 32
 
@@ -45,10 +43,6 @@ class NetPayload(data.StructLayout):
 def payload_bits(n: int) -> int:
     """Flit payload width of the network that carries :class:`NetPayload` for size N."""
     return NetPayload(n).size
-
-
-#: Most flits in one packet (the reassembly buffer holds two packets).
-MAX_PACKET = 64
 
 
 def check_max_packet(max_packet: int) -> None:
@@ -93,8 +87,8 @@ class NetworkInterface(wiring.Component):
     -----
     tile_out : stream in of :class:`rtl.dma_engine.NetWord` (the tile's ``net_out``)
     tile_in : stream out of :class:`rtl.dma_engine.NetWord` (the tile's ``net_in``)
-    inject : ``vcs`` stream sources of :class:`rtl.noc.Flit` (the router's ``inject``)
-    eject : ``vcs`` stream sinks of :class:`rtl.noc.Flit` (the router's ``eject``)
+    inject : ``vcs`` stream sources of :class:`spec.noc.Flit` (the router's ``inject``)
+    eject : ``vcs`` stream sinks of :class:`spec.noc.Flit` (the router's ``eject``)
     sent, received : out, flits injected and packets delivered to the tile (saturating)
     dropped_out, dropped_in : out, words dropped at egress, packets dropped at ingress
     error : out, sticky: something was dropped

@@ -10,7 +10,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from rtl.noc import DEFAULT_DEPTH, Link, NocConfig, Port, branch_region, xy_route
+from spec.noc import DEFAULT_DEPTH, Link, NocConfig, Port, branch_region, xy_route
 
 __all__ = ["Router"]
 
@@ -83,10 +83,10 @@ class Router(wiring.Component):
     """A five-port mesh router (local, N, E, S, W) at position (``x``, ``y``) of a
     ``k`` x ``k`` mesh.
 
-    Packets are flits of :class:`rtl.noc.Flit`. A unicast packet follows ``routing``
+    Packets are flits of :class:`spec.noc.Flit`. A unicast packet follows ``routing``
     (dimension-ordered XY by default: along x, then along y); a multicast packet (one
     flit with a node mask) is copied along the XY tree: each output gets the flit with
-    its mask cut to the nodes beyond that output (:func:`rtl.noc.branch_region`), so a
+    its mask cut to the nodes beyond that output (:func:`spec.noc.branch_region`), so a
     node is reached along exactly one branch and never gets two copies.
 
     Flow control is credit-based wormhole over ``vcs`` virtual channels per link, each
@@ -130,23 +130,23 @@ class Router(wiring.Component):
     x, y : int
         Position in the mesh.
     k, payload_bits, vcs, depth : int
-        See :class:`rtl.noc.NocConfig` (mesh size 2 … 8, payload 1 … 1024 bits, an even
+        See :class:`spec.noc.NocConfig` (mesh size 2 … 8, payload 1 … 1024 bits, an even
         number of VCs 2 … 8, buffer depth 1 … 16 flits).
     routing : callable
         ``routing((x, y), (dst_x, dst_y)) -> Port`` for unicast packets;
-        :func:`rtl.noc.xy_route` by default. The router tabulates it at elaboration;
+        :func:`spec.noc.xy_route` by default. The router tabulates it at elaboration;
         :class:`rtl.mesh.Mesh` refuses one whose channel-dependency graph has a cycle.
 
     Attributes
     ----------
-    inject : list of ``vcs`` stream sinks of :class:`rtl.noc.Flit`
+    inject : list of ``vcs`` stream sinks of :class:`spec.noc.Flit`
         Local injection, one stream per VC (the stream index is the VC; ``flit.vc`` is
         ignored). Ready while that VC's local buffer has room.
-    eject : list of ``vcs`` stream sources of :class:`rtl.noc.Flit`
+    eject : list of ``vcs`` stream sources of :class:`spec.noc.Flit`
         Local delivery, one stream per VC, so a stalled class never blocks the other.
-    in_n, in_e, in_s, in_w : :class:`rtl.noc.Link`, flipped
+    in_n, in_e, in_s, in_w : :class:`spec.noc.Link`, flipped
         Incoming links (the router returns credits).
-    out_n, out_e, out_s, out_w : :class:`rtl.noc.Link`
+    out_n, out_e, out_s, out_w : :class:`spec.noc.Link`
         Outgoing links (the router holds the neighbour's credits).
     dropped : Signal(16), out
         Packets dropped since reset (saturating).

@@ -7,9 +7,9 @@ from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.ecc import Secded
-from golden.numerics import NUMERICS
 from rtl import _ecc
-from rtl.params import check_bool
+from spec.numerics import NUMERICS
+from spec.params import check_bool
 
 __all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status", "failed"]
 
@@ -148,7 +148,7 @@ class Scratchpad(wiring.Component):
     of the same memory (plain ports reach it too, by address). Token t of sequence s is
     at ``kv_base + (table[s][t // page_size] * token_words + word) * page_size + t %
     page_size``: pages are chunk-major (word w of every token of a page, then word w + 1),
-    so a page is directly a GEMM operand (see :class:`rtl.isa.GemmArgs`).
+    so a page is directly a GEMM operand (see :class:`spec.isa.GemmArgs`).
     Refused KV requests (see :class:`Status`) change nothing.
 
     ECC: writes store the encoded word (XOR ``flip`` with fault injection). Reads are

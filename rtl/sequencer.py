@@ -7,7 +7,7 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from rtl.isa import (
+from spec.isa import (
     ACC_ADDR_BITS,
     COUNT_BITS,
     INSTRUCTION,
@@ -20,8 +20,9 @@ from rtl.isa import (
     Opcode,
     VecArgs,
     VecDst,
+    tile_bit,
 )
-from rtl.params import check_grid, check_int
+from spec.params import check_grid, check_int
 
 __all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
 
@@ -133,9 +134,9 @@ class Sequencer(wiring.Component):
 
     @property
     def valid_tiles(self) -> int:
-        """The tile mask bits that name tiles of the mesh (bit y*8 + x)."""
+        """The tile mask bits that name tiles of the mesh (``spec.isa.tile_bit``)."""
         columns, rows = self.mesh
-        return sum(1 << (y * 8 + x) for y in range(rows) for x in range(columns))
+        return sum(tile_bit(x, y) for y in range(rows) for x in range(columns))
 
     def elaborate(self, platform):
         m = Module()

@@ -6,7 +6,7 @@ from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.numerics import NUMERICS
+from spec.numerics import NUMERICS
 
 __all__ = ["OperandBeat", "ResultRow", "TensorCore"]
 
@@ -72,7 +72,7 @@ class TensorCore(wiring.Component):
     a_bits : int
         Width of an A value, 8 (int8, the default) to 17: the tile's GEMM engine uses 16
         to multiply by a probability joined from two int8 limbs in one pass
-        (:attr:`golden.numerics.Numerics.joined_operand_bits`). Up to 17 bits, each
+        (:attr:`spec.numerics.Numerics.joined_operand_bits`). Up to 17 bits, each
         product still fits one ECP5 MULT18X18D.
 
     Attributes

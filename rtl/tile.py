@@ -11,11 +11,11 @@ from amaranth.utils import ceil_log2
 from rtl.accumulator import AccumulatorMemory
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
-from rtl.isa import TILE_MASK_BITS
-from rtl.params import check_bool, check_coord, check_grid, check_int
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
+from spec.isa import TILE_MASK_BITS
+from spec.params import check_bool, check_coord, check_grid, check_int
 
 __all__ = ["Counters", "Tile"]
 

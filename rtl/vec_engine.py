@@ -17,11 +17,11 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from rtl.accumulator import AccWrite, Entry
-from rtl.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
-from rtl.params import check_bool
 from rtl.scratchpad import Request, Response, failed
 from rtl.sim_gate import gated
 from rtl.vector_unit import VectorOpcode, VectorUnit
+from spec.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
+from spec.params import check_bool
 
 __all__ = ["VecEngine"]
 
@@ -57,7 +57,7 @@ class _Flight(data.StructLayout):
 
 
 class VecEngine(wiring.Component):
-    """Runs VEC instructions (:class:`rtl.isa.VecArgs`) on a :class:`VectorUnit`.
+    """Runs VEC instructions (:class:`spec.isa.VecArgs`) on a :class:`VectorUnit`.
 
     For row r in 0..rows-1 and beat j in 0..beats-1 (row-major), the engine reads the
     operands from three accumulator read ports (``a``, ``b``, ``c``; the C-tile layout
@@ -124,7 +124,7 @@ class VecEngine(wiring.Component):
     Ports
     -----
     cmd : stream in of :class:`VecArgs` (range-checked by the sequencer)
-    done : stream out of :data:`rtl.isa.SIGNAL`, the instruction's ``signal``, one beat
+    done : stream out of :data:`spec.isa.SIGNAL`, the instruction's ``signal``, one beat
         per finished instruction, in order
     a_addr/a_data, b_addr/b_data, c_addr/c_data : accumulator read ports (data the
         cycle after the address)
@@ -390,7 +390,7 @@ class VecEngine(wiring.Component):
         op = ops.payload
         m.d.comb += [
             ops.valid.eq(s1_valid),
-            op.opcode.as_value().eq(s1_ins.op),
+            op.opcode.eq(s1_ins.op),
             op.c.eq(Mux(s1_ins.c_imm, s1_ins.imm, self.c_data[s1_lane])),
             op.mult.eq(s1_ins.mult), op.shift.eq(s1_ins.shift), op.sat.eq(s1_ins.sat),
             op.mask.eq(s1_mask), op.slot.eq(s1_slot), op.first.eq(s1_first),

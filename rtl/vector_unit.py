@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden import vector_model as _model  # the opcode numbers and widths (asserted below)
 from golden.exp import exp2_tables
-from golden.numerics import NUMERICS
 from golden.reciprocal import reciprocal, reciprocal_seed_table
+from spec.numerics import NUMERICS
+from spec.vector import (
+    LANE_BITS,
+    MUL_BITS,
+    TOPK_INDEX_BITS,
+    VectorOpcode,
+    default_max_top_k,
+)
 
 __all__ = ["VectorOp", "VectorResult", "VectorOpcode", "VectorUnit"]
 
@@ -19,54 +25,11 @@ MIN_N, MAX_N = 2, 32
 #: Per-slot reduction registers it can be built with.
 MIN_SLOTS, MAX_SLOTS = 1, 64
 
-#: Width of a lane value and of a reduction total: the P.V accumulator of golden
-#: (``attn_acc_bits``); holds int32 accumulators, log2-domain logits and NEG_INF.
-LANE_BITS = NUMERICS.attn_acc_bits
-#: MUL/SWIGLU take the low ``MUL_BITS`` of each operand (signed), so a*b fits a lane.
-MUL_BITS = LANE_BITS // 2
 #: Signed shift field: right shifts up to ``requant_max_shift``, left shifts (negative)
 #: down to ``-logit_max_left_shift``.
 SHIFT_BITS = max(NUMERICS.requant_max_shift, NUMERICS.logit_max_left_shift).bit_length() + 1
 #: The SiLU table: one entry per int8 input code.
 SILU_ENTRIES = 1 << NUMERICS.operand_bits
-#: Width of a top-k index (expert number): lane i of a TOPK beat is index ``c + i``.
-TOPK_INDEX_BITS = 16
-#: Largest top-k list a unit keeps by default (the workloads' largest ``top_k``); the
-#: default list length is ``min(n, TOPK_DEFAULT)``.
-TOPK_DEFAULT = 8
-
-
-def default_max_top_k(n: int) -> int:
-    """The top-k list length of ``VectorUnit(n)`` when ``max_top_k`` is not given."""
-    return min(n, TOPK_DEFAULT)
-
-
-class VectorOpcode(enum.Enum, shape=4):
-    """What one op beat computes (see :class:`VectorUnit` for each one's formula)."""
-
-    REQUANT = 0
-    LOGIT = 1
-    MAX = 2
-    SUM = 3
-    EXP = 4
-    RESCALE = 5
-    RECIP = 6
-    DIV = 7
-    ADD = 8
-    MUL = 9
-    SILU = 10
-    SWIGLU = 11
-    SILU_LOAD = 12
-    TOPK = 13
-    TOPK_INDEX = 14
-
-
-# The numbers are golden's (golden/vector_model.py, which the program builder encodes
-# with); an Amaranth enum needs a class body of its own, so they are restated here and
-# checked against golden, with the widths the model assumes, when this module loads.
-assert [(o.name, o.value) for o in VectorOpcode] == \
-    [(o.name, o.value) for o in _model.VectorOpcode], "opcodes differ from golden"
-assert (MUL_BITS, TOPK_INDEX_BITS) == (_model.MUL_BITS, _model.TOPK_INDEX_BITS)
 
 
 class VectorOp(data.StructLayout):

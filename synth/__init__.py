@@ -13,7 +13,6 @@ from pathlib import Path
 
 from synth.designs import (
     DESIGNS,
-    DesignUnavailable,
     UnknownDesign,
     build_design,
     rtl_design,
@@ -31,7 +30,6 @@ from synth.flow import (
 
 __all__ = [
     "DESIGNS",
-    "DesignUnavailable",
     "UnknownDesign",
     "build_design",
     "rtl_design",

@@ -2,34 +2,40 @@
 
 Adding a block is one line in :data:`DESIGNS`::
 
-    "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
+    "scratchpad": rtl_design(Scratchpad, banks=4),
 
-The factory imports the RTL module only when the design is built, so a module that does
-not exist yet (or fails to import) makes that design *unavailable* — listed by
-``python -m synth --list``, skipped by a full run — instead of breaking every other one.
+The RTL classes are imported at the top, so the layer contracts (``make lint``) see
+what synthesis depends on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import re
 from collections.abc import Callable
 from typing import Any
 
 from amaranth.hdl import Elaboratable
 
+from rtl.gemm_engine import GemmEngine
+from rtl.mesh import Mesh
+from rtl.network_interface import NetworkInterface
+from rtl.router import Router
+from rtl.scratchpad import Scratchpad
+from rtl.sequencer import Sequencer
+from rtl.tensor_core import TensorCore
+from rtl.tile import Tile
+from rtl.vec_engine import VecEngine
+from rtl.vector_unit import VectorUnit
+
 __all__ = [
     "DESIGNS",
     "PNR_TARGET_MHZ",
-    "DesignUnavailable",
     "UnknownDesign",
     "rtl_design",
     "check_name",
     "get_factory",
     "build_design",
     "describe",
-    "preload",
 ]
 
 #: A design factory: no arguments, returns a fresh Elaboratable (usually a wiring.Component).
@@ -38,75 +44,51 @@ Factory = Callable[[], Elaboratable]
 _NAME = re.compile(r"[a-z0-9]+(_[a-z0-9]+)*")
 
 
-class DesignUnavailable(RuntimeError):
-    """The RTL module behind a registered design cannot be imported (yet)."""
-
-
 class UnknownDesign(LookupError):
     """No design is registered under that name (the message lists the known ones)."""
 
 
-def rtl_design(module: str, cls: str, /, **params: Any) -> Factory:
-    """A factory for ``module.cls(**params)`` that imports ``module`` only when called."""
+def rtl_design(klass: type, /, **params: Any) -> Factory:
+    """A factory for ``klass(**params)``, a fresh instance per call."""
 
     def factory() -> Elaboratable:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            raise DesignUnavailable(f"cannot import {module}: {exc}") from exc
-        try:
-            klass = getattr(mod, cls)
-        except AttributeError as exc:
-            raise DesignUnavailable(f"{module} has no {cls}") from exc
         return klass(**params)
 
     args = ", ".join(f"{k}={v!r}" for k, v in params.items())
-    factory.__doc__ = f"{module}.{cls}({args})"
-    factory.__qualname__ = factory.__name__ = f"make_{cls}"
-    factory.module = module  # for preload()
+    factory.__doc__ = f"{klass.__module__}.{klass.__name__}({args})"
+    factory.__qualname__ = factory.__name__ = f"make_{klass.__name__}"
     return factory
-
-
-def preload(names) -> None:
-    """Import the RTL modules of these designs now, in this thread: concurrent first
-    imports of one package from several threads can see it half initialised. A module
-    that does not import is left for its factory to report."""
-    for name in names:
-        module = getattr(DESIGNS[name], "module", None)
-        if module is not None:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(module)
 
 
 #: Design name → factory. Names are ``[a-z0-9_]`` without ``__`` (the metric separator).
 DESIGNS: dict[str, Factory] = {
-    "tensor_core_n4": rtl_design("rtl.tensor_core", "TensorCore", n=4),
-    "tensor_core_n8": rtl_design("rtl.tensor_core", "TensorCore", n=8),
-    "tensor_core_n16": rtl_design("rtl.tensor_core", "TensorCore", n=16),
-    "scratchpad": rtl_design("rtl.scratchpad", "Scratchpad", banks=4),
-    "sequencer": rtl_design("rtl.sequencer", "Sequencer"),
-    "vector_unit": rtl_design("rtl.vector_unit", "VectorUnit", n=8),
-    "gemm_engine": rtl_design("rtl.gemm_engine", "GemmEngine", n=8),
-    "vec_engine": rtl_design("rtl.vec_engine", "VecEngine", n=8, slots=8),
+    "tensor_core_n4": rtl_design(TensorCore, n=4),
+    "tensor_core_n8": rtl_design(TensorCore, n=8),
+    "tensor_core_n16": rtl_design(TensorCore, n=16),
+    "scratchpad": rtl_design(Scratchpad, banks=4),
+    "sequencer": rtl_design(Sequencer),
+    "vector_unit": rtl_design(VectorUnit, n=8),
+    "gemm_engine": rtl_design(GemmEngine, n=8),
+    "vec_engine": rtl_design(VecEngine, n=8, slots=8),
     # One tile at FPGA size: 4096-word scratchpad (32 pages of 16 tokens x 4 words),
     # 512-instruction program memory; the simulated design points are larger. At N = 8
     # it outgrows the 85F (no place and route); at N = 4 it fits and gets an Fmax.
-    "tile": rtl_design("rtl.tile", "Tile", n=8, banks=8, depth=512, page_size=16,
+    "tile": rtl_design(Tile, n=8, banks=8, depth=512, page_size=16,
                        token_words=4, num_pages=32, sequences=4, max_pages=16,
                        program_depth=512),
-    "tile_n4": rtl_design("rtl.tile", "Tile", n=4, banks=8, depth=512, page_size=16,
+    "tile_n4": rtl_design(Tile, n=4, banks=8, depth=512, page_size=16,
                           token_words=4, num_pages=32, sequences=4, max_pages=16,
                           program_depth=512),
     # The network: a router inside a 4 x 4 mesh with 64-bit payloads, in two VC/buffer
     # configurations (same buffer bits per port; the first is the default, the chip's),
     # and a 2 x 2 mesh of the first.
-    "router_v2_d6": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+    "router_v2_d6": rtl_design(Router, x=1, y=1, k=4, payload_bits=64,
                                vcs=2, depth=6),
-    "router_v4_d3": rtl_design("rtl.router", "Router", x=1, y=1, k=4, payload_bits=64,
+    "router_v4_d3": rtl_design(Router, x=1, y=1, k=4, payload_bits=64,
                                vcs=4, depth=3),
-    "mesh_2x2": rtl_design("rtl.mesh", "Mesh", k=2, payload_bits=64, vcs=2, depth=6),
+    "mesh_2x2": rtl_design(Mesh, k=2, payload_bits=64, vcs=2, depth=6),
     # The network interface of a tile of a 4 x 4 mesh (87-bit flit payloads at N = 8).
-    "network_interface": rtl_design("rtl.network_interface", "NetworkInterface", n=8, x=1,
+    "network_interface": rtl_design(NetworkInterface, n=8, x=1,
                                     y=1, k=4, vcs=2, max_packet=8),
 }
 

@@ -1,1 +1,1 @@
-"""Testbenches: the simulator runner, the stream harness, cocotb drivers and the CLI."""
+"""cocotb test modules: each runs inside a simulation started by ``sim`` (one per design)."""

@@ -1,18 +1,19 @@
-"""cocotb tests of a chip in a StreamHarness (see tests/test_chip.py and tb/chip_run.py)."""
+"""cocotb tests of a chip in a StreamHarness (see tests/test_chip.py and sim/chip_run.py)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import cocotb
 import numpy as np
 
-from rtl.isa import Opcode, decode, encode
 from rtl.sequencer import ErrorCode
-from tb import coverage
-from tb.chip_driver import ChipDriver
-from tb.chip_run import chip_from_config, chip_from_json, harness_depths
-from tb.runner import parameters, report
+from sim import coverage
+from sim.chip_driver import ChipDriver
+from sim.chip_run import chip_from_config, chip_from_json, harness_depths
+from sim.runner import parameters, report
+from spec.isa import Opcode, decode, encode
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -86,10 +87,9 @@ def _sample_coverage(rnd, workload, config) -> None:
 @cocotb.test()
 async def chip_layer(dut):
     """A decoder layer (attention, then MoE unless ``moe`` is off) for a batch on the
-    chip (compiler.chip rounds): every output bit-exact with golden; per round the
-    cycles, counters and network traffic."""
-    from compiler.chip import layer_rounds
-
+    chip (the rounds ``sim.chip_run.simulate_layer`` compiled, from the file it names):
+    every output bit-exact with golden; per round the cycles, counters and network
+    traffic."""
     p = parameters()
     driver, config = await _driver(dut)
     from golden.workloads import WorkloadConfig
@@ -99,11 +99,8 @@ async def chip_layer(dut):
         workload = WorkloadConfig.from_json(workload)
     progress = open(p["progress"], "a") if p.get("progress") else None  # noqa: SIM115
     dumped: dict[str, tuple] = {}  # --dump: group -> (workload, expected, RTL outputs)
-    rounds = layer_rounds(config, workload, p["layer"], batch=p["batch"],
-                          prefill=p["prefill"], context=p["context"], steps=p["steps"],
-                          placement=p["placement"], seed=p["seed"], moe=p["moe"],
-                          schedule=[(phase, tuple(lengths), evict)
-                                    for phase, lengths, evict in p["schedule"] or []] or None)
+    with open(p["rounds"], "rb") as file:
+        rounds = pickle.load(file)
     out = []
     for index, rnd in enumerate(rounds):
         loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)

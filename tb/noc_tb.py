@@ -1,12 +1,12 @@
-"""cocotb side of :class:`tb.traffic.TrafficBench`: runs of warm-up, measurement and drain,
+"""cocotb side of :class:`sim.traffic.TrafficBench`: runs of warm-up, measurement and drain,
 each a handful of Python wake-ups (the traffic is generated and checked in hardware).
 
-Parameters (:func:`tb.runner.parameters`): ``runs``, a list of dicts with ``pattern``
-(a :class:`tb.traffic.Pattern` name), ``load`` (packets per node per cycle offered),
+Parameters (:func:`sim.runner.parameters`): ``runs``, a list of dicts with ``pattern``
+(a :class:`sim.traffic.Pattern` name), ``load`` (packets per node per cycle offered),
 ``length``, ``warmup``, ``measure``, and optionally ``hot_rate``, ``hotspot``, ``stall``
 (probabilities) — or ``sweep``: {pattern, length, ...} to find the pattern's saturation
-(:func:`tb.noc_run.saturation_search`) inside one simulation. Reports one dict of counter
-deltas per run (:func:`tb.noc_run.figures` turns them into loads and latencies).
+(:func:`sim.noc_run.saturation_search`) inside one simulation. Reports one dict of counter
+deltas per run (:func:`sim.noc_run.figures` turns them into loads and latencies).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
-from tb.noc_run import DRAIN_LIMIT, figures, saturation_search
-from tb.runner import parameters, report, select_mutant
-from tb.traffic import Pattern, TrafficBench
+from sim.noc_run import DRAIN_LIMIT, figures, saturation_search
+from sim.runner import parameters, report, select_mutant
+from sim.traffic import Pattern, TrafficBench
 
 CLOCK_NS = 10
 COUNTERS = (*TrafficBench.COUNTERS, "latency_sum", "cycle")

@@ -1,8 +1,8 @@
 """cocotb side of ``make mutate``'s router check: the router's unit tests
-(``tests/test_router_unit.py``) on a Verilator build of :func:`tb.router_bench.bench_router`,
-one after another in one simulation (each :func:`tb.router_bench.run` resets the router).
+(``tests/test_router_unit.py``) on a Verilator build of :func:`sim.router_bench.bench_router`,
+one after another in one simulation (each :func:`sim.router_bench.run` resets the router).
 
-Parameters (:func:`tb.runner.parameters`): ``tests``, the names of the test functions to
+Parameters (:func:`sim.runner.parameters`): ``tests``, the names of the test functions to
 run, and ``seeds``: those that take a seed run once per seed (default [0], the suite's).
 """
 
@@ -15,8 +15,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.task import bridge
 
-from tb import router_bench
-from tb.runner import ROOT, parameters, report, select_mutant
+from sim import router_bench
+from sim.runner import ROOT, parameters, report, select_mutant
 
 CLOCK_NS = 10
 
@@ -36,7 +36,7 @@ async def unit_tests(dut):
         seeds = params.get("seeds", [0]) if "seed" in inspect.signature(test).parameters \
             else [None]
         for seed in seeds:
-            # The tests drive the router through blocking calls (tb.router_bench.run), so
+            # The tests drive the router through blocking calls (sim.router_bench.run), so
             # they run in a bridge thread that hands the simulation back to cocotb.
             await bridge(test)(**({} if seed is None else {"seed": seed}))
             dut._log.info(f"{name}{'' if seed is None else f' seed {seed}'}: passed")

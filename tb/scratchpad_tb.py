@@ -20,10 +20,10 @@ import numpy as np
 from golden.ecc import Secded
 from golden.kv_cache import PagedKVCache, check_block_table, gather
 from rtl.scratchpad import Scratchpad
-from tb import coverage
-from tb.harness import StreamHarness
-from tb.harness_driver import HarnessDriver
-from tb.runner import SimBuild, build, parameters, report, run
+from sim import coverage
+from sim.harness import StreamHarness
+from sim.harness_driver import HarnessDriver
+from sim.runner import SimBuild, build, parameters, report, run
 
 MODULE = "tb.scratchpad_tb"
 

@@ -1,7 +1,7 @@
 """cocotb tests of the tensor core inside a StreamHarness (see tests/test_tensor_core.py).
 
-Each test reads its parameters with :func:`tb.runner.parameters` and hands metrics back
-with :func:`tb.runner.report`. The scoreboard is the golden GEMM: every result row is
+Each test reads its parameters with :func:`sim.runner.parameters` and hands metrics back
+with :func:`sim.runner.report`. The scoreboard is the golden GEMM: every result row is
 compared, and the row count must be exact (a missing, duplicated or extra row fails).
 """
 
@@ -11,9 +11,9 @@ import cocotb
 import numpy as np
 
 from golden.gemm import gemm
-from tb.gemm_stream import assemble, operand_beats, result_rows, tile_grid
-from tb.harness_driver import HarnessDriver
-from tb.runner import parameters, report
+from sim.gemm_stream import assemble, operand_beats, result_rows, tile_grid
+from sim.harness_driver import HarnessDriver
+from sim.runner import parameters, report
 
 
 def make_operands(rng: np.random.Generator, m: int, k: int, p: int, kind: str):

@@ -1,6 +1,6 @@
-"""cocotb tests of a tile in a StreamHarness (see tests/test_tile.py and tb/tile_run.py).
+"""cocotb tests of a tile in a StreamHarness (see tests/test_tile.py and sim/tile_run.py).
 
-``tile_attention`` walks :func:`tb.attention_scenario.attention_steps`: before each
+``tile_attention`` walks :func:`sim.attention_scenario.attention_steps`: before each
 program the host issues its KV requests (MAPs for new pages, one APPEND per word of
 each new token), writes the program's scratchpad words, pulses ``go``, waits for the
 halt, reads the output words back and compares them with golden, bit for bit.
@@ -11,16 +11,16 @@ from __future__ import annotations
 import cocotb
 import numpy as np
 
-from compiler.config import TileConfig
 from golden.workloads import get_workload
-from rtl.isa import Opcode, decode, encode
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
-from tb import coverage
-from tb.attention_scenario import attention_steps
-from tb.runner import parameters, report
-from tb.tile_driver import TileDriver
-from tb.tile_run import harness_depths, sim_tile
+from sim import coverage
+from sim.attention_scenario import attention_steps
+from sim.runner import parameters, report
+from sim.tile_driver import TileDriver
+from sim.tile_run import harness_depths, sim_tile
+from spec.config import TileConfig
+from spec.isa import Opcode, decode, encode
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400

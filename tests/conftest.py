@@ -6,7 +6,7 @@ A test marked ``nightly`` (slow, and covered in part by quicker ones) runs only 
 
 A test that takes the ``seed`` fixture is a *random test*: it derives every random choice
 (traffic, stalls, data) from it. ``make test`` runs each once with ``seed == 0``, the
-suite's fixed seed; ``make regress`` (:mod:`tb.regress`) passes ``--seeds N
+suite's fixed seed; ``make regress`` (:mod:`verif.regress`) passes ``--seeds N
 --seed-base B`` and runs it for seeds B … B+N-1 (node ids ``test[s7]``), and ``--shard
 i/k`` keeps every k-th test of the collection order, starting at the i-th.
 """
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from tb import coverage
-from tb.regress import parse_shard
+from sim import coverage
+from verif.regress import parse_shard
 
 #: Tests that start with a long simulator build, longest first. Collected first, so
 #: pytest-xdist hands them to different workers at once and the rest of the suite fills

@@ -7,7 +7,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from rtl.accumulator import AccumulatorMemory
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
 
 N, DEPTH = 4, 16
 

@@ -14,7 +14,7 @@ from golden.decoder import project_residual
 from golden.gemm import Saturation, requantize
 from golden.io import save_workload
 from golden.workloads import generate, generate_batch, get_workload
-from tb.chip_run import chip_config
+from sim.chip_run import chip_config
 
 
 def _shape(workload: str, head_dim: int | None, ratio: int | None) -> dict:

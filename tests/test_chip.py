@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-from compiler.config import ChipConfig
 from golden.io import compare, load_expected, load_workload
 from rtl.chip import Chip
-from tb.chip_run import chip_config, simulate_chip, simulate_layer
+from sim.chip_run import chip_config, simulate_chip, simulate_layer
+from spec.config import ChipConfig
 
 #: The tiny workload's chip: one build serves every test here.
 TINY = chip_config("tiny", k=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from golden.chip_model import ChipModel, mask_of
-from rtl import isa
+from spec import isa
 
 
 def dma(src, dst, length, tiles, sem=None):

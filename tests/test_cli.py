@@ -7,10 +7,10 @@ import os
 
 import pytest
 
+from cli.main import main
 from rtl.tensor_core import TensorCore
-from tb.cli import main
-from tb.gemm_run import simulate_gemm
-from tb.harness import StreamHarness
+from sim.gemm_run import simulate_gemm
+from sim.harness import StreamHarness
 
 
 def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
@@ -138,12 +138,12 @@ def test_tile_refuses_a_context_beyond_its_max_context(capsys):
 
 def test_tile_defaults_to_the_workloads_last_layer(monkeypatch, capsys):
     """deepseek-r1 has one attention layer: no --layer means layer 0, as in `serrano sim`."""
-    import tb.tile_run
+    import sim.tile_run
 
     def stop(config, workload, layer, **kwargs):
         raise ValueError(f"stopped before simulating layer {layer}")
 
-    monkeypatch.setattr(tb.tile_run, "simulate_attention", stop)
+    monkeypatch.setattr(sim.tile_run, "simulate_attention", stop)
     assert main(["tile", "--workload", "deepseek-r1"]) == 1
     out = capsys.readouterr().out
     assert "deepseek-r1 attention layer 0" in out and "simulating layer 0" in out
@@ -250,12 +250,12 @@ def test_sweep_reports_a_point_that_does_not_fit(tmp_path, capsys):
 
 def test_sweep_refuses_a_point_before_building_it(tmp_path, monkeypatch, capsys):
     """A context the KV cache cannot hold fails the point at compile time: no build."""
-    import tb.chip_run
+    import sim.chip_run
 
     def no_build(*args, **kwargs):
         raise AssertionError("the point was simulated")
 
-    monkeypatch.setattr(tb.chip_run, "simulate_layer", no_build)
+    monkeypatch.setattr(sim.chip_run, "simulate_layer", no_build)
     assert main(["sweep", "--workload", "tiny", "--no-moe", "--batch", "1", "--placement",
                  "local", "--context", "5000", "--json", str(tmp_path / "s.json"), "--plot",
                  str(tmp_path / "s")]) == 1
@@ -267,38 +267,38 @@ def test_clock_line_says_which_figure_it_uses(monkeypatch):
     block measured alone, naming the blocks without a figure, or a tile of another size
     if that is lower (an estimate); else none."""
     import synth
-    from tb.cli import _fmax_line
+    from cli.report import fmax_line
 
     measured: dict[str, dict] = {}
     monkeypatch.setattr(synth, "load_area", lambda design: measured.get(design))
-    assert _fmax_line(8) == (None, "not measured (run `make synth`)")
+    assert fmax_line(8) == (None, "not measured (run `make synth`)")
     measured["gemm_engine"] = {"ecp5_fmax_mhz": 69.6}
     measured["vector_unit"] = {"ecp5_fmax_mhz": 41.5}
-    fmax, line = _fmax_line(8)
+    fmax, line = fmax_line(8)
     assert fmax == 41.5 and "upper bound" in line and "(vector_unit)" in line
     assert "not measured yet: tensor_core_n8, scratchpad" in line
     measured["tile_n4"] = {"ecp5_fmax_mhz": 33.8}
-    fmax, line = _fmax_line(8)
+    fmax, line = fmax_line(8)
     assert fmax == 33.8 and "an estimate, the N = 4 tile placed whole (tile_n4)" in line
     assert "the slowest block measured alone: vector_unit, 41.5 MHz" in line
-    assert _fmax_line(4) == (33.8, "33.8 MHz (tile_n4, ECP5)")
+    assert fmax_line(4) == (33.8, "33.8 MHz (tile_n4, ECP5)")
     measured["tile"] = {"ecp5_fmax_mhz": 38.2}
-    assert _fmax_line(8) == (38.2, "38.2 MHz (tile, ECP5)")
+    assert fmax_line(8) == (38.2, "38.2 MHz (tile, ECP5)")
 
 
 def test_area_line_says_when_a_design_does_not_fit(monkeypatch):
     import synth
-    from tb.cli import _area_line
+    from cli.report import area_line
 
     measured = {"tile": {"ecp5_lut4": 69557, "ecp5_ff": 39287, "ecp5_mult18": 133,
                          "ecp5_ebr": 126, "ecp5_fits": 0, "generic_cells": 323231}}
     monkeypatch.setattr(synth, "load_area", lambda design: measured.get(design))
-    assert _area_line("tile") == ("ECP5-85F: 69557 LUT4, 39287 FF, 133 MULT18X18D, 126 EBR, "
+    assert area_line("tile") == ("ECP5-85F: 69557 LUT4, 39287 FF, 133 MULT18X18D, 126 EBR, "
                                   "does not fit the 85F, so no place and route; 323231 "
                                   "generic cells")
     measured["tile"].update(ecp5_fits=1, ecp5_fmax_mhz=38.25)
-    assert "Fmax 38.2 MHz" in _area_line("tile")
-    assert "not measured (run" in _area_line("vector_unit")
+    assert "Fmax 38.2 MHz" in area_line("tile")
+    assert "not measured (run" in area_line("vector_unit")
 
 
 @pytest.mark.parametrize("argv", [
@@ -320,7 +320,7 @@ def test_dump_refuses_a_used_folder_unless_forced(tmp_path, capsys):
     --force empties it first; a file is no folder."""
     from argparse import Namespace
 
-    from tb.cli import check_output_paths
+    from cli.options import check_output_paths
 
     used = tmp_path / "dump"
     used.mkdir()
@@ -347,7 +347,7 @@ def test_an_unknown_option_prints_the_subcommands_usage(capsys):
 def test_a_failed_write_is_said_as_such(tmp_path, capsys):
     from argparse import Namespace
 
-    from tb.cli import write_json
+    from cli.report import write_json
 
     (tmp_path / "file").write_text("")
     args = Namespace(command="sim", json=tmp_path / "file" / "out.json")

@@ -1,6 +1,6 @@
 """The attention compiler (compiler/) on the functional tile model, bit-exact with golden.
 
-Every program is encoded to 256-bit words, decoded with ``rtl.isa.decode`` and run on
+Every program is encoded to 256-bit words, decoded with ``spec.isa.decode`` and run on
 ``golden.tile_model.TileModel`` (``compiler.run_on_model``); its output must equal
 ``golden.attention.attention_prefill(block_keys=page_size)`` / ``attention_decode``
 exactly. The model runs one instruction at a time, so the engines' concurrency is
@@ -29,10 +29,10 @@ from compiler.hazards import accesses
 from golden.attention import AttentionScales, _multipliers, attention_decode, attention_prefill
 from golden.exp import quantize_log2_logit
 from golden.kv_cache import PagedKVCache, build_cache
-from golden.numerics import NUMERICS
 from golden.vector_model import VectorOpcode as VOP
 from golden.workloads import generate
-from rtl.isa import Opcode, VecDst
+from spec.isa import Opcode, VecDst
+from spec.numerics import NUMERICS
 
 TINY_CONTEXTS = (1, 4, 5, 13)
 GPT_OSS_CONTEXTS = (77, 1030)

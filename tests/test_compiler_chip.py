@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from compiler.chip import PLACEMENTS, agent_schedule, attention_rounds, contexts, layer_rounds
-from compiler.config import ChipConfig
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
-from rtl.isa import Opcode, encode
 from rtl.scratchpad import KvOp
-from tb.chip_run import chip_config
+from sim.chip_run import chip_config
+from spec.config import ChipConfig
+from spec.isa import Opcode, encode
 
 
 def run_rounds(config: ChipConfig, rounds) -> int:

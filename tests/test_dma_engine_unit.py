@@ -9,9 +9,10 @@ import pytest
 from amaranth.sim import Simulator
 
 from rtl.dma_engine import DmaEngine
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
+from spec.isa import tile_bit
 
-OWN = 1 << (1 * 8 + 1)  # tile (1, 1)
+OWN = tile_bit(1, 1)
 OTHER = (1 << 0) | (1 << 8)  # tiles (0, 0) and (0, 1)
 
 

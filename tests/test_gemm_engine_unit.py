@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from golden.gemm import wrap
 from rtl.accumulator import AccumulatorMemory
 from rtl.gemm_engine import GemmEngine, OperandStreamer
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
 
 LANE = 48
 

@@ -18,8 +18,8 @@ from golden.attention import (
 from golden.expected import accuracy, compute_expected
 from golden.gemm import gemm
 from golden.kv_cache import build_cache
-from golden.numerics import NUMERICS
 from golden.workloads import generate, quantize
+from spec.numerics import NUMERICS
 
 COSINE_MIN = 0.999
 LSB_MAX = 3.0

@@ -11,9 +11,9 @@ from golden.exp import (
     quantize_log2_logit,
     to_log2_domain,
 )
-from golden.numerics import NUMERICS, Numerics
 from golden.reciprocal import divide, reciprocal, reciprocal_seed_table
 from golden.softmax import softmax, softmax_float
+from spec.numerics import NUMERICS, Numerics
 
 
 def test_exp2_tables_shape_and_ends():

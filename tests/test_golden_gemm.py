@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from golden.gemm import gemm, gemm_float, quantize_multiplier, requantize, requantize_float
-from golden.numerics import NUMERICS
+from spec.numerics import NUMERICS
 
 
 def test_gemm_equals_float_product_below_the_wrap_depth():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tb.processes import alive, descendants
+from sim.processes import alive, descendants
 
 SERRANO = Path(sys.executable).with_name("serrano")
 

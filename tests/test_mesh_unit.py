@@ -13,8 +13,8 @@ from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from rtl.mesh import Mesh, channel_dependencies, check_deadlock_free, find_cycle
-from rtl.noc import MAX_K, MIN_K, MessageClass, NocConfig, Port, multicast_mask, xy_route
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
+from spec.noc import MAX_K, MIN_K, MessageClass, NocConfig, Port, multicast_mask, xy_route
 
 INDEX_BITS = 4  # payload = packet id << INDEX_BITS | flit index
 

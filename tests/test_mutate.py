@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tb.mutate import main, mutants
+from verif.mutate import main, mutants
 
 
 def test_mutants_touch_only_the_block_and_are_selected_by_mutsel(tmp_path):
@@ -34,8 +34,8 @@ def test_bad_options_are_refused(capsys):
 def test_the_router_unit_tests_run_on_a_mutant_build_and_catch_mutants(tmp_path):
     """The router's check (its unit tests on Verilator, tb/router_tb.py) passes on the
     unmutated build and fails on some of its first mutants."""
-    from tb.mutate import BLOCKS
-    from tb.runner import SimulationFailed, build
+    from sim.runner import SimulationFailed, build
+    from verif.mutate import BLOCKS
 
     found = mutants("router", 6, 1, tmp_path)
     handle = build(None, "mutate-router-test",

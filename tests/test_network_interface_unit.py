@@ -13,18 +13,15 @@ from amaranth.sim import Simulator
 
 from rtl.mesh import Mesh
 from rtl.network_interface import NetPayload, NetworkInterface, PacketKind, payload_bits
-from rtl.noc import MessageClass
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
+from spec.isa import tile_bit
+from spec.noc import MessageClass
 
 # Routers, meshes and NIs that refuse their parameters are, rightly, never elaborated.
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 N, K = 4, 2
 MASK = 0xFFFF_FFFF_FFFF_FFFF
-
-
-def tile_bit(x: int, y: int) -> int:
-    return 1 << (y * 8 + x)
 
 
 class MeshBench(wiring.Component):

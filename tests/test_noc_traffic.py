@@ -1,5 +1,5 @@
 """The mesh under synthetic traffic (Verilator; generators and checking sinks in hardware,
-tb/traffic.py): every pattern, 10 000 packets on 3 x 3 with random stalls at the local
+sim/traffic.py): every pattern, 10 000 packets on 3 x 3 with random stalls at the local
 ports (`make bench` runs 50 000 per pattern on 4 x 4; 3 x 3 keeps this suite's build
 small), none lost, duplicated, reordered or corrupted, no deadlock; the zero-load
 latency the router documents; and the checks themselves catching a corrupted flit."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from amaranth.sim import Simulator
 
-from tb.noc_run import check_complete, correctness_runs, figures, simulate
-from tb.runner import run_amaranth
-from tb.traffic import TrafficBench
+from sim.noc_run import check_complete, correctness_runs, figures, simulate
+from sim.runner import run_amaranth
+from sim.traffic import TrafficBench
 
 K = 3
 #: Packets per pattern here; `make bench` runs 50 000 per pattern with the same checks.

@@ -1,10 +1,10 @@
-"""tb.objcache: run-time library objects compiled once, every other compile untouched."""
+"""sim.objcache: run-time library objects compiled once, every other compile untouched."""
 
 from __future__ import annotations
 
 import sys
 
-from tb import objcache
+from sim import objcache
 
 # A stand-in compiler: appends its arguments to a log and writes them into the output.
 COMPILER = """import sys

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tb import coverage, regress
+from sim import coverage
+from verif import regress
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "tests/test_sequencer_unit.py"
@@ -85,7 +86,7 @@ def test_amaranth_simulations_record_waves_on_request(monkeypatch, tmp_path):
     from amaranth.hdl import Module, Signal
     from amaranth.sim import Simulator
 
-    from tb import runner
+    from sim import runner
 
     m = Module()
     count = Signal(4)

@@ -1,7 +1,7 @@
 """The router in the Amaranth simulator: one router at the centre of a 3 x 3 mesh, its
 four neighbours modelled in Python (credit-counting senders, stalling receivers), a
 scoreboard that checks every flit, and a watchdog that fails on deadlock
-(:mod:`tb.router_bench`). ``make mutate`` runs these tests on Verilator builds of the
+(:mod:`sim.router_bench`). ``make mutate`` runs these tests on Verilator builds of the
 router's mutants (:mod:`tb.router_tb`), so each must stand alone: no fixtures but
 ``seed``.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtl.noc import MessageClass, Port, branch_region, multicast_mask
 from rtl.router import LINK_PORTS, READ_PORTS, Router
-from tb import coverage
-from tb.router_bench import HERE, K, Packet, bench_router, expected_ports, run
+from sim import coverage
+from sim.router_bench import HERE, K, Packet, bench_router, expected_ports, run
+from spec.noc import MessageClass, Port, branch_region, multicast_mask
 
 
 def test_single_flits_take_one_router_cycle():

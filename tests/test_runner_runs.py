@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tb.runner import KEEP_RUNS, PRUNE_AFTER_S, prune_runs, run_name
+from sim.runner import KEEP_RUNS, PRUNE_AFTER_S, prune_runs, run_name
 
 
 def test_the_same_run_reuses_its_directory():

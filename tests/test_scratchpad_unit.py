@@ -11,7 +11,7 @@ from amaranth.sim import Simulator
 from golden.ecc import Secded, flip_bits
 from rtl import _ecc
 from rtl.scratchpad import Scratchpad
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
 from tb.scratchpad_tb import (
     APPEND,
     RESET,

@@ -8,10 +8,10 @@ from amaranth.sim import Simulator
 
 from compiler.hazards import accesses, check_synchronisation
 from golden.vector_model import VectorOpcode as VOP
-from rtl.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
 from rtl.sequencer import ErrorCode, Sequencer
-from tb import coverage
-from tb.runner import run_amaranth
+from sim import coverage
+from sim.runner import run_amaranth
+from spec.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
 
 WORDS = 4096
 ENTRIES = 256

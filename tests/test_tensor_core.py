@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tb.gemm_run import MODULE, gemm_cases, simulate_gemm, simulate_gemm_cases, tensor_core_build
-from tb.runner import run
+from sim.gemm_run import MODULE, gemm_cases, simulate_gemm, simulate_gemm_cases, tensor_core_build
+from sim.runner import run
 
 SIZES = [2, 4, 8]
 

@@ -8,8 +8,8 @@ from amaranth.sim import Simulator
 
 from golden.gemm import gemm, wrap
 from rtl.tensor_core import TensorCore
-from tb.gemm_stream import assemble, operand_beats, result_rows
-from tb.runner import run_amaranth
+from sim.gemm_stream import assemble, operand_beats, result_rows
+from sim.runner import run_amaranth
 
 
 def simulate(n, a, b, *, stall_every=0, idle_every=0, a_bits=8):

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from cocotb_coverage.coverage import coverage_db
 
-import tb.coverage  # noqa: F401  (declares the cover points)
+import sim.coverage  # noqa: F401  (declares the cover points)
 
 ROOT = Path(__file__).resolve().parent.parent
 

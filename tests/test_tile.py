@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb.tile_run import simulate_attention, simulate_case, tile_config
+from sim.tile_run import simulate_attention, simulate_case, tile_config
 
 #: tiny: head_dim 12 (two words per token), 4-token pages (smaller than N = 8).
 TINY = tile_config("tiny")

@@ -18,7 +18,7 @@ from golden.tile_model import (
     word_lanes,
 )
 from golden.vector_model import VectorOpcode as VOP
-from rtl import isa
+from spec import isa
 
 
 def decode_program(words: list[int]) -> list[tuple[str, dict]]:

@@ -19,17 +19,17 @@ from compiler.hazards import accesses
 from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier
 from golden.moe import silu_output_scale, silu_table
-from golden.numerics import NUMERICS
 from golden.softmax import normalise_output, online_softmax_pv
 from golden.tile_model import TileModel, VecDst, VecPack, lanes_word, word_lanes
 from golden.vector_model import VectorOpcode as OP
 from rtl.accumulator import LANE_BITS, AccWrite
-from rtl.isa import Opcode, VecArgs
-from rtl.isa import VecDst as IsaVecDst
-from rtl.isa import VecPack as IsaVecPack
 from rtl.scratchpad import Request, Response
 from rtl.vec_engine import VecEngine
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
+from spec.isa import Opcode, VecArgs
+from spec.isa import VecDst as IsaVecDst
+from spec.isa import VecPack as IsaVecPack
+from spec.numerics import NUMERICS
 
 LANE_MASK = (1 << LANE_BITS) - 1
 T = NUMERICS.exp_table_frac_bits

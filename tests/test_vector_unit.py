@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb.vector_unit_tb import program_cases, simulate_program, simulate_programs
+from sim.vector_unit_run import program_cases, simulate_program, simulate_programs
 
 SIZES = [4, 8]
 

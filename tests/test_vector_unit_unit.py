@@ -7,10 +7,10 @@ import pytest
 from amaranth.sim import Simulator
 
 from golden.moe import topk
-from golden.numerics import NUMERICS
 from rtl.vector_unit import VectorOpcode as OP
 from rtl.vector_unit import VectorResult, VectorUnit
-from tb.runner import run_amaranth
+from sim.runner import run_amaranth
+from spec.numerics import NUMERICS
 from tb.vector_unit_tb import beat, build_program, check, expected_results, pack, topk_waits, unpack
 
 

@@ -3,7 +3,7 @@
 Every Verilator model compiles the same run-time library (``verilated.cpp``,
 ``verilated_vpi.cpp``, ``verilated_threads.cpp``, ``verilated_dpi.cpp``: about 15 s of
 compiler time per build). Verilator's makefile runs each compile as
-``$(OBJCACHE) $(CXX) ...``; :mod:`tb.runner` sets ``OBJCACHE`` to this script, which
+``$(OBJCACHE) $(CXX) ...``; :mod:`sim.runner` sets ``OBJCACHE`` to this script, which
 compiles a source of the Verilator installation's ``include/`` directory once per
 distinct command line and copies the object into later builds. Every other compile
 (the model's own files, cocotb's main, which includes the model's header) runs
@@ -13,7 +13,7 @@ The cache key is the full command line without the output path, the source's pat
 and modification time, and the compiler's identity; the cache lives in
 ``sim_build/.objcache`` and ``make clean`` removes it.
 
-Usage (by make): ``python -m tb.objcache c++ <flags> -c -o verilated.o .../verilated.cpp``
+Usage (by make): ``python -m sim.objcache c++ <flags> -c -o verilated.o .../verilated.cpp``
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _key(args: list[str], source: Path) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m tb.objcache <compiler> <arguments>", file=sys.stderr)
+        print("usage: python -m sim.objcache <compiler> <arguments>", file=sys.stderr)
         return 2
     root = os.environ.get("VERILATOR_ROOT")
     sources = [a for a in argv[1:] if a.endswith((".cpp", ".cc", ".c"))]

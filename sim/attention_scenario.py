@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.attention import AttentionLayer, build_decode, build_prefill
-from compiler.config import TileConfig
 from compiler.program import TileProgram
 from golden.attention import attention_decode, attention_prefill
 from golden.kv_cache import build_cache
 from golden.workloads import generate
 from rtl.scratchpad import KvOp
+from spec.config import TileConfig
 
 __all__ = ["Step", "attention_steps"]
 

@@ -39,7 +39,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.mesh import Mesh
-from rtl.noc import DEFAULT_DEPTH, MessageClass, NocConfig
+from spec.noc import DEFAULT_DEPTH, MessageClass, NocConfig
 
 __all__ = ["PAYLOAD", "Pattern", "TrafficBench", "destination"]
 

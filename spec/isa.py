@@ -30,6 +30,12 @@ INSTRUCTION_BITS = 256
 ADDR_BITS = 16
 #: Accumulator-memory entry address width (at most 1024 entries of N x 48 bits).
 ACC_ADDR_BITS = 10
+#: Width of a GEMM's m, k, p and of a DMA's length.
+DIM_BITS = 12
+#: Largest GEMM dimension one instruction takes.
+MAX_GEMM_DIM = (1 << DIM_BITS) - 1
+#: Most words one DMA instruction moves.
+MAX_DMA_LENGTH = (1 << DIM_BITS) - 1
 #: Width of a vector instruction's row and beat counts (1..127 each).
 COUNT_FIELD_BITS = 7
 #: Width of a vector instruction's signed key bounds (see :class:`VecArgs`).
@@ -39,8 +45,20 @@ SEMAPHORES = 16
 #: Width of a semaphore count (the counters themselves are this wide).
 COUNT_BITS = 16
 #: Mesh coordinates are 3 bits each (meshes up to 8 x 8); a tile set is a 64-bit mask,
-#: bit ``y * 8 + x`` for tile (x, y).
+#: bit :func:`tile_index` ``(x, y)`` for tile (x, y).
 TILE_MASK_BITS = 64
+#: Columns of a tile mask's grid (a tile's bit index is ``y * MASK_COLUMNS + x``).
+MASK_COLUMNS = 8
+
+
+def tile_index(x: int, y: int) -> int:
+    """The bit of tile (x, y) in a tile mask, as an index."""
+    return y * MASK_COLUMNS + x
+
+
+def tile_bit(x: int, y: int) -> int:
+    """The tile mask naming tile (x, y) alone."""
+    return 1 << tile_index(x, y)
 
 
 class Opcode(enum.Enum, shape=4):
@@ -85,9 +103,9 @@ class GemmArgs(data.StructLayout):
             "a": unsigned(ADDR_BITS),
             "b": unsigned(ADDR_BITS),
             "c": unsigned(ACC_ADDR_BITS),
-            "m": unsigned(12),
-            "k": unsigned(12),
-            "p": unsigned(12),
+            "m": unsigned(DIM_BITS),
+            "k": unsigned(DIM_BITS),
+            "p": unsigned(DIM_BITS),
             "a_rows": 1,
             "b_rows": 1,
             "accumulate": 1,
@@ -167,7 +185,7 @@ class DmaArgs(data.StructLayout):
             "signal": SIGNAL,
             "src": unsigned(ADDR_BITS),
             "dst": unsigned(ADDR_BITS),
-            "length": unsigned(12),
+            "length": unsigned(DIM_BITS),
             "tiles": unsigned(TILE_MASK_BITS),
             "remote_signal": 1,
             "remote_semaphore": unsigned(4),

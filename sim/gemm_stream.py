@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from golden.numerics import NUMERICS
+from spec.numerics import NUMERICS
 
 OPERAND_BITS = NUMERICS.operand_bits
 ACC_BITS = NUMERICS.acc_bits

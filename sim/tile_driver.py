@@ -22,7 +22,7 @@ from cocotb.triggers import RisingEdge, Timer
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from rtl.tile import Counters
-from tb.harness_driver import CLOCK_NS, HarnessDriver
+from sim.harness_driver import CLOCK_NS, HarnessDriver
 
 #: Cycles between two looks at ``status`` while a program runs.
 POLL = 64
@@ -103,7 +103,7 @@ class Responses(Sequence):
 
 
 class TileDriver:
-    """Drives a :class:`tb.harness.StreamHarness` around a :class:`rtl.tile.Tile`."""
+    """Drives a :class:`sim.harness.StreamHarness` around a :class:`rtl.tile.Tile`."""
 
     STREAMS_IN = ("program", "host_req", "kv_req", "net_in")
     STREAMS_OUT = ("host_resp", "kv_resp", "net_out")

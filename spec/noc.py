@@ -33,6 +33,8 @@ MAX_DEPTH = 16
 #: traffic saturates a 4 x 4 mesh at 0.73 / 0.79 / 0.82 flits/node/cycle with 4 / 5 / 6
 #: flits (one run each; docs/results.md).
 DEFAULT_DEPTH = 6
+#: Most flits in one packet (the network interface's reassembly buffer holds two).
+MAX_PACKET = 64
 
 
 class MessageClass(enum.Enum, shape=1):

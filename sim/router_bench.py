@@ -19,10 +19,10 @@ from amaranth.hdl import Value
 from amaranth.lib import data, wiring
 from amaranth.sim import Simulator
 
-from rtl.noc import MessageClass, NocConfig, Port, branch_region
 from rtl.router import Router
-from tb import coverage
-from tb.runner import run_amaranth
+from sim import coverage
+from sim.runner import run_amaranth
+from spec.noc import MessageClass, NocConfig, Port, branch_region
 
 K, HERE = 3, (1, 1)
 INDEX_BITS = 4  # flits per packet: at most 2**INDEX_BITS

@@ -1,4 +1,4 @@
-"""cocotb side of :class:`tb.harness.StreamHarness`: load, run, read back, at VPI speed."""
+"""cocotb side of :class:`sim.harness.StreamHarness`: load, run, read back, at VPI speed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
 
-from tb.runner import select_mutant
+from sim.runner import select_mutant
 
 CLOCK_NS = 10
 

@@ -4,7 +4,7 @@ A design point is (mesh, array size) — one simulation build each — and a run
 (placement, batch) on it: the batch's sequences at their contexts, one decode step (and
 the MoE layer unless ``--no-moe``), every output checked against golden. Per run: decode
 cycles per token (per-sequence speed), tokens per cycle of the chip (throughput), and
-with ``--energy`` the toggle-count energy proxy per token (:mod:`tb.energy`), so the
+with ``--energy`` the toggle-count energy proxy per token (:mod:`sim.energy`), so the
 Pareto plot is throughput per energy against per-sequence decode speed; without it,
 throughput per tile stands in for throughput per energy (said on the axis).
 """
@@ -17,17 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from tb.runner import SimulationFailed
-
-
-def _list(parse):
-    """An argparse type: a comma-separated list of ``parse`` values."""
-    def parse_list(text: str) -> list:
-        values = [parse(part) for part in text.split(",") if part]
-        if not values:
-            raise argparse.ArgumentTypeError("give at least one value")
-        return values
-    return parse_list
+from cli import options
+from sim.runner import SIMULATORS, SimulationFailed
 
 
 def points(args: argparse.Namespace) -> list[dict]:
@@ -41,22 +32,21 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
     """Simulate one run of the sweep; its figures (or the reason it could not run)."""
     from compiler.chip import layer_rounds
     from golden.workloads import get_workload
-    from tb.chip_run import chip_config, chip_figures, simulate_layer
-    from tb.cli import threads_of
+    from sim.chip_run import chip_config, chip_figures, simulate_layer
 
     cfg = get_workload(args.workload)
     k, n, batch = point["mesh"], point["array"], point["batch"]
     layer = _layer(args)
     try:
         config = chip_config(cfg, k=k, n=n, moe=args.moe)
-        # Compile before building: a point the chip cannot take fails here, not after.
-        layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
-                     placement=point["placement"], seed=args.seed, moe=args.moe)
+        # Compiled before building: a point the chip cannot take fails here, not after.
+        rounds = layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
+                              placement=point["placement"], seed=args.seed, moe=args.moe)
         started = time.monotonic()
         result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
                                 steps=1, placement=point["placement"], seed=args.seed,
                                 moe=args.moe, simulator=args.sim, activity=args.energy,
-                                threads=threads_of(args))
+                                threads=options.threads_of(args), rounds=rounds)
     except (ValueError, SimulationFailed) as error:
         return {**point, "passed": False, "error": str(error).splitlines()[0]}
     figures = chip_figures(result, k, n)
@@ -189,9 +179,8 @@ def sweep(args: argparse.Namespace) -> int:
     return 0 if all(r["passed"] for r in runs) else 1
 
 
-def add_parser(commands, workload_type, mesh_type, array_type, positive, non_negative,
-               simulators) -> argparse.ArgumentParser:
-    """Register ``serrano sweep`` (the option types come from :mod:`tb.cli`)."""
+def add_parser(commands) -> argparse.ArgumentParser:
+    """Register ``serrano sweep``."""
     parser = commands.add_parser(
         "sweep", help="one decode step over design points: JSON and Pareto/placement plots",
         description="Simulate one decode step of a workload's last attention layer (and "
@@ -201,41 +190,34 @@ def add_parser(commands, workload_type, mesh_type, array_type, positive, non_neg
                     "runs as JSON, a Pareto plot (throughput per energy, with --energy, "
                     "against per-sequence decode speed) and local vs striped placement.",
     )
-    parser.add_argument("--workload", type=workload_type, default="gpt-oss",
+    parser.add_argument("--workload", type=options.workload, default="gpt-oss",
                         help="miniature workload (default gpt-oss)")
-    parser.add_argument("--layer", type=non_negative, default=None,
+    parser.add_argument("--layer", type=options.non_negative, default=None,
                         help="attention layer (default: the workload's last)")
-    parser.add_argument("--mesh", type=_list(mesh_type), default=[2], metavar="KxK[,KxK]",
-                        help="meshes (default 2x2)")
-    parser.add_argument("--array", type=_list(array_type), default=[8], metavar="N[,N]",
-                        help="tensor core sizes (default 8)")
-    parser.add_argument("--placement", type=_list(_placement), default=["local", "striped"],
-                        metavar="P[,P]", help="KV placements (default local,striped)")
-    parser.add_argument("--batch", type=_list(positive), default=[1, 2, 4], metavar="B[,B]",
-                        help="batch sizes (default 1,2,4)")
-    parser.add_argument("--context", type=non_negative, default=256,
+    parser.add_argument("--mesh", type=options.list_of(options.mesh), default=[2],
+                        metavar="KxK[,KxK]", help="meshes (default 2x2)")
+    parser.add_argument("--array", type=options.list_of(options.tile_array_size), default=[8],
+                        metavar="N[,N]", help="tensor core sizes (default 8)")
+    parser.add_argument("--placement", type=options.list_of(options.placement),
+                        default=["local", "striped"], metavar="P[,P]",
+                        help="KV placements (default local,striped)")
+    parser.add_argument("--batch", type=options.list_of(options.positive), default=[1, 2, 4],
+                        metavar="B[,B]", help="batch sizes (default 1,2,4)")
+    parser.add_argument("--context", type=options.non_negative, default=256,
                         help="tokens of the longest sequence before the step (default 256)")
     parser.add_argument("--no-moe", dest="moe", action="store_false",
                         help="attention alone")
     parser.add_argument("--energy", action="store_true",
                         help="measure the energy proxy of every run (SAIF-traced builds)")
-    parser.add_argument("--seed", type=non_negative, default=1,
+    parser.add_argument("--seed", type=options.non_negative, default=1,
                         help="seed of the tensors (default 1)")
-    parser.add_argument("--sim", choices=simulators, default="verilator",
+    parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
                         help="simulator (default verilator)")
     parser.add_argument("--json", type=Path, default=Path("build/sweep.json"),
                         help="where the runs go (default build/sweep.json)")
     parser.add_argument("--plot", type=Path, default=Path("build/sweep"),
                         help="plot prefix: PREFIX_pareto.png, PREFIX_placement.png "
                              "(default build/sweep)")
+    options.add_threads_option(parser)
     parser.set_defaults(handler=sweep)
     return parser
-
-
-def _placement(text: str) -> str:
-    from compiler.chip import PLACEMENTS
-
-    if text not in PLACEMENTS:
-        raise argparse.ArgumentTypeError(f"unknown placement {text!r}; known: "
-                                         f"{', '.join(PLACEMENTS)}")
-    return text

@@ -5,7 +5,7 @@ For every module instance ``i`` under the design (the cocotb harness excluded)::
     E_i = toggles_i / bits_i x cells_i
 
 ``toggles_i`` is the number of 0<->1 transitions of the instance's own net bits over the
-run (Verilator's SAIF trace, ``tb.runner.build(..., activity=True)``), ``bits_i`` the
+run (Verilator's SAIF trace, ``sim.runner.build(..., activity=True)``), ``bits_i`` the
 number of those bits, ``cells_i`` the generic cells Yosys synthesises for the
 instance's module (``synth.flow.synth_generic``, memories kept as memories). Each bit's
 average toggle count stands for the switching of the module's cells; ``E = sum(E_i)``
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tb.runner import ROOT, TOPLEVEL
+from sim.runner import ROOT, TOPLEVEL
 
 #: Synthesised cell counts per design, keyed by the hash of its Verilog.
 CELLS_DIR = ROOT / "build" / "energy"

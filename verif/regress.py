@@ -1,4 +1,4 @@
-"""``make regress`` (``python -m tb.regress``): the suite, every random test over many seeds.
+"""``make regress`` (``python -m verif.regress``): the suite, every random test over many seeds.
 
 A *random test* takes the ``seed`` fixture (tests/conftest.py); the regression runs each
 for seeds ``B … B+N-1`` and every other test once, the ``nightly`` ones included
@@ -6,7 +6,7 @@ for seeds ``B … B+N-1`` and every other test once, the ``nightly`` ones includ
 (``--shard i/k``: every k-th test of the collection order, so k machines — a CI matrix,
 a Slurm array — split one regression between them). Per shard it writes, under
 ``build/regress/shard-<i>-of-<k>/``, the JUnit XML and the functional coverage every
-process sampled (:mod:`tb.coverage`). A failing seed is run again alone with waves
+process sampled (:mod:`sim.coverage`). A failing seed is run again alone with waves
 (``WAVES=1``: FST for the cocotb tests) and the one command that reproduces it is
 printed. Then it merges the coverage of every shard of the same ``k`` found there and
 prints a summary (pass rate per test, seeds, wall time, cover points); ``build/regress.json``
@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from tb import coverage
+from sim import coverage
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "regress"
@@ -206,7 +206,7 @@ def summarise(out: Path, count: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tb.regress",
+        prog="python -m verif.regress",
         description="Run every random test (those taking the `seed` fixture) over many "
                     "seeds; JUnit XML, merged functional coverage, build/regress.json.")
     parser.add_argument("--seeds", type=_positive, default=4, help="seeds per test (default 4)")

@@ -8,16 +8,16 @@ import hashlib
 import json
 from dataclasses import asdict
 
-from compiler.config import TileConfig, kv_context, next_pow2
 from golden.workloads import get_workload
 from rtl.tile import Tile
-from tb.harness import StreamHarness
-from tb.runner import SimBuild, build, run
+from sim.harness import StreamHarness
+from sim.runner import SimBuild, build, run
+from spec.config import TileConfig, kv_context, next_pow2
 
 MODULE = "tb.tile_tb"
 
 #: Harness memory depths (beats) of the host streams; longer transfers take several
-#: harness runs (tb.tile_driver).
+#: harness runs (sim.tile_driver).
 HOST_DEPTH, KV_DEPTH, NET_DEPTH = 2048, 2048, 16
 
 

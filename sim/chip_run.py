@@ -6,21 +6,23 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import pickle
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from compiler.config import ChipConfig, TileConfig
 from rtl.chip import TILE_MODULE, Chip
-from tb.harness import StreamHarness
-from tb.runner import SimBuild, build, run
-from tb.tile_run import HOST_DEPTH, KV_DEPTH, config_json, tile_kwargs
+from sim.harness import StreamHarness
+from sim.runner import SimBuild, build, run
+from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json, tile_kwargs
+from spec.config import ChipConfig, TileConfig
 
 MODULE = "tb.chip_tb"
 
 
 def harness_depths(config: ChipConfig) -> dict[str, int]:
     """Harness memory depths: a whole program per load; longer host transfers take
-    several harness runs (tb.chip_driver)."""
+    several harness runs (sim.chip_driver)."""
     return {"program": config.tiles * config.tile.program_depth, "host_req": HOST_DEPTH,
             "host_resp": HOST_DEPTH, "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH}
 
@@ -59,8 +61,8 @@ def chip_build(config: ChipConfig, *, simulator: str | None = None,
                waves: bool | None = None, activity: bool = False,
                threads: int = 1) -> SimBuild:
     """The chip of ``config`` in a harness (built once per config and options;
-    ``activity``: the SAIF-traced build of the energy proxy, :mod:`tb.energy`;
-    ``threads``: Verilator threads, see :func:`tb.runner.build`)."""
+    ``activity``: the SAIF-traced build of the energy proxy, :mod:`sim.energy`;
+    ``threads``: Verilator threads, see :func:`sim.runner.build`)."""
     return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves,
                        activity, threads)
 
@@ -70,8 +72,8 @@ def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int 
                   waves: bool | None = None, activity: bool = False,
                   threads: int = 1) -> dict:
     """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``; with
-    ``activity``, ``energy`` in the result is the run's :class:`tb.energy.Energy`."""
-    from tb.energy import energy
+    ``activity``, ``energy`` in the result is the run's :class:`sim.energy.Energy`."""
+    from sim.energy import energy
 
     handle = chip_build(config, simulator=simulator, waves=waves, activity=activity,
                         threads=threads)
@@ -88,7 +90,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    schedule: list | None = None, simulator: str | None = None,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
-                   threads: int = 1) -> dict:
+                   threads: int = 1, rounds: list | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and, with ``moe``, the MoE layer), every output checked against golden; returns the
     rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -96,9 +98,17 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
     file the simulation appends a line to after every round; ``dump``: a directory that
     receives every job's inputs, golden and RTL outputs (``tb.chip_tb._dump``);
-    ``threads``: Verilator threads of the chip's build."""
+    ``threads``: Verilator threads of the chip's build. ``rounds``: these arguments'
+    rounds if the caller has compiled them already (to check that they fit); else they
+    are compiled here. Either way they are compiled once: the simulation takes them from
+    a file instead of compiling them again."""
+    from compiler.chip import layer_rounds
     from golden.workloads import WorkloadConfig
 
+    if rounds is None:
+        rounds = layer_rounds(config, workload, layer, batch=batch, prefill=prefill,
+                              context=context, steps=steps, placement=placement, seed=seed,
+                              moe=moe, schedule=schedule)
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
@@ -110,9 +120,12 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
            f"{'' if moe else '-nomoe'}")
     if schedule:
         tag += "-schedule-" + hashlib.sha1(json.dumps(schedule).encode()).hexdigest()[:8]
-    return simulate_chip(config, "chip_layer", params, seed=seed, tag=tag,
-                         simulator=simulator, waves=waves, activity=activity,
-                         threads=threads)
+    with tempfile.NamedTemporaryFile(prefix="serrano-rounds-", suffix=".pickle") as file:
+        pickle.dump(rounds, file, protocol=pickle.HIGHEST_PROTOCOL)
+        file.flush()
+        return simulate_chip(config, "chip_layer", params | {"rounds": file.name}, seed=seed,
+                             tag=tag, simulator=simulator, waves=waves, activity=activity,
+                             threads=threads)
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
@@ -128,10 +141,10 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     build serves every batch, context and placement that fits it; what does not fit is
     refused by the compiler with the reason."""
     from compiler.chip import moe_words
-    from compiler.config import kv_context, next_pow2
     from compiler.moe import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
-    from tb.tile_run import WORKING_WORDS
+    from sim.tile_run import WORKING_WORDS
+    from spec.config import kv_context, next_pow2
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
     rows = 8

@@ -1,5 +1,5 @@
 """cocotb side of a chip in a StreamHarness: every host action names its tile; the
-harness memories carry the beats of all tiles in one run (see tb/tile_driver.py)."""
+harness memories carry the beats of all tiles in one run (see sim/tile_driver.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
 
 from rtl.tile import Counters
-from tb.harness_driver import CLOCK_NS, HarnessDriver
-from tb.tile_driver import POLL, Execution, Packer, Responses, TileDriver
+from sim.harness_driver import CLOCK_NS, HarnessDriver
+from sim.tile_driver import POLL, Execution, Packer, Responses, TileDriver
 
 __all__ = ["ChipDriver", "ChipRun"]
 
@@ -30,7 +30,7 @@ class ChipRun:
 
 
 class ChipDriver(TileDriver):
-    """Drives a :class:`tb.harness.StreamHarness` around a :class:`rtl.chip.Chip`."""
+    """Drives a :class:`sim.harness.StreamHarness` around a :class:`rtl.chip.Chip`."""
 
     STREAMS_IN = ("program", "host_req", "kv_req")
     STREAMS_OUT = ("host_resp", "kv_resp")

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rtl.isa import ACC_ADDR_BITS, ADDR_BITS
-from rtl.network_interface import MAX_PACKET
-from rtl.noc import DEFAULT_DEPTH, MAX_DEPTH
+from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
+from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 
 __all__ = ["TileConfig", "kv_context", "next_pow2"]
 
@@ -163,7 +162,7 @@ class TileConfig:
 class ChipConfig:
     """One design point: a ``k`` x ``k`` mesh of identical tiles (``tile``), routers with
     ``vcs`` virtual channels of ``depth`` flits, packets of at most ``max_packet`` flits.
-    The same numbers build the RTL (``rtl.chip.Chip``, see ``tb.chip_run``) and the
+    The same numbers build the RTL (``rtl.chip.Chip``, see ``sim.chip_run``) and the
     functional model (``golden.chip_model``)."""
 
     k: int = 2
@@ -195,6 +194,5 @@ class ChipConfig:
         return index % self.k, index // self.k
 
     def mask(self, index: int) -> int:
-        """The DMA tile-mask bit of tile ``index`` (bit y * 8 + x, ``rtl.isa``)."""
-        x, y = self.position(index)
-        return 1 << (y * 8 + x)
+        """The DMA tile mask naming tile ``index`` (``spec.isa.tile_bit``)."""
+        return tile_bit(*self.position(index))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 
 from rtl.tensor_core import TensorCore
-from tb.gemm_stream import tile_grid
-from tb.harness import StreamHarness
-from tb.runner import SimBuild, build, run
+from sim.gemm_stream import tile_grid
+from sim.harness import StreamHarness
+from sim.runner import SimBuild, build, run
 
 MODULE = "tb.tensor_core_tb"
 
@@ -61,7 +61,7 @@ def simulate_gemm(n: int, m: int, k: int, p: int, *, seed: int = 1, kind: str = 
     """Simulate an M x K by K x P GEMM, check it against golden, return the run's metrics.
 
     ``depth`` fixes the operand memory depth (so several GEMMs share one build); by
-    default it is the smallest that fits. Raises :class:`tb.runner.SimulationFailed`
+    default it is the smallest that fits. Raises :class:`sim.runner.SimulationFailed`
     when a result differs from golden.
     """
     for name, value in (("m", m), ("k", k), ("p", p)):

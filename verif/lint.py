@@ -1,8 +1,8 @@
-"""``python -m tb.lint``: Verilator ``--lint-only -Wall`` on the Verilog of every design.
+"""``python -m verif.lint``: Verilator ``--lint-only -Wall`` on the Verilog of every design.
 
 The designs are those ``make synth`` measures (:data:`synth.designs.DESIGNS`) plus the
 simulation harness around the tensor core and the board's UART bridge around it. Waivers,
-each with its reason, are in ``tb/verilator.vlt``; anything else Verilator reports fails
+each with its reason, are in ``sim/verilator.vlt``; anything else Verilator reports fails
 the lint.
 """
 
@@ -13,18 +13,15 @@ import sys
 
 from amaranth.back import verilog
 
-from synth.designs import DESIGNS, DesignUnavailable, build_design
-from tb.runner import SIM_BUILD, WAIVERS, toolchain_env
+from sim.runner import SIM_BUILD, WAIVERS, toolchain_env
+from synth.designs import DESIGNS, build_design
 
 
 def _tops():
     for name in DESIGNS:
-        try:
-            yield name, build_design(name)
-        except DesignUnavailable as why:
-            print(f"[lint] {name}: skipped ({why})")
+        yield name, build_design(name)
     from rtl.tensor_core import TensorCore
-    from tb.harness import StreamHarness
+    from sim.harness import StreamHarness
 
     yield "harness_tensor_core_n4", StreamHarness(TensorCore(4), {"a": 64, "b": 64, "c": 64})
     from fpga.bridge import UartBridge

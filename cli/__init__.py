@@ -1,0 +1,1 @@
+"""The ``serrano`` command: entry point, options and report (``main``), sweeps (``sweep``)."""

@@ -1,0 +1,201 @@
+"""The command line's option types and shared options: each type refuses a bad value
+with a one-line reason before anything is built, and every output path is checked
+before a run starts (:func:`check_output_paths`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rtl.tensor_core import MAX_N, MIN_N
+from sim.runner import SIMULATORS
+from spec.isa import MAX_GEMM_DIM
+from spec.noc import MAX_K
+
+
+def probability(text: str) -> float:
+    """A stall or idle probability the harness can draw: 0 to 255/256, in steps of 1/256."""
+    from sim.harness_driver import MAX_PROBABILITY
+
+    value = float(text)
+    if not 0.0 <= value <= MAX_PROBABILITY:
+        raise argparse.ArgumentTypeError(
+            f"a probability in [0, {MAX_PROBABILITY:.4f}] is needed (the harness draws in "
+            f"steps of 1/256), not {text}")
+    return value
+
+
+def at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``, else the error names ``what``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"a {what} integer is needed, not {text}")
+        return value
+    return parse
+
+
+positive = at_least(1, "positive")
+
+
+non_negative = at_least(0, "non-negative")
+
+
+def array_size(text: str) -> int:
+    value = int(text)
+    if not MIN_N <= value <= MAX_N:
+        raise argparse.ArgumentTypeError(f"the array size must be {MIN_N}..{MAX_N}, not {text}")
+    return value
+
+
+def tile_array_size(text: str) -> int:
+    """A tile's N: the tensor core's range, and a power of two (the vector unit's lanes,
+    the scratchpad's word layout)."""
+    value = array_size(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"a tile's array size must be a power of two, "
+                                         f"{MIN_N}..{MAX_N}, not {text}")
+    return value
+
+
+def dimension(text: str) -> int:
+    """A shape option: at most what a GEMM instruction's field takes, so an absurd
+    shape is refused before its tensors are generated."""
+    value = positive(text)
+    if value > MAX_GEMM_DIM:
+        raise argparse.ArgumentTypeError(f"at most {MAX_GEMM_DIM} (a GEMM instruction's "
+                                         f"field), not {text}")
+    return value
+
+
+def workload(text: str) -> str:
+    from golden.workloads import WORKLOADS
+
+    if text not in WORKLOADS:
+        raise argparse.ArgumentTypeError(f"unknown workload {text!r}; known: "
+                                         f"{', '.join(WORKLOADS)}")
+    return text
+
+
+def mesh(text: str) -> int:
+    """``KxK`` (a square mesh, 1..``spec.noc.MAX_K``) -> k."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or parts[0] != parts[1]:
+        raise argparse.ArgumentTypeError(f"the mesh is given as KxK (square), e.g. 2x2, "
+                                         f"not {text!r}")
+    k = int(parts[0])
+    if not 1 <= k <= MAX_K:
+        raise argparse.ArgumentTypeError(f"the mesh side must be 1..{MAX_K}, not {k}")
+    return k
+
+
+#: Workload fields a custom shape may override from the command line.
+SHAPE_OPTIONS = (("heads", "query heads"), ("kv_heads", "KV heads"),
+                 ("head_dim", "key/query head dimension"), ("experts", "routed experts"),
+                 ("top_k", "experts per token"))
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=at_most_cores, default=1,
+                        help="Verilator threads evaluating the chip (default 1; a separate "
+                             "build). 2 runs the 2 x 2 chip up to 1.7x faster on two idle "
+                             "cores, and several times slower when other jobs share them: "
+                             "a waiting thread spins")
+
+
+def at_most_cores(text: str) -> int:
+    threads, cores = positive(text), os.cpu_count() or 1
+    if threads > cores:
+        raise argparse.ArgumentTypeError(f"{threads} threads on {cores} cores would spin "
+                                         "against each other")
+    return threads
+
+
+def threads_of(args: argparse.Namespace) -> int:
+    """Verilator threads for a chip run (Icarus runs on one)."""
+    return args.threads if args.sim == "verilator" else 1
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, workload_default: str = "gpt-oss"
+                     ) -> None:
+    """Options every simulating command shares: workload, array size, simulator, waves,
+    JSON output."""
+    parser.add_argument("--workload", type=workload, default=workload_default,
+                        help="miniature workload (tiny, gpt-oss, deepseek-r1, kimi-k2; "
+                             f"default {workload_default})")
+    parser.add_argument("--array", type=tile_array_size, default=8, metavar="N",
+                        help="tensor core and vector unit size N (a power of two, default 8)")
+    parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
+                        help="simulator (default verilator)")
+    parser.add_argument("--waves", action="store_true",
+                        help="record waves (in the run directory under sim_build/)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file could not be created at ``path`` (None if it could): the nearest
+    existing folder on its way must be a writable folder."""
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:  # a probe: permissions, a read-only or pseudo file system alike
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"{folder} is not writable ({error.strerror or error})"
+    return None
+
+
+def check_output_paths(args: argparse.Namespace) -> str | None:
+    """Check every output path of a command before anything is built or simulated:
+    ``--json`` (a file), ``--plot`` (a prefix of files), ``--dump`` (an empty or new
+    folder; with ``--force`` a used one is emptied first). Returns the problem, if any."""
+    for name in ("json", "plot"):
+        path = getattr(args, name, None)
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"--{name} {path} is a folder, not a file"
+        if (reason := _unwritable(path)) is not None:
+            return f"cannot write --{name} {path}: {reason}"
+        if path.exists() and not os.access(path, os.W_OK):
+            return f"cannot write --{name} {path}: the file is not writable"
+    dump = getattr(args, "dump", None)
+    if dump is not None:
+        if dump.exists() and not dump.is_dir():
+            return f"--dump {dump} is a file, not a folder"
+        if dump.is_dir() and any(dump.iterdir()):
+            if not args.force:
+                return (f"--dump {dump} holds an earlier run's files; give an empty or new "
+                        "folder, or --force to empty it first")
+            try:
+                shutil.rmtree(dump)
+            except OSError as error:
+                return f"cannot empty --dump {dump}: {error.strerror or error}"
+        if (reason := _unwritable(dump / "run.json")) is not None:
+            return f"cannot write --dump {dump}: {reason}"
+    return None
+
+
+def list_of(parse):
+    """An argparse type: a comma-separated list of ``parse`` values."""
+    def parse_list(text: str) -> list:
+        values = [parse(part) for part in text.split(",") if part]
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return values
+    return parse_list
+
+
+def placement(text: str) -> str:
+    from compiler.chip import PLACEMENTS
+
+    if text not in PLACEMENTS:
+        raise argparse.ArgumentTypeError(f"unknown placement {text!r}; known: "
+                                         f"{', '.join(PLACEMENTS)}")
+    return text

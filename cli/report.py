@@ -1,0 +1,178 @@
+"""The command line's report: the rows a run prints (area, clock, phase shares,
+accuracy, energy, dump), progress lines while a simulation runs, the JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from sim.runner import SimulationFailed
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
+    """A report: one labelled row per line, after a blank line."""
+    print()
+    for label, text in rows:
+        print(f"{label:<12} {text}")
+
+
+def area_line(design: str) -> str:
+    from synth import load_area
+
+    area = load_area(design)
+    if not area:
+        return f"not measured (run `make synth ARGS='--only {design}'`)"
+    parts = [
+        f"{area.get('ecp5_lut4', '?')} LUT4",
+        f"{area.get('ecp5_ff', '?')} FF",
+        f"{area.get('ecp5_mult18', '?')} MULT18X18D",
+        f"{area.get('ecp5_ebr', '?')} EBR",
+    ]
+    fmax = area.get("ecp5_fmax_mhz")
+    if fmax:
+        parts.append(f"Fmax {fmax:.1f} MHz")
+    elif area.get("ecp5_fits") == 0:
+        parts.append("does not fit the 85F, so no place and route")
+    else:
+        parts.append("Fmax not measured")
+    return "ECP5-85F: " + ", ".join(parts) + f"; {area.get('generic_cells', '?')} generic cells"
+
+
+def shares(counters: dict) -> str:
+    total = counters["cycles"] or 1
+    names = (("gemm", "GEMM"), ("vec", "vector"), ("gemm_vec", "both"), ("dma", "DMA"),
+             ("stall", "sequencer/stall"))
+    return ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
+
+
+#: The whole-tile synthesis designs (synth/designs.py), by array size.
+TILE_DESIGNS = {8: "tile", 4: "tile_n4"}
+
+
+def fmax_line(n: int) -> tuple[float | None, str]:
+    """The clock the report converts cycles to time with, from build/synth.json: the
+    measured ECP5 Fmax of the N = ``n`` tile placed whole; else the lower of the slowest
+    block measured alone (an upper bound) and a tile of another size placed whole (an
+    estimate); blocks not measured yet are named."""
+    from synth import load_area
+
+    own = TILE_DESIGNS.get(n)
+    tile = (load_area(own) if own else None) or {}
+    if tile.get("ecp5_fmax_mhz"):
+        return tile["ecp5_fmax_mhz"], f"{tile['ecp5_fmax_mhz']:.1f} MHz ({own}, ECP5)"
+    blocks, missing = {}, []
+    for design in ("tensor_core_n8", "vector_unit", "scratchpad", "sequencer", "gemm_engine",
+                   "network_interface", "router_v2_d6"):
+        fmax = (load_area(design) or {}).get("ecp5_fmax_mhz")
+        if fmax:
+            blocks[design] = fmax
+        else:
+            missing.append(design)
+    others = {size: (load_area(design) or {}).get("ecp5_fmax_mhz")
+              for size, design in TILE_DESIGNS.items() if size != n}
+    others = {size: fmax for size, fmax in others.items() if fmax}
+    if not blocks and not others:
+        return None, "not measured (run `make synth`)"
+    slowest = min(blocks, key=blocks.get) if blocks else None
+    other = min(others, key=others.get) if others else None
+    if other is not None and (slowest is None or others[other] < blocks[slowest]):
+        line = (f"{others[other]:.1f} MHz: an estimate, the N = {other} tile placed whole "
+                f"({TILE_DESIGNS[other]}); the N = {n} tile's Fmax is not measured")
+        if slowest is not None:
+            line += f"; the slowest block measured alone: {slowest}, {blocks[slowest]:.1f} MHz"
+        clock = others[other]
+    else:
+        line = (f"{blocks[slowest]:.1f} MHz: an upper bound, the slowest block measured alone "
+                f"({slowest}); the whole tile's Fmax is not measured")
+        clock = blocks[slowest]
+    if missing:
+        line += f"; blocks not measured yet: {', '.join(missing)} (`make synth`)"
+    return clock, line
+
+
+def with_progress(simulate, prefix: str = "") -> dict:
+    """``simulate(progress_file)`` in a thread, echoing the lines the simulation appends
+    to the file (one per round) as they come; returns {"result": ...} or {"failure": ...}."""
+    progress = Path(tempfile.mkstemp(prefix="serrano-progress-")[1])
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = simulate(progress)
+        except (SimulationFailed, ValueError) as failure:
+            outcome["failure"] = failure
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    shown = 0
+    while worker.is_alive():
+        worker.join(1.0)
+        lines = progress.read_text().splitlines()
+        for line in lines[shown:]:
+            print(f"  {prefix}{line}", flush=True)
+        shown = len(lines)
+    progress.unlink(missing_ok=True)
+    return outcome
+
+
+def accuracy_rows(phases: dict[str, dict]) -> list[tuple[str, str]]:
+    """The report's accuracy rows: per phase, the run's outputs (bit-exact with the RTL)
+    against their float64 twins (compiler.chip.accuracy, docs/numerics.md)."""
+    rows = [("accuracy", "the run's outputs against float64 on the same int8 inputs "
+                         "(cosine over the phase's outputs; worst LSB; saturated values):")]
+    for phase, a in phases.items():
+        saturated = (f"{a['saturated']:,} of {a['outputs']:,} requantised values saturated"
+                     if a["saturated"] else f"none of {a['outputs']:,} requantised values "
+                                            "saturated")
+        rows.append(("", f"{phase + ':':<12} cosine {a['cosine']:.5f} (worst output "
+                         f"{a['cosine_min_output']:.5f}), worst {a['max_lsb_error']:.2f} "
+                         f"LSB, {saturated}"))
+    return rows
+
+
+def energy_line(energy, tokens: int) -> str:
+    """The report's energy row: the toggle-count proxy per token (sim.energy), or how to
+    get it."""
+    if energy is None:
+        return ("not measured: add --energy (a SAIF-traced build, a one-off Yosys "
+                "synthesis of the chip, a run about 40x slower; docs/energy.md)")
+    return (f"{energy.total / tokens:,.0f} cell-toggles per token ({tokens} tokens, the "
+            f"whole run with its host transfers; a relative unit: compare design points "
+            f"only, docs/energy.md); {energy.shares()}")
+
+
+def dump_line(root: Path, options: dict) -> str:
+    """Write ``root/run.json`` (the options and design point of a dumped run), check the
+    dump's RTL outputs against its golden ones, and say what was written."""
+    from golden.io import compare, load_expected
+
+    (root / "run.json").write_text(json.dumps(
+        {key: value for key, value in options.items() if key != "handler"},
+        indent=2, default=str) + "\n")
+    groups = sorted(d for d in root.iterdir() if (d / "manifest.json").is_file())
+    outputs = wrong = 0
+    for group in groups:
+        mismatches = compare(load_expected(group), group / "rtl")
+        outputs += len(mismatches)
+        wrong += sum(mismatches.values())
+    return (f"{root}: {len(groups)} workload directories (inputs, weights, scales; golden "
+            f"outputs in expected/, the RTL's in rtl/), {outputs} outputs, {wrong} elements "
+            "differ")
+
+
+def write_json(args: argparse.Namespace, figures: dict) -> bool:
+    """Write ``figures`` to ``args.json`` (its folders made); a failure is said as what it
+    is, after the run's own report (False)."""
+    try:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    except OSError as error:
+        print(f"serrano {args.command}: the run's figures were not written to {args.json}: "
+              f"{error.strerror or error}", file=sys.stderr)
+        return False
+    print(f"\nwrote {args.json}")
+    return True

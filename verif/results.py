@@ -1,0 +1,171 @@
+"""``make results`` (``python -m verif.results``): the result tables of README.md and
+docs/results.md, generated from the reports under ``build/``.
+
+A generated table sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``
+and says which command measured its figures and when (``spec.provenance``). A table
+whose report is missing is left as it is, and the run says so: a fresh clone keeps the
+committed figures until it measures its own.
+
+    make bench && make mutate && make results    # then commit README.md and docs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+from bench import MODULES
+from spec import provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+#: The headline figures in README.md: (bench metric, what it is).
+HEADLINES = [
+    ("chip__gpt-oss__prefill__cycles", "`make sim`'s chip, prefill of 32 tokens x 2 "
+                                       "sequences, decoder layer (cycles)"),
+    ("chip__gpt-oss__decode__cycles_per_token", "the same, one decode step (cycles)"),
+    ("chip__sim__cycles_per_s", "Verilator, chip cycles simulated per second"),
+    ("chip__agent_loop__hit_over_miss__speedup", "agent loop, KV cache kept over recomputed"),
+    ("accuracy__chip__attention_cosine_min", "attention outputs against float64, worst cosine"),
+    ("accuracy__chip__moe_cosine_min", "MoE outputs against float64, worst cosine"),
+    ("tensor_core__utilisation__n8_k64n", "tensor core utilisation, N = 8, long K"),
+]
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _measured(entries: list[dict]) -> str:
+    """'by `cmd` on date' for one source, or the commands and the date range."""
+    if not entries:
+        return "provenance not recorded"
+    commands = sorted({e["command"] for e in entries})
+    dates = sorted({e["date"] for e in entries})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return f"measured by {', '.join(f'`{c}`' for c in commands)} on {when}"
+
+
+def _targets() -> dict:
+    targets: dict = {}
+    for name in MODULES:
+        targets.update(importlib.import_module(f"bench.{name}").TARGETS)
+    return targets
+
+
+def _load(name: str) -> tuple[dict, dict] | None:
+    path = BUILD / f"{name}.json"
+    try:
+        return json.loads(path.read_text()), provenance.load(path)
+    except (OSError, ValueError):
+        return None
+
+
+def bench_table(metrics: dict, origin: dict, targets: dict) -> str:
+    """Every benchmark figure: value, target and whether it is met, when measured."""
+    lines = ["| metric | value | target | measured |", "|---|---:|---|---|"]
+    for key in sorted(metrics):
+        value, rule = metrics[key], targets.get(key)
+        target = ""
+        if rule and value is not None:
+            op, bound = rule
+            met = value >= bound if op == ">=" else value <= bound
+            target = f"{op} {bound:g} {'met' if met else '**missed**'}"
+        entry = origin.get(key)
+        when = f"{entry['date']}, `{entry['command']}`" if entry else "not recorded"
+        lines.append(f"| `{key}` | {_shown(value)} | {target} | {when} |")
+    return "\n".join(lines)
+
+
+def headline_table(metrics: dict, origin: dict) -> str:
+    lines = ["| figure | value |", "|---|---:|"]
+    used = []
+    for key, what in HEADLINES:
+        if key in metrics:
+            lines.append(f"| {what} (`{key}`) | {_shown(metrics[key])} |")
+            if key in origin:
+                used.append(origin[key])
+    return "\n".join(lines) + f"\n\n({_measured(used)}; every figure: docs/results.md.)"
+
+
+def mutate_table(report: dict, origin: dict) -> str:
+    entry = origin.get("mutation__killed_share")
+    lines = [f"{_measured([entry] if entry else [])}: **{report['killed']} of "
+             f"{report['mutants']} = {report['mutation__killed_share']:.3f}** "
+             f"(`mutation__killed_share`, goal ≥ 0.95; Yosys seed {report['seed']}).", "",
+             "| block | mutants | killed | share |", "|---|---:|---:|---:|"]
+    for name, block in report["blocks"].items():
+        lines.append(f"| {name} | {block['mutants']} | {block['killed']} | "
+                     f"{block['killed_share']:.3f} |")
+    survivors = [f"{name} mutant {s['mutant']}: {s['mode']} on `{s['cell']}` "
+                 f"port {s['port']} ({s['source']})"
+                 for name, block in report["blocks"].items() for s in block["survivors"]]
+    if survivors:
+        lines += ["", "Survivors of this draw:", ""] + [f"- {s}" for s in survivors]
+    return "\n".join(lines)
+
+
+def render() -> dict[str, str | None]:
+    """Each generated section's text (None: its report is missing)."""
+    sections: dict[str, str | None] = {}
+    bench = _load("bench")
+    sections["bench"] = bench_table(*bench, _targets()) if bench else None
+    sections["headline"] = headline_table(*bench) if bench else None
+    mutate = _load("mutate")
+    sections["mutate"] = mutate_table(*mutate) if mutate else None
+    return sections
+
+
+def fill(text: str, sections: dict[str, str | None]) -> tuple[str, list[str]]:
+    """``text`` with every marked section that has a rendering replaced; the names done."""
+    done = []
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if sections.get(name) is None:
+            return match.group(0)
+        done.append(name)
+        return f"<!-- results:{name} -->\n{sections[name]}\n<!-- /results:{name} -->"
+
+    pattern = re.compile(r"<!-- results:(\w+) -->\n.*?<!-- /results:\1 -->", re.S)
+    return pattern.sub(replace, text), done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verif.results", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", type=Path,
+                        default=[ROOT / "README.md", ROOT / "docs" / "results.md"],
+                        help="documents to update (default README.md docs/results.md)")
+    args = parser.parse_args(argv)
+    sections = render()
+    for name, text in sections.items():
+        if text is None:
+            print(f"[results] {name}: build/{'bench' if name == 'headline' else name}.json "
+                  "is missing; its table is kept as it is")
+    for path in args.files:
+        try:
+            before = path.read_text()
+        except OSError as error:
+            print(f"[results] cannot read {path}: {error.strerror}", file=sys.stderr)
+            return 2
+        after, done = fill(before, sections)
+        if after != before:
+            path.write_text(after)
+        print(f"[results] {path}: {', '.join(done) or 'no generated table'}"
+              f"{' (updated)' if after != before else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
