@@ -440,43 +440,91 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     ``instructions_by_opcode`` (per tile), ``experts_per_tile``, ``tokens``.
     ValueError before anything is built if the mesh, the tile or the shapes cannot run it.
     """
-    n = config.n
-    layer = MoeLayer.from_golden(weights, scales, top_k)
-    x = np.asarray(x)
-    if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
-        raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
-                         f"{x.dtype}")
-    if not isinstance(k, int) or not 1 <= k <= 8:
-        raise ValueError(f"the mesh side k must be 1..8, not {k!r}")
-    tokens, hidden, ffn, experts = x.shape[0], layer.hidden, layer.ffn, layer.experts
-    tiles = k * k
-    max_top_k = default_max_top_k(n)
-    problems = []
-    if top_k > max_top_k:
-        problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
-                        f"{max_top_k} entries (N = {n})")
-    if experts > 128:
-        problems.append(f"{experts} routed experts: the encoded logits hold at most 128 "
-                        f"expert codes in a byte")
-    rows_max = min(n, tokens)
-    if config.slots < max(rows_max, top_k):
-        problems.append(f"the vector unit has {config.slots} slots; a token block needs "
-                        f"{max(rows_max, top_k)} (min(N, tokens) and top_k)")
-    for name, dim in (("hidden", hidden), ("ffn", ffn), ("experts", experts)):
-        if dim > MAX_GEMM_DIM:
-            problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
-        if _ceil(dim, n) > MAX_COUNT:
-            problems.append(f"{name} {dim} needs {_ceil(dim, n)} beats of {n} lanes; a VEC "
-                            f"has at most {MAX_COUNT}")
-    huge = _huge(weights.router, layer.logit)
-    # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
-    sel_mult = _ceil(huge, (1 << MAX_LEFT) * 127)
-    sel_value = _ceil(huge, (1 << MAX_LEFT) * sel_mult)
-    if sel_mult >= 1 << NUMERICS.requant_mult_bits or huge >= 1 << 44:
-        problems.append(f"the router logits' spread needs an offset of {huge}, beyond the "
-                        f"lanes' range")
+    build = _MoeBuild(config, k, MoeLayer.from_golden(weights, scales, top_k), weights,
+                      top_k, np.asarray(x), projection)
+    build.place()
     if projection is not None:
-        attn_out, w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+        build.emit_projection()
+    build.emit_experts()
+    build.emit_gating_and_combine()
+    return build.program()
+
+
+class _MoeBuild:
+    """The stages of :func:`build_moe` and the state they share: checks and sizes,
+    scratchpad regions and host words, accumulator plans, then each tile's instructions
+    (projection, expert FFNs and their DMAs, the home tile's gating and combine)."""
+
+    home = 0
+
+    def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
+                 top_k: int, x: np.ndarray, projection: Projection | None):
+        self.config, self.k, self.layer, self.weights = config, k, layer, weights
+        self.top_k, self.projection = top_k, projection
+        self.n = n = config.n
+        self.sel_mult, self.sel_value = self._check(x)
+        self.tokens, self.hidden, self.ffn = x.shape[0], layer.hidden, layer.ffn
+        self.experts, self.tiles = layer.experts, k * k
+        self.residual = x
+        if projection is not None:
+            self.attn_out, self.w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+            x = project_residual(self.attn_out, self.w_o, x, projection.scales)
+        self.x = x
+        self.expert_tile = tuple(e % self.tiles for e in range(layer.total))
+        self.tb = _ceil(self.tokens, n)  # token blocks of N rows
+        self.hc, self.fc, self.ec = (_ceil(self.hidden, n), _ceil(self.ffn, n),
+                                     _ceil(self.experts, n))
+        self.block_rows = [min(n, self.tokens - b * n) for b in range(self.tb)]
+        self.r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
+        self.q_entries = _ceil(SILU_ENTRIES, self.r_load)  # accumulator entries of a table
+        self.q_words = _ceil(self.q_entries, n) * n
+        self.emitters = [_Emitter(n) for _ in range(self.tiles)]
+        self.dmas_to_home = 0
+
+    def _check(self, x: np.ndarray) -> tuple[int, int]:
+        """Refuse what the mesh, the tile or the shapes cannot run (one ValueError naming
+        every problem); the selection offset's multiplier and table value."""
+        config, layer, n, top_k = self.config, self.layer, self.n, self.top_k
+        if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
+            raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
+                             f"{x.dtype}")
+        if not isinstance(self.k, int) or not 1 <= self.k <= 8:
+            raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
+        problems = []
+        if top_k > default_max_top_k(n):
+            problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
+                            f"{default_max_top_k(n)} entries (N = {n})")
+        if layer.experts > 128:
+            problems.append(f"{layer.experts} routed experts: the encoded logits hold at "
+                            "most 128 expert codes in a byte")
+        rows_max = min(n, x.shape[0])
+        if config.slots < max(rows_max, top_k):
+            problems.append(f"the vector unit has {config.slots} slots; a token block needs "
+                            f"{max(rows_max, top_k)} (min(N, tokens) and top_k)")
+        for name, dim in (("hidden", layer.hidden), ("ffn", layer.ffn),
+                          ("experts", layer.experts)):
+            if dim > MAX_GEMM_DIM:
+                problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
+            if _ceil(dim, n) > MAX_COUNT:
+                problems.append(f"{name} {dim} needs {_ceil(dim, n)} beats of {n} lanes; a "
+                                f"VEC has at most {MAX_COUNT}")
+        huge = _huge(self.weights.router, layer.logit)
+        # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
+        sel_mult = _ceil(huge, (1 << MAX_LEFT) * 127)
+        sel_value = _ceil(huge, (1 << MAX_LEFT) * sel_mult)
+        if sel_mult >= 1 << NUMERICS.requant_mult_bits or huge >= 1 << 44:
+            problems.append(f"the router logits' spread needs an offset of {huge}, beyond "
+                            "the lanes' range")
+        if self.projection is not None:
+            problems += self._projection_problems(x.shape[0])
+        if problems:
+            raise ValueError("cannot map this MoE layer: " + "; ".join(problems))
+        return sel_mult, sel_value
+
+    def _projection_problems(self, tokens: int) -> list[str]:
+        n, hidden, slots = self.n, self.layer.hidden, self.config.slots
+        attn_out, w_o = np.asarray(self.projection.o), np.asarray(self.projection.w_o)
+        problems = []
         if attn_out.dtype != np.int8 or attn_out.ndim != 2 or attn_out.shape[0] != tokens:
             problems.append(f"the attention output must be int8 ({tokens}, channels), got "
                             f"{attn_out.shape} {attn_out.dtype}")
@@ -488,159 +536,215 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
                             "12-bit field")
         if hidden % n:
             problems.append(f"the projection needs hidden ({hidden}) a multiple of N ({n})")
-        if config.slots < n:
+        if slots < n:
             problems.append(f"the projection's vector ops take N = {n} rows; the vector "
-                            f"unit has {config.slots} slots")
-    if problems:
-        raise ValueError("cannot map this MoE layer: " + "; ".join(problems))
-    residual = x
-    if projection is not None:
-        x = project_residual(attn_out, w_o, residual, projection.scales)
+                            f"unit has {slots} slots")
+        return problems
 
-    expert_tile = tuple(e % tiles for e in range(layer.total))
-    home = 0
-    tb = _ceil(tokens, n)  # token blocks of N rows
-    hc, fc, ec = _ceil(hidden, n), _ceil(ffn, n), _ceil(experts, n)
-    block_rows = [min(n, tokens - b * n) for b in range(tb)]
-    r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
-    q_entries = _ceil(SILU_ENTRIES, r_load)  # accumulator entries of a table
-    q_words = _ceil(q_entries, n) * n
+    # -- scratchpad and accumulator ----------------------------------------------------------
 
-    # -- scratchpad: global regions (same address on every tile), then each tile's own ---
-    limit = config.kv_start
-    glob = _Bump(0, limit, "scratchpad", EVERY_TILE, config.banks)
-    a_bank, b_bank = config.banks // 2, 0  # where GEMM A and B operands start
-    x_addr = glob.take(tb * hidden, "tokens", a_bank)
-    y_stride = tb * hc * n
-    y_addr = [glob.take(y_stride, f"expert{e} output", b_bank) for e in range(layer.total)]
-    out_addr = glob.take(y_stride, "output")
-    spad = [_Bump(glob.next, limit, "scratchpad", f"tile {t} ({t % k}, {t // k})", config.banks)
-            for t in range(tiles)]
-    words = [_Words(n) for _ in range(tiles)]
-    if projection is None:
-        words[home].put(x_addr, _token_layout(x, n))
-    else:  # the home tile computes x from these (see the projection ops below)
-        channels = attn_out.shape[1]
-        o_addr = spad[home].take(tb * channels, "attention outputs", b_bank)
-        res_addr = spad[home].take(tb * hidden, "residual stream", b_bank)
-        wo_addr = spad[home].take(hc * channels, "output projection", a_bank)
-        words[home].put(o_addr, _token_layout(attn_out, n))
-        words[home].put(res_addr, _token_layout(residual, n))
-        words[home].put(wo_addr, _column_layout(w_o, n))
+    def place(self) -> None:
+        """Scratchpad regions (global ones at the same address on every tile, then each
+        tile's own), the words the host writes, and each tile's accumulator plan."""
+        config, n, k, home = self.config, self.n, self.k, self.home
+        glob = _Bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
+        self.a_bank, self.b_bank = config.banks // 2, 0  # where GEMM A and B operands start
+        self.x_addr = glob.take(self.tb * self.hidden, "tokens", self.a_bank)
+        self.y_stride = self.tb * self.hc * n
+        self.y_addr = [glob.take(self.y_stride, f"expert{e} output", self.b_bank)
+                       for e in range(self.layer.total)]
+        self.out_addr = glob.take(self.y_stride, "output")
+        self.spad = [_Bump(glob.next, config.kv_start, "scratchpad",
+                           f"tile {t} ({t % k}, {t // k})", config.banks)
+                     for t in range(self.tiles)]
+        self.words = [_Words(n) for _ in range(self.tiles)]
+        if self.projection is None:
+            self.words[home].put(self.x_addr, _token_layout(self.x, n))
+        else:
+            self._place_projection()
+        self._place_experts()
+        self._place_router()
+        self.plans = [self._acc_plan(t) for t in range(self.tiles)]
 
-    ident, iota, w_addr, tbl_addr, h_addr = {}, {}, {}, {}, {}
-    identity = np.eye(n, dtype=np.int64)
-    iota_rows = np.zeros((q_words, n), np.int64)
-    for q in range(q_entries):
-        values = np.arange(q * r_load, min((q + 1) * r_load, SILU_ENTRIES))
-        iota_rows[q, :len(values)] = _int8(values)
-    for t in range(tiles):
-        mine = [e for e in range(layer.total) if expert_tile[e] == t]
-        if not mine and t != home:
-            continue
-        ident[t] = spad[t].take(n, "identity", a_bank)
-        words[t].put(ident[t], identity)
-        iota[t] = spad[t].take(q_words, "table-index constants", b_bank)
-        words[t].put(iota[t], iota_rows)
-        h_addr[t] = spad[t].take(fc * n, "SwiGLU activations", a_bank)
-        for e in mine:
-            wg = spad[t].take(fc * hidden, f"expert{e} gate weights", b_bank)
-            wu = spad[t].take(fc * hidden, f"expert{e} up weights", b_bank)
-            wd = spad[t].take(hc * ffn, f"expert{e} down weights", b_bank)
-            w_addr[e] = (wg, wu, wd)
-            words[t].put(wg, _column_layout(weights.w_gate[e], n))
-            words[t].put(wu, _column_layout(weights.w_up[e], n))
-            words[t].put(wd, _column_layout(weights.w_down[e], n))
-            tbl_addr[e] = spad[t].take(q_words, f"expert{e} SiLU table", b_bank)
-            table = np.zeros((q_words, n), np.int64)
-            for q in range(q_entries):
-                part = layer.silu[e][q * r_load:(q + 1) * r_load]
-                table[q, :len(part)] = part
-            words[t].put(tbl_addr[e], table)
-    # Home: the router, the encoding constants, the accumulator constants.
-    router_addr = spad[home].take(ec * hidden, "router weights", b_bank)
-    words[home].put(router_addr, _column_layout(weights.router, n))
-    a2, b2, cb = _encoding(experts, tokens)
-    enc_a = spad[home].take(tb * 2, "encoding constants", a_bank)
-    words[home].put(enc_a, _token_layout(a2, n))
-    enc_b = spad[home].take(ec * 2, "encoding constants", b_bank)
-    words[home].put(enc_b, _column_layout(b2, n))
-    const_addr = spad[home].take(2 * n, "accumulator constants", b_bank)
-    consts = np.zeros((2 * n, n), np.int64)
-    consts[1] = sel_value
-    consts[n:] = -128
-    words[home].put(const_addr, consts)
+    def _place_projection(self) -> None:
+        """The home tile computes x from the attention outputs, the residual and W_o."""
+        spad, words, n = self.spad[self.home], self.words[self.home], self.n
+        self.channels = self.attn_out.shape[1]
+        self.o_addr = spad.take(self.tb * self.channels, "attention outputs", self.b_bank)
+        self.res_addr = spad.take(self.tb * self.hidden, "residual stream", self.b_bank)
+        self.wo_addr = spad.take(self.hc * self.channels, "output projection", self.a_bank)
+        words.put(self.o_addr, _token_layout(self.attn_out, n))
+        words.put(self.res_addr, _token_layout(self.residual, n))
+        words.put(self.wo_addr, _column_layout(self.w_o, n))
 
-    # -- accumulator -------------------------------------------------------------------------
-    def acc_plan(t: int) -> dict:
+    def _place_experts(self) -> None:
+        """Per busy tile: identity, table-index constants, SwiGLU activations; per
+        expert its three weight matrices and its SiLU table."""
+        n, a_bank, b_bank, q_words = self.n, self.a_bank, self.b_bank, self.q_words
+        self.ident, self.iota, self.w_addr, self.tbl_addr, self.h_addr = {}, {}, {}, {}, {}
+        iota_rows = np.zeros((q_words, n), np.int64)
+        for q in range(self.q_entries):
+            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
+            iota_rows[q, :len(values)] = _int8(values)
+        for t in range(self.tiles):
+            spad, words, mine = self.spad[t], self.words[t], self.experts_on(t)
+            if not mine and t != self.home:
+                continue
+            self.ident[t] = spad.take(n, "identity", a_bank)
+            words.put(self.ident[t], np.eye(n, dtype=np.int64))
+            self.iota[t] = spad.take(q_words, "table-index constants", b_bank)
+            words.put(self.iota[t], iota_rows)
+            self.h_addr[t] = spad.take(self.fc * n, "SwiGLU activations", a_bank)
+            for e in mine:
+                wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b_bank)
+                wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b_bank)
+                wd = spad.take(self.hc * self.ffn, f"expert{e} down weights", b_bank)
+                self.w_addr[e] = (wg, wu, wd)
+                words.put(wg, _column_layout(self.weights.w_gate[e], n))
+                words.put(wu, _column_layout(self.weights.w_up[e], n))
+                words.put(wd, _column_layout(self.weights.w_down[e], n))
+                self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b_bank)
+                table = np.zeros((q_words, n), np.int64)
+                for q in range(self.q_entries):
+                    part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
+                    table[q, :len(part)] = part
+                words.put(self.tbl_addr[e], table)
+
+    def _place_router(self) -> None:
+        """Home: the router, the encoding constants, the accumulator constants."""
+        spad, words, n = self.spad[self.home], self.words[self.home], self.n
+        self.router_addr = spad.take(self.ec * self.hidden, "router weights", self.b_bank)
+        words.put(self.router_addr, _column_layout(self.weights.router, n))
+        a2, b2, self.cb = _encoding(self.experts, self.tokens)
+        self.enc_a = spad.take(self.tb * 2, "encoding constants", self.a_bank)
+        words.put(self.enc_a, _token_layout(a2, n))
+        self.enc_b = spad.take(self.ec * 2, "encoding constants", self.b_bank)
+        words.put(self.enc_b, _column_layout(b2, n))
+        self.const_addr = spad.take(2 * n, "accumulator constants", self.b_bank)
+        consts = np.zeros((2 * n, n), np.int64)
+        consts[1] = self.sel_value
+        consts[n:] = -128
+        words.put(self.const_addr, consts)
+
+    def experts_on(self, t: int) -> list[int]:
+        return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
+
+    def _acc_plan(self, t: int) -> dict:
         """Entries of tile t's phases (they follow one another, so they overlap)."""
-        bump = _Bump(0, config.acc_depth, "accumulator memory", f"tile {t}")
-        plan = {"iota": bump.take(q_words, "table-index entries"),
-                "table": bump.take(q_words, "SiLU table entries")}
+        n, depth, hc, home = self.n, self.config.acc_depth, self.hc, self.home
+        bump = _Bump(0, depth, "accumulator memory", f"tile {t}")
+        plan = {"iota": bump.take(self.q_words, "table-index entries"),
+                "table": bump.take(self.q_words, "SiLU table entries")}
         if t == home:
             plan["zero"] = bump.take(n, "constants")  # zero row, SV row
             plan["m128"] = bump.take(n, "constants")
         base = bump.next
         # FFN phase: g, u (y overlays them once h is out); y in column chunks.
-        ffn_bump = _Bump(base, config.acc_depth, "accumulator memory", f"tile {t}")
-        plan["g"] = ffn_bump.take(fc * n, "FFN gate")
-        plan["u"] = ffn_bump.take(fc * n, "FFN up")
-        room = config.acc_depth - plan["g"]
-        plan["y_tiles"] = min(hc, room // n)
+        ffn_bump = _Bump(base, depth, "accumulator memory", f"tile {t}")
+        plan["g"] = ffn_bump.take(self.fc * n, "FFN gate")
+        plan["u"] = ffn_bump.take(self.fc * n, "FFN up")
+        plan["y_tiles"] = min(hc, (depth - plan["g"]) // n)
         if plan["y_tiles"] < 1:
             ffn_bump.take(n, "FFN output")
-        if t == home and projection is not None:  # in chunks of channel tiles
-            plan["p_tiles"] = min(hc, (config.acc_depth - base) // n)
-            plan["proj"] = _Bump(base, config.acc_depth, "accumulator memory",
+        if t == home and self.projection is not None:  # in chunks of channel tiles
+            plan["p_tiles"] = min(hc, (depth - base) // n)
+            plan["proj"] = _Bump(base, depth, "accumulator memory",
                                  f"tile {t}").take(n, "projected attention")
         if t == home:
-            gate_bump = _Bump(base, config.acc_depth, "accumulator memory", f"tile {t}")
-            plan["r"] = gate_bump.take(ec * n, "router logits")
-            plan["v"] = gate_bump.take(ec * n, "encoded logits")
-            plan["s"] = gate_bump.take(ec * n, "top-k / selection")
+            gate_bump = _Bump(base, depth, "accumulator memory", f"tile {t}")
+            plan["r"] = gate_bump.take(self.ec * n, "router logits")
+            plan["v"] = gate_bump.take(self.ec * n, "encoded logits")
+            plan["s"] = gate_bump.take(self.ec * n, "top-k / selection")
             plan["k128"] = gate_bump.take(n, "top-k addresses")
             plan["max"] = gate_bump.take(1, "row max")
             plan["sum"] = gate_bump.take(1, "row sum")
-            plan["gates"] = gate_bump.take(experts, "gate scalars")
+            plan["gates"] = gate_bump.take(self.experts, "gate scalars")
             # The combine overlays r/v/s (dead by then): comb + y in column chunks.
-            room = plan["gates"] - base
-            plan["c_tiles"] = min(hc, room // (2 * n))
+            plan["c_tiles"] = min(hc, (plan["gates"] - base) // (2 * n))
             if plan["c_tiles"] < 1:
                 gate_bump.take(2 * n, "combine buffers")
             plan["comb"] = base
             plan["yacc"] = base + plan["c_tiles"] * n
         return plan
 
-    plans = [acc_plan(t) for t in range(tiles)]
+    # -- instructions ----------------------------------------------------------------------
 
-    # -- programs ---------------------------------------------------------------------------
-    emitters = [_Emitter(n) for _ in range(tiles)]
-    dmas_to_home = 0
-
-    def load_words(e: _Emitter, src: int, entry: int, count: int, t: int) -> None:
+    def load_words(self, t: int, src: int, entry: int, count: int) -> None:
         """count words (a multiple of N) into count consecutive entries: I · words."""
-        e.gemm(a=ident[t], b=src, c=entry, m=n, k=n, p=count, a_rows=1, b_rows=0)
+        n = self.n
+        self.emitters[t].gemm(a=self.ident[t], b=src, c=entry, m=n, k=n, p=count, a_rows=1,
+                              b_rows=0)
 
-    def load_table(e: _Emitter, plan: dict, value_entry: int | None, t: int) -> None:
-        """Write the 256-entry SiLU table: from plan["table"] entries, or one value entry
-        (a_scalar: lane r of value_entry) into every slot."""
-        for q in range(q_entries):
-            rows = min(r_load, SILU_ENTRIES - q * r_load)
+    def load_table(self, t: int, value_entry: int | None) -> None:
+        """Write the 256-entry SiLU table: from the plan's table entries, or one value
+        entry (a_scalar: lane r of value_entry) into every slot."""
+        plan = self.plans[t]
+        for q in range(self.q_entries):
+            rows = min(self.r_load, SILU_ENTRIES - q * self.r_load)
             a = plan["table"] + q if value_entry is None else value_entry
-            e.vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q, lo=0, hi=1)
+            self.emitters[t].vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q,
+                                 lo=0, hi=1)
 
-    def expert_ffn_ops(e: _Emitter, t: int, ex: int) -> None:
-        plan = plans[t]
-        wg, wu, wd = w_addr[ex]
-        load_words(e, tbl_addr[ex], plan["table"], q_words, t)
-        load_table(e, plan, None, t)
-        gm, gs = layer.gate[ex]
-        um, us = layer.up[ex]
-        hm, hs = layer.swiglu[ex]
-        dm, ds = layer.down[ex]
+    def emit_projection(self) -> None:
+        """x = clamp(residual + rq(o . W_o)) on the home tile, block by block."""
+        n, hc, home = self.n, self.hc, self.home
+        e, plan = self.emitters[home], self.plans[home]
+        pm, ps = self.projection.scales.multiplier()
+        proj, chunk = plan["proj"], plan["p_tiles"]
+        for b, rows in enumerate(self.block_rows):
+            for j0 in range(0, hc, chunk):
+                width = min(chunk, hc - j0)
+                every = {"lo": 0, "hi": width * n}
+                # The transposed product x^T = W_o^T . o^T: entry proj + c holds channel
+                # j0·N + c of the block's tokens (one per lane), as x's token words do.
+                e.gemm(a=self.wo_addr + j0 * self.channels, b=self.o_addr + b * self.channels,
+                       c=proj, m=width * n, k=self.channels, p=rows, a_rows=0, b_rows=0)
+                e.vec(VOP.REQUANT, n, width, proj, mult=pm, shift=ps, dst=proj,
+                      dst_kind=VecDst.TILE, **every)
+                # + the residual's token words (I . words, accumulated), then the clamp.
+                e.gemm(a=self.ident[home], b=self.res_addr + b * self.hidden + j0 * n,
+                       c=proj, m=n, k=n, p=width * n, a_rows=1, b_rows=0, accumulate=1,
+                       acc_shift=0)
+                e.vec(VOP.REQUANT, n, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
+                      dst=self.x_addr + b * self.hidden + j0 * n, dst_kind=VecDst.SPAD,
+                      **every)
+
+    def emit_experts(self) -> None:
+        """Home multicasts the tokens; each expert tile waits for them, runs its experts'
+        FFNs and sends each result home."""
+        home, k, tb, hidden = self.home, self.k, self.tb, self.hidden
+        others = [t for t in range(self.tiles) if t != home and self.experts_on(t)]
+        if others:
+            mask = sum(tile_bit(t % k, t // k) for t in others)
+            for start in range(0, tb * hidden, MAX_DMA_LENGTH):
+                self.emitters[home].dma(src=self.x_addr + start, dst=self.x_addr + start,
+                                        length=min(MAX_DMA_LENGTH, tb * hidden - start),
+                                        tiles=mask, remote_signal=1,
+                                        remote_semaphore=SEM_TOKENS)
+        token_dmas = _ceil(tb * hidden, MAX_DMA_LENGTH) if others else 0
+        for t in range(self.tiles):
+            e, mine = self.emitters[t], self.experts_on(t)
+            if not mine:
+                continue
+            if t != home:
+                e.wait_arrivals(SEM_TOKENS, token_dmas)
+            self.load_words(t, self.iota[t], self.plans[t]["iota"], self.q_words)
+            for ex in mine:
+                self._expert_ffn(t, ex)
+                if t != home:
+                    self._send_home(t, ex)
+
+    def _expert_ffn(self, t: int, ex: int) -> None:
+        n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
+        e, plan, layer = self.emitters[t], self.plans[t], self.layer
+        wg, wu, wd = self.w_addr[ex]
+        self.load_words(t, self.tbl_addr[ex], plan["table"], self.q_words)
+        self.load_table(t, None)
+        (gm, gs), (um, us) = layer.gate[ex], layer.up[ex]
+        (hm, hs), (dm, ds) = layer.swiglu[ex], layer.down[ex]
         chunk = plan["y_tiles"]
-        for b, rows in enumerate(block_rows):
-            xa = x_addr + b * hidden
+        for b, rows in enumerate(self.block_rows):
+            xa = self.x_addr + b * hidden
             e.gemm(a=xa, b=wg, c=plan["g"], m=rows, k=hidden, p=ffn, a_rows=0, b_rows=0)
             e.gemm(a=xa, b=wu, c=plan["u"], m=rows, k=hidden, p=ffn, a_rows=0, b_rows=0)
             e.vec(VOP.REQUANT, rows, fc, plan["g"], mult=gm, shift=gs, dst=plan["g"],
@@ -648,88 +752,61 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
             e.vec(VOP.REQUANT, rows, fc, plan["u"], mult=um, shift=us, dst=plan["u"],
                   dst_kind=VecDst.TILE, lo=0, hi=fc * n)
             e.vec(VOP.SWIGLU, rows, fc, plan["g"], b=plan["u"], mult=hm, shift=hs, sat=1,
-                  dst=h_addr[t], dst_kind=VecDst.SPAD, lo=0, hi=fc * n)
+                  dst=self.h_addr[t], dst_kind=VecDst.SPAD, lo=0, hi=fc * n)
             for j0 in range(0, hc, chunk):
                 width = min(chunk, hc - j0)
                 cols = min(width * n, hidden - j0 * n)
-                e.gemm(a=h_addr[t], b=wd + j0 * ffn, c=plan["g"], m=rows, k=ffn, p=cols,
-                       a_rows=1, b_rows=0)
+                e.gemm(a=self.h_addr[t], b=wd + j0 * ffn, c=plan["g"], m=rows, k=ffn,
+                       p=cols, a_rows=1, b_rows=0)
                 e.vec(VOP.REQUANT, rows, width, plan["g"], mult=dm, shift=ds,
-                      dst=y_addr[ex] + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD,
+                      dst=self.y_addr[ex] + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD,
                       lo=0, hi=width * n)
 
-    if projection is not None:  # x = clamp(residual + rq(o . W_o)), block by block
-        e, plan = emitters[home], plans[home]
-        pm, ps = projection.scales.multiplier()
-        proj, chunk = plan["proj"], plan["p_tiles"]
-        for b, rows in enumerate(block_rows):
-            for j0 in range(0, hc, chunk):
-                width = min(chunk, hc - j0)
-                every = {"lo": 0, "hi": width * n}
-                # The transposed product x^T = W_o^T . o^T: entry proj + c holds channel
-                # j0·N + c of the block's tokens (one per lane), as x's token words do.
-                e.gemm(a=wo_addr + j0 * channels, b=o_addr + b * channels, c=proj,
-                       m=width * n, k=channels, p=rows, a_rows=0, b_rows=0)
-                e.vec(VOP.REQUANT, n, width, proj, mult=pm, shift=ps, dst=proj,
-                      dst_kind=VecDst.TILE, **every)
-                # + the residual's token words (I . words, accumulated), then the clamp.
-                e.gemm(a=ident[home], b=res_addr + b * hidden + j0 * n, c=proj, m=n, k=n,
-                       p=width * n, a_rows=1, b_rows=0, accumulate=1, acc_shift=0)
-                e.vec(VOP.REQUANT, n, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
-                      dst=x_addr + b * hidden + j0 * n, dst_kind=VecDst.SPAD, **every)
+    def _send_home(self, t: int, ex: int) -> None:
+        home_mask = tile_bit(self.home % self.k, self.home // self.k)
+        y = self.y_addr[ex]
+        for start in range(0, self.y_stride, MAX_DMA_LENGTH):
+            self.emitters[t].dma(src=y + start, dst=y + start,
+                                 length=min(MAX_DMA_LENGTH, self.y_stride - start),
+                                 tiles=home_mask, remote_signal=1,
+                                 remote_semaphore=SEM_RESULTS)
+            self.dmas_to_home += 1
 
-    # Home multicasts the tokens; expert tiles wait for them.
-    others = [t for t in range(tiles) if t != home and any(expert_tile[e] == t
-                                                           for e in range(layer.total))]
-    if others:
-        mask = sum(tile_bit(t % k, t // k) for t in others)
-        for start in range(0, tb * hidden, MAX_DMA_LENGTH):
-            emitters[home].dma(src=x_addr + start, dst=x_addr + start,
-                               length=min(MAX_DMA_LENGTH, tb * hidden - start), tiles=mask,
-                               remote_signal=1, remote_semaphore=SEM_TOKENS)
-    token_dmas = _ceil(tb * hidden, MAX_DMA_LENGTH) if others else 0
-    for t in range(tiles):
-        e = emitters[t]
-        mine = [ex for ex in range(layer.total) if expert_tile[ex] == t]
-        if t != home:
-            if not mine:
-                continue
-            e.wait_arrivals(SEM_TOKENS, token_dmas)
-        if mine:
-            load_words(e, iota[t], plans[t]["iota"], q_words, t)
-        for ex in mine:
-            expert_ffn_ops(e, t, ex)
-            if t != home:
-                home_mask = tile_bit(home % k, home // k)
-                for start in range(0, y_stride, MAX_DMA_LENGTH):
-                    e.dma(src=y_addr[ex] + start, dst=y_addr[ex] + start,
-                          length=min(MAX_DMA_LENGTH, y_stride - start), tiles=home_mask,
-                          remote_signal=1, remote_semaphore=SEM_RESULTS)
-                    dmas_to_home += 1
+    def emit_gating_and_combine(self) -> None:
+        """Home: per token block the router's gates, then the gated sum of the experts'
+        outputs (the first remote result waited for once)."""
+        home, n = self.home, self.n
+        plan = self.plans[home]
+        if not self.experts_on(home):
+            self.load_words(home, self.iota[home], plan["iota"], self.q_words)
+        self.load_words(home, self.const_addr, plan["zero"], 2 * n)
+        self.load_table(home, plan["zero"])  # clear the SiLU table (the experts' last one)
+        order = self.experts_on(home) + [ex for ex in range(self.layer.total)
+                                         if self.expert_tile[ex] != home]
+        self.waited = False
+        for b, rows in enumerate(self.block_rows):
+            self._emit_gates(b, rows)
+            self._emit_combine(b, rows, order)
 
-    # Home: gating and combine, block by block.
-    e, plan = emitters[home], plans[home]
-    if not any(expert_tile[ex] == home for ex in range(layer.total)):
-        load_words(e, iota[home], plan["iota"], q_words, home)
-    load_words(e, const_addr, plan["zero"], 2 * n, home)
-    zero, sv = plan["zero"], plan["zero"] + 1
-    load_table(e, plan, zero, home)  # clear the SiLU table (the experts' last one)
-    batch = min(SILU_ENTRIES >> cb, n)
-    lm, ls = layer.logit
-    waited = False
-    local = [ex for ex in range(layer.total) if expert_tile[ex] == home]
-    order = local + [ex for ex in range(layer.total) if expert_tile[ex] != home]
-    for b, rows in enumerate(block_rows):
-        xa = x_addr + b * hidden
+    def _emit_gates(self, b: int, rows: int) -> None:
+        """Router logits, top-k selection (the SiLU table marks the chosen experts),
+        softmax over the selected logits, one gate scalar per expert."""
+        n, ec, experts, top_k = self.n, self.ec, self.experts, self.top_k
+        e, plan = self.emitters[self.home], self.plans[self.home]
+        zero, sv = plan["zero"], plan["zero"] + 1
+        xa = self.x_addr + b * self.hidden
         r, v, s = plan["r"], plan["v"], plan["s"]
-        e.gemm(a=xa, b=router_addr, c=r, m=rows, k=hidden, p=experts, a_rows=0, b_rows=0)
-        e.gemm(a=xa, b=router_addr, c=v, m=rows, k=hidden, p=experts, a_rows=0, b_rows=0)
-        e.gemm(a=enc_a + 2 * b, b=enc_b, c=v, m=rows, k=2, p=experts, a_rows=0, b_rows=0,
-               accumulate=1, acc_shift=8)
+        e.gemm(a=xa, b=self.router_addr, c=r, m=rows, k=self.hidden, p=experts, a_rows=0,
+               b_rows=0)
+        e.gemm(a=xa, b=self.router_addr, c=v, m=rows, k=self.hidden, p=experts, a_rows=0,
+               b_rows=0)
+        e.gemm(a=self.enc_a + 2 * b, b=self.enc_b, c=v, m=rows, k=2, p=experts, a_rows=0,
+               b_rows=0, accumulate=1, acc_shift=8)
         lanes = {"lo": 0, "hi": experts}
         e.vec(VOP.TOPK, rows, ec, v, imm=0, dst=s, dst_kind=VecDst.TILE, **lanes)
         e.vec(VOP.ADD, rows, 1, s + (ec - 1) * n, b=plan["m128"], dst=plan["k128"],
               dst_kind=VecDst.TILE, lo=0, hi=n)
+        batch = min(SILU_ENTRIES >> self.cb, n)
         for o in range(0, rows, batch):
             group = range(o, min(rows, o + batch))
             for row in group:  # table[c8 of each chosen expert] = SV
@@ -739,10 +816,11 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
             for row in group:
                 e.vec(VOP.SILU_LOAD, top_k, 1, zero, a_scalar=1, c=plan["k128"] + row,
                       lo=0, hi=1)
+        lm, ls = self.layer.logit
         e.vec(VOP.LOGIT, rows, ec, r, mult=lm, shift=ls, imm=NEG_INF, dst=r,
               dst_kind=VecDst.TILE, **lanes)
-        e.vec(VOP.LOGIT, rows, ec, s, mult=sel_mult, shift=-MAX_LEFT, imm=NEG_INF, dst=s,
-              dst_kind=VecDst.TILE, **lanes)
+        e.vec(VOP.LOGIT, rows, ec, s, mult=self.sel_mult, shift=-MAX_LEFT, imm=NEG_INF,
+              dst=s, dst_kind=VecDst.TILE, **lanes)
         e.vec(VOP.ADD, rows, ec, r, b=s, dst=r, dst_kind=VecDst.TILE, **lanes)
         e.vec(VOP.MAX, rows, ec, r, imm=NEG_INF, total=plan["max"], total_write=1, **lanes)
         e.vec(VOP.EXP, rows, ec, r, c=plan["max"], shift=G_BITS, dst=r,
@@ -753,55 +831,66 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
         for ex in range(experts):
             e.vec(VOP.SUM, rows, 1, r + (ex // n) * n, total=plan["gates"] + ex,
                   total_write=1, lo=ex % n, hi=ex % n + 1)
-        # Combine, in column chunks: comb = sum over experts of G·y (+ y_shared << 15).
+
+    def _emit_combine(self, b: int, rows: int, order: list[int]) -> None:
+        """comb = sum over experts of G·y (+ y_shared << 15), in column chunks, then the
+        output requantised into the block's output words."""
+        n, hc, home = self.n, self.hc, self.home
+        e, plan = self.emitters[home], self.plans[home]
         chunk = plan["c_tiles"]
         for j0 in range(0, hc, chunk):
             width = min(chunk, hc - j0)
-            cols = min(width * n, hidden - j0 * n)
+            cols = min(width * n, self.hidden - j0 * n)
             comb, yacc = plan["comb"], plan["yacc"]
             for i, ex in enumerate(order):
-                if expert_tile[ex] != home and not waited:
-                    e.wait_arrivals(SEM_RESULTS, dmas_to_home)
-                    waited = True
-                e.gemm(a=ident[home], b=y_addr[ex] + b * hc * n + j0 * rows, c=yacc,
-                       m=rows, k=rows, p=cols, a_rows=1, b_rows=0)
+                if self.expert_tile[ex] != home and not self.waited:
+                    e.wait_arrivals(SEM_RESULTS, self.dmas_to_home)
+                    self.waited = True
+                e.gemm(a=self.ident[home], b=self.y_addr[ex] + b * hc * n + j0 * rows,
+                       c=yacc, m=rows, k=rows, p=cols, a_rows=1, b_rows=0)
                 e.vec(VOP.LOGIT, rows, width, yacc, mult=1, shift=-G_BITS, imm=NEG_INF,
                       dst=yacc, dst_kind=VecDst.TILE, lo=0, hi=width * n)
-                gate = {"c": plan["gates"] + ex} if ex < experts else {"imm": 1 << G_BITS}
-                first = {"b": zero, "b_scalar": 1} if i == 0 else {"b": comb}
+                gate = ({"c": plan["gates"] + ex} if ex < self.experts
+                        else {"imm": 1 << G_BITS})
+                first = {"b": plan["zero"], "b_scalar": 1} if i == 0 else {"b": comb}
                 e.vec(VOP.RESCALE, rows, width, yacc, **first, **gate, dst=comb,
                       dst_kind=VecDst.TILE, lo=0, hi=width * n)
-            om, osh = layer.out
+            om, osh = self.layer.out
             e.vec(VOP.REQUANT, rows, width, comb, mult=om, shift=osh,
-                  dst=out_addr + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD, lo=0,
+                  dst=self.out_addr + b * hc * n + j0 * rows, dst_kind=VecDst.SPAD, lo=0,
                   hi=width * n)
 
-    output_words = [out_addr + b * hc * n + j * rows + r_ for b, rows in enumerate(block_rows)
-                    for j in range(hc) for r_ in range(rows)]
-
-    reader = OutputRows((tokens, hidden), n, hidden, [
-        ((b * n + r_,), [out_addr + b * hc * n + j * rows + r_ for j in range(hc)])
-        for b, rows in enumerate(block_rows) for r_ in range(rows)])
-
-    programs = []
-    for t in range(tiles):
-        ops = emitters[t].halt()
-        if len(ops) > config.program_depth:
-            raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} instructions; "
-                             f"the program memory holds program_depth = "
-                             f"{config.program_depth}")
-        summary = summarise(config, ops, spad[t].next, config.acc_depth,
-                            {"experts": sum(1 for x_ in expert_tile if x_ == t)})
-        at_home = t == home
-        programs.append(TileProgram(
-            config, "moe", encode_ops(ops), ops, words[t].writes, None, [], [], {},
-            output_words if at_home else [], (tokens, hidden) if at_home else (0,),
-            summary, reader if at_home else OutputRows((0,), n, 0, [])))
-
-    summary = _chip_summary(layer, weights, x, programs, expert_tile, tiles, home, k,
-                            0 if projection is None else tokens * channels * hidden)
-    return MoeChipProgram(config, k, home, programs, expert_tile, output_words,
-                          (tokens, hidden), summary, reader)
+    def program(self) -> MoeChipProgram:
+        """Every tile's program (the output and its reader on the home tile) and the
+        chip's summary; ValueError if a program outgrows the program memory."""
+        n, hc, k, home, config = self.n, self.hc, self.k, self.home, self.config
+        shape = (self.tokens, self.hidden)
+        output_words = [self.out_addr + b * hc * n + j * rows + r_
+                        for b, rows in enumerate(self.block_rows)
+                        for j in range(hc) for r_ in range(rows)]
+        reader = OutputRows(shape, n, self.hidden, [
+            ((b * n + r_,), [self.out_addr + b * hc * n + j * rows + r_ for j in range(hc)])
+            for b, rows in enumerate(self.block_rows) for r_ in range(rows)])
+        programs = []
+        for t in range(self.tiles):
+            ops = self.emitters[t].halt()
+            if len(ops) > config.program_depth:
+                raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} "
+                                 f"instructions; the program memory holds program_depth = "
+                                 f"{config.program_depth}")
+            summary = summarise(config, ops, self.spad[t].next, config.acc_depth,
+                                {"experts": sum(1 for x_ in self.expert_tile if x_ == t)})
+            at_home = t == home
+            programs.append(TileProgram(
+                config, "moe", encode_ops(ops), ops, self.words[t].writes, None, [], [], {},
+                output_words if at_home else [], shape if at_home else (0,),
+                summary, reader if at_home else OutputRows((0,), n, 0, [])))
+        projection_macs = (0 if self.projection is None
+                           else self.tokens * self.channels * self.hidden)
+        summary = _chip_summary(self.layer, self.weights, self.x, programs, self.expert_tile,
+                                self.tiles, home, k, projection_macs)
+        return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
+                              shape, summary, reader)
 
 
 def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,
