@@ -47,7 +47,7 @@ test: $(STAMP) ## the test suite (quick, fixed seeds; < 15 min on 2 cores)
 regress: $(STAMP) ## nightly: the suite with every random test over SEEDS seeds (SHARD=i/k): JUnit, coverage, build/regress.json
 	$(BIN)/python -m verif.regress --seeds $(SEEDS) --seed-base $(SEED_BASE) --shard $(SHARD) --jobs $(JOBS) $(ARGS)
 
-mutate: $(STAMP) ## Yosys mutants of router, tensor core, vector unit vs the suite's checks: build/mutate.json
+mutate: $(STAMP) ## Yosys mutants of router, tensor core, vector unit, sequencer, DMA engine vs the suite's checks: build/mutate.json
 	$(BIN)/python -m verif.mutate $(ARGS)
 
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json

@@ -25,6 +25,7 @@ from cli.sweep import add_parser as add_sweep_parser
 from rtl.tensor_core import MAX_N, MIN_N
 from sim.processes import stop_descendants
 from sim.runner import SIMULATORS, SimulationFailed
+from synth.designs import TILE_DESIGNS
 
 
 def tile(args: argparse.Namespace) -> int:
@@ -224,8 +225,8 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     if r["phase"].endswith("moe"))
         rows.append(("MoE", f"dense-masked: the experts compute every token, {ratio:.1f}x "
                             "the MACs of a sparse dispatch (docs/moe_mapping.md)"))
-    tile_area = (report.area_line(report.TILE_DESIGNS[n]) + f" per tile (FPGA size), x {tiles}"
-                 if n in report.TILE_DESIGNS else
+    tile_area = (report.area_line(TILE_DESIGNS[n]) + f" per tile (FPGA size), x {tiles}"
+                 if n in TILE_DESIGNS else
                  f"not measured: synth/designs.py has no N = {n} tile")
     rows += [
         ("network", f"{metrics['chip__network__flits']:,} flits injected; "

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from sim.runner import SimulationFailed
+from synth.designs import TILE_DESIGNS
 
 
 def print_rows(rows: list[tuple[str, str]]) -> None:
@@ -47,10 +48,6 @@ def shares(counters: dict) -> str:
     names = (("gemm", "GEMM"), ("vec", "vector"), ("gemm_vec", "both"), ("dma", "DMA"),
              ("stall", "sequencer/stall"))
     return ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
-
-
-#: The whole-tile synthesis designs (synth/designs.py), by array size.
-TILE_DESIGNS = {8: "tile", 4: "tile_n4"}
 
 
 def fmax_line(n: int) -> tuple[float | None, str]:

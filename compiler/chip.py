@@ -6,7 +6,7 @@ layer of one KV head). Job ``j`` (sequence-major) runs on tile ``j mod T`` (T ti
 a tile with several jobs runs them one after another, one program per **round**, each
 job keeping its own block-table rows and KV pages, so decode steps append to them.
 
-Placement policies (``PLACEMENTS``, docs/chip.md):
+Placement policies (``PLACEMENTS``: name -> :class:`Placement`, docs/chip.md):
 
 - ``local``: a job's KV pages live on the tile that computes it; the host appends each
   token through the tile's KV port. No KV crosses the network.
@@ -47,7 +47,6 @@ __all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFul
            "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",
            "layer_rounds", "moe_round", "moe_words"]
 
-PLACEMENTS = ("local", "striped")
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
 #: Tokens per MoE round (more tokens take several rounds).
@@ -122,13 +121,10 @@ class _Tiles:
     """Per-tile KV bookkeeping across rounds: page ranges per job slot, block-table rows,
     what the host already mapped and appended."""
 
-    def __init__(self, chip: ChipConfig, slots: int, placement: str):
+    def __init__(self, chip: ChipConfig, slots: int, placement: Placement):
         cfg = chip.tile
         self.chip, self.placement = chip, placement
-        # local: the pages split between a tile's job slots; striped: half of them for
-        # the pages a tile stores for others.
-        parts = slots * (2 if placement == "striped" else 1)
-        self.per_part = cfg.num_pages // parts
+        self.per_part = cfg.num_pages // (slots * placement.parts_per_slot)
         if self.per_part < 1 or 2 * slots > cfg.kv_sequences:
             raise ValueError(
                 f"{slots} jobs per tile need {2 * slots} block-table rows and KV pages for "
@@ -138,7 +134,7 @@ class _Tiles:
         self.appended: dict[tuple[int, int], int] = {}
 
     def allocator(self, slot: int, foreign: bool = False) -> PageAllocator:
-        part = 2 * slot + 1 if foreign else (2 * slot if self.placement == "striped" else slot)
+        part = slot * self.placement.parts_per_slot + int(foreign)
         lo = part * self.per_part
         return PageAllocator(self.chip.tile, pages=range(lo, lo + self.per_part))
 
@@ -236,6 +232,65 @@ def _striped_programs(chip: ChipConfig, loads: dict[int, TileLoad], sends: dict)
                              f"page sends included) exceed program_depth {cfg.program_depth}")
 
 
+class Placement:
+    """Where a round's jobs keep their KV pages: how a tile's pages are split, what each
+    job's pages add to the round (:meth:`place`), what the round's programs gain after
+    every job is placed (:meth:`finish`)."""
+
+    name = ""
+    #: KV page ranges per job slot of a tile (its own; striped: and those it stores).
+    parts_per_slot = 1
+
+    def place(self, chip: ChipConfig, tiles: _Tiles, job: Job, slot: int, evict: bool,
+              k: np.ndarray, v: np.ndarray, rnd: _RoundBuild) -> None:
+        raise NotImplementedError
+
+    def finish(self, chip: ChipConfig, rnd: _RoundBuild) -> None:
+        """Nothing to add unless the policy moves pages."""
+
+
+class LocalPlacement(Placement):
+    """A job's KV pages live on the tile that computes it; the host appends each token
+    through the tile's KV port (RESETs first when the cache is evicted)."""
+
+    name = "local"
+
+    def place(self, chip, tiles, job, slot, evict, k, v, rnd) -> None:
+        load = rnd.loads[job.tile]
+        if evict:
+            load.kv_requests += tiles.evict(job.tile, job.program.kv.first_row)
+        load.kv_requests += tiles.kv_requests(job.tile, job.program, k, v)
+
+
+class StripedPlacement(Placement):
+    """Logical page p of a job on tile c lives on tile (c + p) mod T; the owners send
+    them to the compute tile before its job runs (half of each tile's pages hold the
+    pages it stores for others)."""
+
+    name = "striped"
+    parts_per_slot = 2
+
+    def place(self, chip, tiles, job, slot, evict, k, v, rnd) -> None:
+        rnd.network += _stripe(chip, tiles, job, slot, rnd.loads, rnd.sends, rnd.foreign)
+
+    def finish(self, chip, rnd) -> None:
+        _striped_programs(chip, rnd.loads, rnd.sends)
+
+
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), StripedPlacement())}
+
+
+@dataclass
+class _RoundBuild:
+    """What a round gathers while its jobs are placed: every tile's load, the pages
+    owners send (striped), the allocators of pages stored for others, words moved."""
+
+    loads: dict[int, TileLoad] = field(default_factory=dict)
+    sends: dict = field(default_factory=dict)
+    foreign: dict = field(default_factory=dict)
+    network: int = 0
+
+
 #: One step of a schedule: the phase, each sequence's context length after it, and
 #: whether the KV cache is evicted first (recomputed by a prefill). "prefill": every token
 #: of the context from the first; "extend": the tokens past those the cache holds (a
@@ -265,22 +320,34 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
     if wcfg.page_size != chip.tile.page_size:
         raise ValueError(f"workload {wcfg.name} uses {wcfg.page_size}-token pages; the tiles' "
                          f"KV cache has page_size {chip.tile.page_size}")
-    T, kvh = chip.tiles, wcfg.kv_heads
-    jobs_total = batch * kvh
-    slots = -(-jobs_total // T)
-    tiles = _Tiles(chip, slots, placement)
     if schedule is None:
         starts = contexts(batch, context, prefill)
         schedule = [("prefill", (prefill,) * batch, False)] if prefill else []
         schedule += [("decode", tuple(c + step + 1 for c in starts), False)
                      for step in range(steps)]
+    cached = _cached_contexts(schedule, batch)
+    longest = max((max(lengths) for _, lengths, _ in schedule), default=0)
+    capacity = chip.tile.max_pages * chip.tile.page_size
+    if longest > capacity:  # refused before any tensor of that length is generated
+        raise KvCacheFull(f"a context of {longest} tokens does not fit the KV cache "
+                         f"({capacity} tokens per sequence: {chip.tile.max_pages} pages of "
+                         f"{chip.tile.page_size})")
+    batch_ = _Batch(chip, wcfg, layer, batch_workloads(wcfg, batch, max(longest, 1), seed),
+                    PLACEMENTS[placement])
+    return [batch_.round(phase, lengths, before, slot, evict)
+            for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
+            for slot in range(batch_.slots)]
+
+
+def _cached_contexts(schedule: list[Step], batch: int) -> list[tuple[int, ...]]:
+    """What the cache holds before each step of a valid ``schedule`` (the previous
+    step's contexts, none if evicted); ValueError for a malformed one."""
     if any(len(lengths) != batch for _, lengths, _ in schedule):
         raise ValueError(f"every schedule step needs {batch} context lengths")
     if any(phase not in PHASES for phase, _, _ in schedule):
         raise ValueError(f"a schedule step's phase is one of {', '.join(PHASES)}")
     if any(phase == "prefill" and len(set(lengths)) != 1 for phase, lengths, _ in schedule):
         raise ValueError("a prefill step prefills every sequence to the same length")
-    # What the cache holds before each step: the previous step's contexts, none if evicted.
     cached, held = [], (0,) * batch
     for phase, lengths, evict in schedule:
         cached.append((0,) * batch if evict else held)
@@ -290,70 +357,44 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             raise ValueError(f"an extend step from cached contexts {list(cached[-1])} to "
                              f"{list(lengths)}: it adds the same number (>= 1) of tokens "
                              "to every sequence")
-    longest = max((max(lengths) for _, lengths, _ in schedule), default=0)
-    capacity = chip.tile.max_pages * chip.tile.page_size
-    if longest > capacity:  # refused before any tensor of that length is generated
-        raise KvCacheFull(f"a context of {longest} tokens does not fit the KV cache "
-                         f"({capacity} tokens per sequence: {chip.tile.max_pages} pages of "
-                         f"{chip.tile.page_size})")
-    p = f"attn{layer}."
-    data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
-             wl.tensors[p + "v_prefill"])
-            for wl in batch_workloads(wcfg, batch, max(longest, 1), seed)]
-    window = wcfg.windows[layer]
-    full = AttentionLayer.from_workload(data[0][0], layer)
-    scales = data[0][0].attention_scales(layer)
+    return cached
 
-    def run_round(phase: str, lengths: tuple[int, ...], before: tuple[int, ...], slot: int,
-                  evict: bool) -> ChipRound:
-        loads: dict[int, TileLoad] = {}
-        jobs, sends, foreign, network = [], {}, {}, 0
-        for j in range(slot * T, min((slot + 1) * T, jobs_total)):
-            s, g = divmod(j, kvh)
-            tile = j % T
-            wl, q, k, v = data[s]
-            length = lengths[s]
-            jl = _job_layer(full, g)
-            group = full.group
-            heads = slice(g * group, (g + 1) * group)
-            kk, vv = k[:length, g:g + 1], v[:length, g:g + 1]
-            sinks = wl.sinks(layer)
-            sinks = None if sinks is None else sinks[heads]
-            saturation = Saturation()
-            if phase != "decode":
-                first = before[s] if phase == "extend" else 0
-                program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
-                                       allocator=tiles.allocator(slot), first_row=2 * slot)
-                args = (q[:length, heads], kk, vv, scales)
-                expected = attention_prefill(*args, window=window, sinks=sinks,
-                                             block_keys=chip.tile.page_size, first=first,
-                                             saturation=saturation)
-                reference = attention_prefill_float(*args, window=window, sinks=sinks,
-                                                    first=first)
-            else:
-                program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
-                                       allocator=tiles.allocator(slot), first_row=2 * slot)
-                cache, table = build_cache([kk], [vv], chip.tile.page_size)
-                args = (q[length - 1, heads][None], cache, table, np.array([length]), scales)
-                expected = attention_decode(*args, window=window, sinks=sinks,
-                                            saturation=saturation)
-                reference = attention_decode_float(*args, window=window, sinks=sinks)
-            job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation)
+
+class _Batch:
+    """A batch's attention layer on the chip: its sequences' tensors, the jobs' tiles
+    and KV bookkeeping, and one :class:`ChipRound` per (step, job slot)."""
+
+    def __init__(self, chip: ChipConfig, wcfg: WorkloadConfig, layer: int,
+                 workloads: list[Workload], placement: Placement):
+        self.chip, self.layer, self.placement = chip, layer, placement
+        p = f"attn{layer}."
+        self.data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
+                      wl.tensors[p + "v_prefill"]) for wl in workloads]
+        self.window = wcfg.windows[layer]
+        self.full = AttentionLayer.from_workload(workloads[0], layer)
+        self.scales = workloads[0].attention_scales(layer)
+        self.kvh = wcfg.kv_heads
+        self.jobs_total = len(workloads) * self.kvh
+        self.slots = -(-self.jobs_total // chip.tiles)
+        self.tiles = _Tiles(chip, self.slots, placement)
+
+    def round(self, phase: str, lengths: tuple[int, ...], before: tuple[int, ...],
+              slot: int, evict: bool) -> ChipRound:
+        """Slot ``slot``'s jobs of one step: each tile's load, placed by the policy."""
+        T = self.chip.tiles
+        build, jobs = _RoundBuild(), []
+        for j in range(slot * T, min((slot + 1) * T, self.jobs_total)):
+            s, g = divmod(j, self.kvh)
+            job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot)
             jobs.append(job)
-            load = loads.setdefault(tile, TileLoad([], {}, []))
-            load.instructions = list(program.instructions)
-            load.spad_writes.update(program.spad_writes)
-            if placement == "local":
-                if evict:
-                    load.kv_requests += tiles.evict(tile, program.kv.first_row)
-                load.kv_requests += tiles.kv_requests(tile, program, kk, vv)
-            else:
-                network += _stripe(chip, tiles, job, slot, loads, sends, foreign)
-        if placement == "striped":
-            _striped_programs(chip, loads, sends)
+            load = build.loads.setdefault(job.tile, TileLoad([], {}, []))
+            load.instructions = list(job.program.instructions)
+            load.spad_writes.update(job.program.spad_writes)
+            self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
+        self.placement.finish(self.chip, build)
         tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
-        rnd = ChipRound(phase, lengths, loads, jobs, network, tokens=tokens[phase],
-                        workloads=[wl for wl, *_ in data])
+        rnd = ChipRound(phase, lengths, build.loads, jobs, build.network,
+                        tokens=tokens[phase], workloads=[wl for wl, *_ in self.data])
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -361,9 +402,39 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
             rnd.summaries.append(summary.as_dict())
         return rnd
 
-    return [run_round(phase, lengths, before, slot, evict)
-            for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
-            for slot in range(slots)]
+    def _job(self, phase: str, s: int, g: int, tile: int, length: int, before: int,
+             slot: int) -> tuple[Job, np.ndarray, np.ndarray]:
+        """Sequence ``s``'s KV head ``g`` on ``tile``: its program, golden output and
+        float64 twin; and its K and V so far."""
+        chip, full, scales, window = self.chip, self.full, self.scales, self.window
+        wl, q, k, v = self.data[s]
+        jl = _job_layer(full, g)
+        heads = slice(g * full.group, (g + 1) * full.group)
+        kk, vv = k[:length, g:g + 1], v[:length, g:g + 1]
+        sinks = wl.sinks(self.layer)
+        sinks = None if sinks is None else sinks[heads]
+        saturation = Saturation()
+        allocator = self.tiles.allocator(slot)
+        if phase != "decode":
+            first = before if phase == "extend" else 0
+            program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
+                                   allocator=allocator, first_row=2 * slot)
+            args = (q[:length, heads], kk, vv, scales)
+            expected = attention_prefill(*args, window=window, sinks=sinks,
+                                         block_keys=chip.tile.page_size, first=first,
+                                         saturation=saturation)
+            reference = attention_prefill_float(*args, window=window, sinks=sinks,
+                                                first=first)
+        else:
+            program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
+                                   allocator=allocator, first_row=2 * slot)
+            cache, table = build_cache([kk], [vv], chip.tile.page_size)
+            args = (q[length - 1, heads][None], cache, table, np.array([length]), scales)
+            expected = attention_decode(*args, window=window, sinks=sinks,
+                                        saturation=saturation)
+            reference = attention_decode_float(*args, window=window, sinks=sinks)
+        job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation)
+        return job, kk, vv
 
 
 def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) -> list[Step]:

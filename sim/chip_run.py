@@ -14,7 +14,7 @@ from pathlib import Path
 from rtl.chip import TILE_MODULE, Chip
 from sim.harness import StreamHarness
 from sim.runner import SimBuild, build, run
-from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json, tile_kwargs
+from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
 from spec.config import ChipConfig, TileConfig
 
 MODULE = "tb.chip_tb"
@@ -40,7 +40,7 @@ def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
     """The RTL chip of a :class:`ChipConfig` (``shared_tile``: as simulated, one tile
     design instantiated k * k times, the clocks of the vector units and the network gated
     while idle)."""
-    return Chip(config.k, tile={**tile_kwargs(config.tile), "sim_gating": shared_tile},
+    return Chip(config.k, tile={**config.tile.to_rtl(), "sim_gating": shared_tile},
                 vcs=config.vcs, depth=config.depth, max_packet=config.max_packet,
                 shared_tile=shared_tile, sim_gating=shared_tile)
 

@@ -371,10 +371,10 @@ def _make_variable(variable: str, value: str | None):
 @functools.cache
 def _design_sources_digest() -> str:
     """A digest of every Python source a design's Verilog can depend on: spec/, rtl/,
-    golden/ (tables), the stream harness and the traffic bench."""
-    files = sorted([*(ROOT / "spec").rglob("*.py"), *(ROOT / "rtl").rglob("*.py"),
-                    *(ROOT / "golden").rglob("*.py"),
-                    ROOT / "sim" / "harness.py", ROOT / "sim" / "traffic.py"])
+    golden/ (tables) and sim/ (the harnesses, the traffic bench, and the runs that choose
+    a design's parameters: a build's name does not carry them all)."""
+    files = sorted(path for folder in ("spec", "rtl", "golden", "sim")
+                   for path in (ROOT / folder).rglob("*.py"))
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode())

@@ -221,6 +221,20 @@ class TileDriver:
         """Network words into ``net_in`` (as another tile's DMA would send them)."""
         await self._transfer({"net_in": words}, 64 + 8 * len(words))
 
+    async def receive(self, count: int, timeout_cycles: int = 10_000) -> list:
+        """The next ``count`` words the tile sends on ``net_out`` (its program running
+        meanwhile; the stream waits while no harness run takes it)."""
+        for name in self.STREAMS_IN:
+            self.harness.load(name, [])
+        for name in self.STREAMS_OUT:
+            self.harness.expect(name, count if name == "net_out" else 0)
+            self.harness.set_backpressure(name, self.stall)
+        self.seed += 1
+        stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
+        assert stats.finished, f"{count} network words did not leave in {timeout_cycles} cycles"
+        return [data.Const(self.layouts["net_out"], word)
+                for word in self.harness.read("net_out", count)]
+
     async def read(self, addresses: list[int]) -> tuple[list[int], list]:
         """Scratchpad words at ``addresses`` through the host port (and their responses)."""
         out = await self._transfer(

@@ -50,19 +50,9 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
         kv_sequences=rows, max_pages=pages, program_depth=4096)
 
 
-def tile_kwargs(config: TileConfig, *, fault_injection: bool = False) -> dict:
-    """The :class:`rtl.tile.Tile` parameters of a compiler :class:`TileConfig`, without
-    its position."""
-    return dict(n=config.n, banks=config.banks, depth=config.spad_words // config.banks,
-                page_size=config.page_size, token_words=config.token_words,
-                num_pages=config.num_pages, sequences=config.kv_sequences,
-                max_pages=config.max_pages, acc_depth=config.acc_depth, slots=config.slots,
-                program_depth=config.program_depth, fault_injection=fault_injection)
-
-
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:
     """The RTL tile of a compiler :class:`TileConfig`."""
-    return Tile(**tile_kwargs(config, fault_injection=fault_injection))
+    return Tile(**config.to_rtl(fault_injection=fault_injection))
 
 
 def config_json(config: TileConfig) -> dict:
@@ -82,8 +72,9 @@ def _tile_build(config_text: str, simulator: str | None, waves: bool | None) -> 
 
 def sim_tile(config: TileConfig) -> Tile:
     """The tile as simulated: with the fault-injection hook on the host port (``flip``),
-    so one build serves every test; synthesis builds leave it out."""
-    return tile_from_config(config, fault_injection=True)
+    so one build serves every test (synthesis builds leave it out), and as tile (0, 0)
+    of a 2 x 1 mesh, so a DMA may name its neighbour (the words leave on ``net_out``)."""
+    return Tile(**config.to_rtl(fault_injection=True), mesh=(2, 1))
 
 
 def tile_build(config: TileConfig, *, simulator: str | None = None,
@@ -114,7 +105,8 @@ def simulate_attention(config: TileConfig, workload: str, layer: int, *, prefill
 def simulate_case(config: TileConfig, testcase: str, *, simulator: str | None = None) -> dict:
     """One of the tile's fixed cocotb cases on the tile of ``config`` (a tiny-shaped one):
     ``tile_faults`` (ECC faults through the host port, a bad instruction, a full KV
-    sequence) or ``tile_network`` (words arriving from the network, a local DMA)."""
+    sequence), ``tile_network`` (words arriving from the network, a local DMA, a DMA
+    to a neighbour) or ``tile_programs`` (the sequencer's checks)."""
     handle = tile_build(config, simulator=simulator)
     return run(handle, MODULE, testcase=testcase, params={"config": config_json(config)},
                tag=testcase)

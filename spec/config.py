@@ -148,6 +148,15 @@ class TileConfig:
             raise ValueError(f"physical page {phys} is outside the {self.num_pages}-page cache")
         return self.kv_start + phys * self.page_words
 
+    def to_rtl(self, *, fault_injection: bool = False) -> dict:
+        """The :class:`rtl.tile.Tile` parameters of this design point (without its
+        position and mesh, which the chip gives each tile)."""
+        return dict(n=self.n, banks=self.banks, depth=self.spad_words // self.banks,
+                    page_size=self.page_size, token_words=self.token_words,
+                    num_pages=self.num_pages, sequences=self.kv_sequences,
+                    max_pages=self.max_pages, acc_depth=self.acc_depth, slots=self.slots,
+                    program_depth=self.program_depth, fault_injection=fault_injection)
+
     @classmethod
     def for_attention(cls, head_dim: int, v_head_dim: int, page_size: int,
                       **overrides) -> TileConfig:

@@ -10,6 +10,7 @@ what synthesis depends on.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from rtl.tensor_core import TensorCore
 from rtl.tile import Tile
 from rtl.vec_engine import VecEngine
 from rtl.vector_unit import VectorUnit
+from spec.config import TileConfig
 
 __all__ = [
     "DESIGNS",
@@ -60,6 +62,13 @@ def rtl_design(klass: type, /, **params: Any) -> Factory:
     return factory
 
 
+#: The tile at FPGA size (``make synth``, ``make fpga``, the report's clock and area).
+FPGA_TILE = TileConfig(n=8, spad_words=4096, banks=8, page_size=16, token_words=4,
+                       num_pages=32, kv_sequences=4, max_pages=16, program_depth=512)
+FPGA_TILE_N4 = dataclasses.replace(FPGA_TILE, n=4)
+#: The whole-tile design of each array size.
+TILE_DESIGNS = {FPGA_TILE.n: "tile", FPGA_TILE_N4.n: "tile_n4"}
+
 #: Design name → factory. Names are ``[a-z0-9_]`` without ``__`` (the metric separator).
 DESIGNS: dict[str, Factory] = {
     "tensor_core_n4": rtl_design(TensorCore, n=4),
@@ -73,12 +82,8 @@ DESIGNS: dict[str, Factory] = {
     # One tile at FPGA size: 4096-word scratchpad (32 pages of 16 tokens x 4 words),
     # 512-instruction program memory; the simulated design points are larger. At N = 8
     # it outgrows the 85F (no place and route); at N = 4 it fits and gets an Fmax.
-    "tile": rtl_design(Tile, n=8, banks=8, depth=512, page_size=16,
-                       token_words=4, num_pages=32, sequences=4, max_pages=16,
-                       program_depth=512),
-    "tile_n4": rtl_design(Tile, n=4, banks=8, depth=512, page_size=16,
-                          token_words=4, num_pages=32, sequences=4, max_pages=16,
-                          program_depth=512),
+    "tile": rtl_design(Tile, **FPGA_TILE.to_rtl()),
+    "tile_n4": rtl_design(Tile, **FPGA_TILE_N4.to_rtl()),
     # The network: a router inside a 4 x 4 mesh with 64-bit payloads, in two VC/buffer
     # configurations (same buffer bits per port; the first is the default, the chip's),
     # and a 2 x 2 mesh of the first.

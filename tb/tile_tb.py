@@ -17,10 +17,20 @@ from rtl.sequencer import ErrorCode
 from sim import coverage
 from sim.attention_scenario import attention_steps
 from sim.runner import parameters, report
+from sim.sequencer_cases import (
+    HALT,
+    Sizes,
+    bad_instructions,
+    boundary_instructions,
+    fitting_program,
+    gemm,
+    semaphore_overflow,
+    vec,
+)
 from sim.tile_driver import TileDriver
 from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
-from spec.isa import Opcode, decode, encode
+from spec.isa import Opcode, decode, encode, tile_bit
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -129,7 +139,9 @@ async def tile_faults(dut):
 @cocotb.test()
 async def tile_network(dut):
     """Words from the network land in the scratchpad and their signal releases a WAIT;
-    a local DMA copies them and signals both its own and the arrival semaphore."""
+    a local DMA copies them and signals both its own and the arrival semaphore; a DMA
+    to this tile and another writes here and sends every word on ``net_out`` (the
+    receiver counts the signal on the last)."""
     p = parameters()
     config = TileConfig(**p["config"])
     driver = TileDriver(dut, sim_tile(config), harness_depths(config))
@@ -155,4 +167,66 @@ async def tile_network(dut):
     got, _ = await driver.read([src + i for i in range(count)] + [dst + i for i in range(count)])
     assert got == words + words, [hex(w) for w in got]
     assert run.counters["dma"] > 0
+
+    other, far = tile_bit(1, 0), 300
+    await driver.load([
+        encode(Opcode.DMA, src=src, dst=far, length=count, tiles=own | other,
+               signal={"enable": 1, "semaphore": 2}, remote_signal=1, remote_semaphore=5),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.WAIT, semaphore=5, count=1),
+        encode(Opcode.HALT),
+    ], {}, [])
+    await driver.go()
+    sent = await driver.receive(count)
+    run = await driver.wait_halt(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    fields = [{name: int(w[name]) for name in ("tiles", "addr", "data", "write", "last",
+                                                "signal", "semaphore")}
+              for w in sent]
+    assert fields == [{"tiles": other, "addr": far + i, "data": words[i], "write": 1,
+                       "last": int(i == count - 1), "signal": 1, "semaphore": 5}
+                      for i in range(count)], fields
+    got, _ = await driver.read([far + i for i in range(count)])
+    assert got == words, [hex(w) for w in got]
+    report(passed=True)
+
+
+@cocotb.test()
+async def tile_programs(dut):
+    """The sequencer's checks on the RTL tile: every bad instruction stops the program
+    at its pc with its error and nothing after it runs; regions that end exactly at the
+    end of their memory are accepted; a semaphore overflow and running off the end of
+    the program memory are errors; random instructions at the edges of their memories
+    get the verdict the ISA gives them."""
+    p = parameters()
+    config = TileConfig(**p["config"])
+    tile = sim_tile(config)
+    driver = TileDriver(dut, tile, harness_depths(config))
+    await driver.reset()
+    sizes = Sizes(config.spad_words, config.acc_depth, config.slots, tile.mesh)
+    for what, bad, error in bad_instructions(sizes):
+        await driver.load([gemm(), bad, vec(), HALT], {}, [])
+        run = await driver.execute(10_000)
+        assert (run.error.name, run.pc) == (error, 1), f"{what}: {run.error.name} at {run.pc}"
+        busy = run.counters["vec"] + run.counters["gemm_vec"]
+        assert busy == 0, f"{what}: the VEC after it ran"
+        coverage.sequencer_error(error)
+    cases = [("regions that just fit", fitting_program(sizes), "NONE", None),
+             # (the pc of the instruction executing the cycle after, rtl.sequencer)
+             ("a semaphore overflow", semaphore_overflow(), "SEMAPHORE_OVERFLOW", None),
+             ("off the end", [encode(Opcode.NOP)] * config.program_depth, "PC_OVERFLOW",
+              config.program_depth - 1)]
+    for what, program, error, pc in cases:
+        await driver.load(program, {}, [])
+        run = await driver.execute(CYCLES_PER_INSTRUCTION * len(program))
+        assert run.error.name == error, f"{what}: {run.error.name} at {run.pc}"
+        assert pc is None or run.pc == pc, f"{what}: stopped at {run.pc}, not {pc}"
+        assert run.engine_error == 0, f"{what}: engine error flags {run.engine_error:#b}"
+    rng = np.random.default_rng(p.get("seed", 1))
+    for opcode, fields, word, error in boundary_instructions(sizes, config.n, 1, rng, 150):
+        await driver.load([word, HALT], {}, [])
+        run = await driver.execute(20_000)
+        got = (run.error.name, run.pc if error != "NONE" else 0)
+        assert got == (error, 0), f"{opcode.name} {fields}: {run.error.name} at {run.pc}"
+        assert run.engine_error == 0, f"{opcode.name} {fields}: engine error flags"
     report(passed=True)

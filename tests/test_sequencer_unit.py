@@ -11,28 +11,23 @@ from golden.vector_model import VectorOpcode as VOP
 from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
 from sim.runner import run_amaranth
+from sim.sequencer_cases import (
+    HALT,
+    Sizes,
+    bad_instructions,
+    boundary_instructions,
+    dma,
+    fitting_program,
+    gemm,
+    semaphore_overflow,
+    vec,
+)
 from spec.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
 
 WORDS = 4096
 ENTRIES = 256
 SLOTS = 16
-
-
-def gemm(**fields):
-    base = {"a": 0, "b": 512, "c": 64, "m": 8, "k": 16, "p": 8}
-    return encode(Opcode.GEMM, **(base | fields))
-
-
-def vec(**fields):
-    base = {"op": 1, "a": 0, "b": 64, "c": 128, "dst": 192, "rows": 8, "beats": 2}
-    return encode(Opcode.VEC, **(base | fields))
-
-
-def dma(**fields):
-    return encode(Opcode.DMA, **({"src": 0, "dst": 0, "length": 4, "tiles": 1} | fields))
-
-
-HALT = encode(Opcode.HALT)
+SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2))
 
 
 def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
@@ -221,56 +216,24 @@ def test_backpressure_delays_but_loses_nothing():
     ]
 
 
-@pytest.mark.parametrize(
-    ("bad", "error"),
-    [
-        (0, ErrorCode.ILLEGAL_OPCODE),  # a word of zeros
-        (0xF, ErrorCode.ILLEGAL_OPCODE),
-        (gemm(m=0), ErrorCode.BAD_SHAPE),
-        (gemm(a=WORDS - 8, k=16), ErrorCode.BAD_ADDRESS),  # A runs past the end
-        (gemm(a=WORDS - 8, k=16, m=5, a_rows=1), ErrorCode.BAD_ADDRESS),  # 2 chunks x 5 rows
-        (gemm(b=WORDS - 31, k=16, p=16, b_rows=1), ErrorCode.BAD_ADDRESS),  # 2 x 16 words
-        (gemm(a_lo=WORDS - 8, k=16, a_limbs=1), ErrorCode.BAD_ADDRESS),  # A's low limbs
-        (gemm(c=ENTRIES - 8, m=9), ErrorCode.BAD_ADDRESS),  # two row tiles: 16 entries
-        (vec(rows=0), ErrorCode.BAD_SHAPE),
-        (vec(beats=0), ErrorCode.BAD_SHAPE),
-        (vec(slot=12, rows=5), ErrorCode.BAD_SHAPE),  # slots 12..16 of 16
-        (vec(a=ENTRIES - 15), ErrorCode.BAD_ADDRESS),  # a tile of 8 rows x 2 beats
-        (vec(b=ENTRIES - 1, rows=9, b_scalar=1), ErrorCode.BAD_ADDRESS),  # 2 scalar entries
-        (vec(c=ENTRIES), ErrorCode.BAD_ADDRESS),
-        (vec(total=ENTRIES - 1, rows=9, total_write=1), ErrorCode.BAD_ADDRESS),
-        (vec(dst=ENTRIES - 15), ErrorCode.BAD_ADDRESS),
-        (vec(dst=WORDS - 15, dst_kind=VecDst.SPAD), ErrorCode.BAD_ADDRESS),  # 16 words
-        (dma(tiles=0), ErrorCode.BAD_TILE),
-        (dma(tiles=1 << 2), ErrorCode.BAD_TILE),  # tile (2, 0) is outside a 2 x 2 mesh
-        (dma(src=WORDS - 1, length=2), ErrorCode.BAD_ADDRESS),
-    ],
-)
-def test_bad_instruction_stops_cleanly(bad, error):
+@pytest.mark.parametrize(("what", "bad", "error"), bad_instructions(SIZES),
+                         ids=[what for what, _, _ in bad_instructions(SIZES)])
+def test_bad_instruction_stops_cleanly(what, bad, error):
     program = [gemm(), bad, vec(), HALT]
     trace = run(program)
     assert [name for _, name, _ in trace["dispatched"]] == ["gemm"]  # nothing after it
-    assert trace["status"] == {"running": 0, "halted": 1, "error": error, "pc": 1}
-    coverage.sequencer_error(error.name)
+    assert trace["status"] == {"running": 0, "halted": 1, "error": ErrorCode[error],
+                               "pc": 1}
+    coverage.sequencer_error(error)
 
 
 def test_regions_that_just_fit_are_accepted():
-    program = [
-        gemm(c=ENTRIES - 8, a=WORDS - 16, a_rows=1, m=8, k=16),
-        gemm(b=WORDS - 16, b_rows=1, p=8, k=16),
-        vec(a=ENTRIES - 16, b=ENTRIES - 1, b_scalar=1, c=0, c_imm=1, total=ENTRIES - 1,
-            total_write=1, dst=WORDS - 16, dst_kind=VecDst.SPAD),
-        vec(dst=5000, dst_kind=VecDst.NONE),
-        HALT,
-    ]
-    trace = run(program)
+    trace = run(fitting_program(SIZES))
     assert trace["status"]["error"] == ErrorCode.NONE
 
 
 def test_semaphore_overflow_is_an_error():
-    program = [encode(Opcode.SIGNAL, semaphore=3, count=0xFFFF),
-               encode(Opcode.SIGNAL, semaphore=3, count=1), HALT]
-    trace = run(program)
+    trace = run(semaphore_overflow())
     assert trace["status"]["error"] == ErrorCode.SEMAPHORE_OVERFLOW
     assert trace["semaphores"][3] == 0xFFFF  # kept, not wrapped
     coverage.sequencer_error("SEMAPHORE_OVERFLOW")
@@ -323,3 +286,17 @@ def test_isa_round_trip_and_refusals():
     pack = INSTRUCTION["args"].offset + VecArgs()["pack"].offset  # VecPack has no value 3
     with pytest.raises(ValueError, match="pack = 3 is no member"):
         decode(vec(pack=VecPack.BYTE) | 3 << pack)
+
+
+def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
+    """Random GEMM, VEC and DMA instructions whose region ends just before, at or past
+    the end of its memory: the sequencer accepts exactly those the ISA allows and stops
+    the others with the error docs/isa.md names."""
+    rng = np.random.default_rng(7)
+    wrong = []
+    for opcode, fields, word, error in boundary_instructions(SIZES, 8, 1, rng, 120):
+        trace = run([word, HALT])
+        got = trace["status"]["error"].name
+        if got != error:
+            wrong.append((opcode.name, fields, got, error))
+    assert not wrong, wrong[:3]

@@ -29,6 +29,13 @@ def test_faults_are_corrected_or_reported():
     assert result["passed"] and result["corrected"] > 0
 
 
+def test_the_sequencer_checks_hold_on_the_rtl_tile():
+    """Every bad instruction of sim.sequencer_cases stops the tile's program at its pc
+    with its error; regions that just fit run; semaphore and program-counter overflows
+    are errors."""
+    assert simulate_case(TINY, "tile_programs")["passed"]
+
+
 def test_network_words_arrive_and_signal():
     """net_in words are written and their signal releases a WAIT; a local DMA with a
     remote signal raises the tile's own semaphore."""

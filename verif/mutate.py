@@ -1,6 +1,7 @@
 """``make mutate`` (``python -m verif.mutate``): how many injected bugs the suite's checks catch.
 
-For each block (the router, the tensor core, the vector unit), Yosys ``mutate -list``
+For each block (the router, the tensor core, the vector unit, the sequencer, the DMA
+engine), Yosys ``mutate -list``
 picks ``--mutants`` (default 40) single-bit mutations (a bit inverted, stuck at 0 or 1,
 or flipped when another bit of the port is 0 or 1) evenly over the block's own cells
 (those whose source is the block's file under ``rtl/``) in the design the block's test
@@ -11,7 +12,12 @@ simulates, flattened and optimised (:data:`_PREPARE`):
 - router: the router of its unit tests (the centre of a 3 x 3 mesh, two VCs, depth 4),
   running those tests (``tests/test_router_unit.py``: latency, wormhole, random unicast
   and multicast, round-robin fairness, multicast branches, backpressure, drops) on
-  Verilator through :mod:`tb.router_tb`.
+  Verilator through :mod:`tb.router_tb`;
+- sequencer and DMA engine: the tile sized for the tiny workload (N = 8) in its stream
+  harness, running the suite's tile cases (:data:`TILE_RUNS`: attention prefill and
+  decode on both layers under random idle and backpressure, ECC faults, a bad
+  instruction, a full KV sequence, network words in and out, every check of the
+  sequencer: :mod:`sim.sequencer_cases`).
 
 Every mutation is built into one Verilator model behind ``mutsel == i`` (``mutate
 -ctrl``), so one build serves them all; the test runs once with ``mutsel = 0`` (it must
@@ -56,6 +62,13 @@ ROUTER_TESTS = ("test_single_flits_take_one_router_cycle",
                 "test_every_output_vc_waits_for_its_credits")
 #: The random ones among them run with the seeds of ``make regress`` too.
 ROUTER_SEEDS = (0, 1, 2, 3, 4)
+
+
+#: The tile's check: (testcase, layer, prefill, seed) of tb.tile_tb; layer None: a
+#: fixed case.
+TILE_RUNS = (("tile_attention", 0, 11, 1), ("tile_attention", 1, 9, 2),
+             ("tile_faults", None, 0, 1), ("tile_network", None, 0, 1),
+             ("tile_programs", None, 0, 1))
 
 
 @dataclass
@@ -105,8 +118,31 @@ def _check_router(handle, mutant: int) -> None:
         params={"tests": list(ROUTER_TESTS), "seeds": list(ROUTER_SEEDS)}, mutant=mutant)
 
 
+def _tile():
+    from sim.harness import StreamHarness
+    from sim.tile_run import harness_depths, sim_tile, tile_config
+
+    config = tile_config("tiny")
+    return StreamHarness(sim_tile(config), harness_depths(config))
+
+
+def _check_tile(handle, mutant: int) -> None:
+    from sim.tile_run import MODULE, config_json, tile_config
+
+    config = config_json(tile_config("tiny"))
+    for testcase, layer, prefill, seed in TILE_RUNS:
+        params = {"config": config}
+        if layer is not None:
+            params |= {"workload": "tiny", "layer": layer, "prefill": prefill, "context": 0,
+                       "steps": 2, "seed": seed, "idle": 0.2, "stall": 0.2}
+        run(handle, MODULE, testcase=testcase, seed=seed, params=params,
+            tag=f"{testcase}-{layer}", mutant=mutant)
+
+
 BLOCKS = {
     "router": Block("rtl/router.py", _router, _check_router),
+    "sequencer": Block("rtl/sequencer.py", _tile, _check_tile),
+    "dma_engine": Block("rtl/dma_engine.py", _tile, _check_tile),
     "tensor_core": Block("rtl/tensor_core.py", _tensor_core, _check_tensor_core),
     "vector_unit": Block("rtl/vector_unit.py", _vector_unit, _check_vector_unit),
 }
@@ -186,8 +222,8 @@ def score(name: str, count: int, seed: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m verif.mutate",
-        description="Yosys mutants of the router, tensor core and vector unit against the "
-                    "suite's checks; writes build/mutate.json.")
+        description="Yosys mutants of the router, tensor core, vector unit, sequencer and "
+                    "DMA engine against the suite's checks; writes build/mutate.json.")
     parser.add_argument("--blocks", nargs="+", choices=sorted(BLOCKS), default=sorted(BLOCKS),
                         help="blocks to mutate (default: all)")
     parser.add_argument("--mutants", type=int, default=40,

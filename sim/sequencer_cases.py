@@ -1,0 +1,196 @@
+"""Programs that probe the sequencer's checks, sized for any tile: each bad instruction
+and the error it must stop with, programs whose regions just fit, a semaphore overflow,
+a program that runs off its end, and random instructions at the edges of their memories
+with the error the ISA says they get. The sequencer's unit tests run them in the
+Amaranth simulator with modelled engines; ``tb.tile_tb.tile_programs`` runs them on the
+RTL tile (so ``make mutate`` checks the sequencer with them on Verilator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.isa import Opcode, VecDst, encode, tile_bit
+
+__all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
+           "expected_error", "fitting_program", "gemm", "semaphore_overflow", "vec"]
+
+HALT = encode(Opcode.HALT)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the checks compare against: scratchpad words, accumulator entries, vector
+    slots, the mesh (columns, rows)."""
+
+    words: int
+    entries: int
+    slots: int
+    mesh: tuple[int, int]
+
+
+def gemm(**fields) -> int:
+    base = {"a": 0, "b": 512, "c": 64, "m": 8, "k": 16, "p": 8}
+    return encode(Opcode.GEMM, **(base | fields))
+
+
+def vec(**fields) -> int:
+    base = {"op": 1, "a": 0, "b": 64, "c": 128, "dst": 192, "rows": 8, "beats": 2}
+    return encode(Opcode.VEC, **(base | fields))
+
+
+def dma(**fields) -> int:
+    return encode(Opcode.DMA, **({"src": 0, "dst": 0, "length": 4, "tiles": 1} | fields))
+
+
+def bad_instructions(s: Sizes) -> list[tuple[str, int, str]]:
+    """(what, instruction, the ErrorCode name it stops with). In a program
+    ``[gemm(), bad, vec(), HALT]`` the GEMM runs, the sequencer stops at pc 1 and
+    nothing after it is dispatched."""
+    words, entries = s.words, s.entries
+    # Scalar operands take one entry per 8 rows: 9 rows take two where the slots allow.
+    rows = 9 if s.slots >= 9 else 8
+    scalars = -(-rows // 8)
+    return [
+        ("a word of zeros", 0, "ILLEGAL_OPCODE"),
+        ("opcode 15", 0xF, "ILLEGAL_OPCODE"),
+        ("GEMM m = 0", gemm(m=0), "BAD_SHAPE"),
+        ("GEMM A past the end", gemm(a=words - 8, k=16), "BAD_ADDRESS"),
+        ("GEMM A rows: 2 chunks x 5 rows", gemm(a=words - 8, k=16, m=5, a_rows=1),
+         "BAD_ADDRESS"),
+        ("GEMM B rows: 2 x 16 words", gemm(b=words - 31, k=16, p=16, b_rows=1),
+         "BAD_ADDRESS"),
+        ("GEMM A low limbs", gemm(a_lo=words - 8, k=16, a_limbs=1), "BAD_ADDRESS"),
+        ("GEMM C: two row tiles", gemm(c=entries - 8, m=9), "BAD_ADDRESS"),
+        ("VEC rows = 0", vec(rows=0), "BAD_SHAPE"),
+        ("VEC beats = 0", vec(beats=0), "BAD_SHAPE"),
+        ("VEC slots past the last", vec(slot=s.slots - 4, rows=5), "BAD_SHAPE"),
+        ("VEC a: 8 rows x 2 beats", vec(a=entries - 15), "BAD_ADDRESS"),
+        ("VEC b: scalar entries", vec(b=entries - scalars + 1, rows=rows, b_scalar=1),
+         "BAD_ADDRESS"),
+        ("VEC c", vec(c=entries), "BAD_ADDRESS"),
+        ("VEC total", vec(total=entries - scalars + 1, rows=rows, total_write=1),
+         "BAD_ADDRESS"),
+        ("VEC dst entries", vec(dst=entries - 15), "BAD_ADDRESS"),
+        ("VEC dst words", vec(dst=words - 15, dst_kind=VecDst.SPAD), "BAD_ADDRESS"),
+        ("DMA to no tile", dma(tiles=0), "BAD_TILE"),
+        ("DMA past the mesh's columns", dma(tiles=tile_bit(s.mesh[0], 0)), "BAD_TILE"),
+        ("DMA past the mesh's rows", dma(tiles=tile_bit(0, s.mesh[1])), "BAD_TILE"),
+        ("DMA source past the end", dma(src=words - 1, length=2), "BAD_ADDRESS"),
+        ("DMA destination past the end", dma(dst=words - 1, length=2), "BAD_ADDRESS"),
+    ]
+
+
+def fitting_program(s: Sizes) -> list[int]:
+    """Regions that end exactly at the end of their memory: accepted."""
+    words, entries = s.words, s.entries
+    return [
+        gemm(c=entries - 8, a=words - 16, a_rows=1, m=8, k=16),
+        gemm(b=words - 16, b_rows=1, p=8, k=16),
+        vec(a=entries - 16, b=entries - 1, b_scalar=1, c=0, c_imm=1, total=entries - 1,
+            total_write=1, dst=words - 16, dst_kind=VecDst.SPAD),
+        vec(dst=5000, dst_kind=VecDst.NONE),
+        dma(src=words - 4, dst=words - 4, length=4),
+        HALT,
+    ]
+
+
+def semaphore_overflow() -> list[int]:
+    """A semaphore counted past its width: SEMAPHORE_OVERFLOW at pc 1, the count kept."""
+    return [encode(Opcode.SIGNAL, semaphore=3, count=0xFFFF),
+            encode(Opcode.SIGNAL, semaphore=3, count=1), HALT]
+
+
+def _blocks(size: int, n: int) -> int:
+    return -(-size // n)
+
+
+def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
+    """The ErrorCode name the sequencer must give one GEMM, VEC or DMA with fields ``f``
+    (docs/isa.md): the shape first, then every region against its memory, then the tile
+    mask. Written from the ISA's definitions, not from the RTL."""
+    def fits(base: int, length: int, limit: int) -> bool:
+        return base + length <= limit
+
+    words, entries = s.words, s.entries
+    if opcode == Opcode.GEMM:
+        m, k, p = f["m"], f["k"], f["p"]
+        if min(m, k, p) == 0:
+            return "BAD_SHAPE"
+        a = _blocks(k, n) * m if f["a_rows"] else _blocks(m, n) * k
+        b = _blocks(k, n) * p if f["b_rows"] else _blocks(p, n) * k
+        c = _blocks(m, n) * _blocks(p, n) * n
+        ok = (fits(f["a"], a, words) and fits(f["b"], b, words) and fits(f["c"], c, entries)
+              and (not f["a_limbs"] or fits(f["a_lo"], a, words)))
+        return "NONE" if ok else "BAD_ADDRESS"
+    if opcode == Opcode.VEC:
+        rows, beats = f["rows"], f["beats"]
+        if rows == 0 or beats == 0 or f["slot"] + rows > s.slots:
+            return "BAD_SHAPE"
+        tile, scalar = _blocks(rows, n) * beats * n, _blocks(rows, n)
+        dst = {VecDst.TILE: (tile, entries), VecDst.SCALAR: (scalar, entries),
+               VecDst.SPAD: (rows * beats, words), VecDst.NONE: (0, 1 << 16)}
+        length, limit = dst[f["dst_kind"]]
+        ok = (fits(f["a"], scalar if f["a_scalar"] else tile, entries)
+              and fits(f["b"], scalar if f["b_scalar"] else tile, entries)
+              and (f["c_imm"] or fits(f["c"], scalar, entries))
+              and (not f["total_write"] or fits(f["total"], scalar, entries))
+              and fits(f["dst"], length, limit))
+        return "NONE" if ok else "BAD_ADDRESS"
+    if not (fits(f["src"], f["length"], words) and fits(f["dst"], f["length"], words)):
+        return "BAD_ADDRESS"
+    columns, rows = s.mesh
+    inside = sum(tile_bit(x, y) for y in range(rows) for x in range(columns))
+    return "NONE" if f["tiles"] and not f["tiles"] & ~inside else "BAD_TILE"
+
+
+def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[tuple]:
+    """``count`` random GEMM, VEC and DMA instructions with one region ending just
+    before, at or just past the end of its memory (or a shape at its limit), as
+    (opcode, fields, word, expected ErrorCode name). Accepted DMAs go to ``own`` tile
+    only, so a test needs no network."""
+    out = []
+    for _ in range(count):
+        kind = rng.choice(["gemm", "vec", "dma"])
+        if kind == "gemm":
+            opcode = Opcode.GEMM
+            f = {"m": int(rng.integers(0, 25)), "k": int(rng.integers(0, 40)),
+                 "p": int(rng.integers(0, 25)), "a_rows": int(rng.integers(2)),
+                 "b_rows": int(rng.integers(2)), "a_limbs": int(rng.integers(2)),
+                 "a": 0, "b": 1024, "a_lo": 2048, "c": 0}
+            m, k, p = f["m"], f["k"], f["p"]
+            a = _blocks(k, n) * m if f["a_rows"] else _blocks(m, n) * k
+            edge = rng.choice(["a", "b", "a_lo", "c"])
+            size = {"a": a, "a_lo": a,
+                    "b": _blocks(k, n) * p if f["b_rows"] else _blocks(p, n) * k,
+                    "c": _blocks(m, n) * _blocks(p, n) * n}[edge]
+            limit = s.entries if edge == "c" else s.words
+            f[edge] = max(0, limit - size + int(rng.integers(-2, 3)))
+        elif kind == "vec":
+            opcode = Opcode.VEC
+            rows = int(rng.integers(0, s.slots + 2))
+            f = {"op": 8, "rows": rows, "beats": int(rng.integers(0, 4)),
+                 "slot": int(rng.integers(0, 3)), "a": 0, "b": 32, "c": 64,
+                 "a_scalar": int(rng.integers(2)), "b_scalar": int(rng.integers(2)),
+                 "c_imm": int(rng.integers(2)), "total": 96,
+                 "total_write": int(rng.integers(2)), "dst": 128,
+                 "dst_kind": VecDst(int(rng.integers(4)))}
+            tile, scalar = _blocks(rows, n) * f["beats"] * n, _blocks(rows, n)
+            edge = rng.choice(["a", "b", "c", "total", "dst"])
+            size = {"a": scalar if f["a_scalar"] else tile,
+                    "b": scalar if f["b_scalar"] else tile, "c": scalar, "total": scalar,
+                    "dst": {VecDst.TILE: tile, VecDst.SCALAR: scalar,
+                            VecDst.SPAD: rows * f["beats"], VecDst.NONE: 0}[f["dst_kind"]]}
+            limit = s.words if edge == "dst" and f["dst_kind"] == VecDst.SPAD else s.entries
+            f[edge] = min(max(0, limit - size[edge] + int(rng.integers(-2, 3))), limit)
+        else:
+            opcode = Opcode.DMA
+            length = int(rng.integers(0, 3 * n))
+            f = {"length": length, "src": 0, "dst": 64, "tiles": own}
+            edge = rng.choice(["src", "dst", "tiles"])
+            if edge == "tiles":
+                f["tiles"] = int(rng.choice([0, own | tile_bit(s.mesh[0], 0),
+                                             tile_bit(0, s.mesh[1]), 1 << 63]))
+            else:
+                f[edge] = max(0, s.words - length + int(rng.integers(-2, 3)))
+        out.append((opcode, f, encode(opcode, **f), expected_error(opcode, f, s, n)))
+    return out
