@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Module, Mux, Signal, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -140,27 +142,42 @@ class Sequencer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n = self.array_size
-        status = self.status
+        fetch, instruction = self._program_memory(m)
+        idle = self._outstanding(m)
+        sem = self._semaphores(m, instruction.args.wait)
+        checks = _Checks(self, m, instruction.args)
+        self._control(m, fetch, instruction, idle, sem, checks)
+        # A semaphore that would overflow keeps its value and stops the program (after
+        # the control's assignments, so this error wins).
+        with m.If(sem.overflowed):
+            m.d.sync += [self.status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW),
+                         self.status.running.eq(0)]
+        args = instruction.args
+        m.d.comb += [
+            self.gemm.payload.eq(args.gemm),
+            self.vec.payload.eq(args.vec),
+            self.dma.payload.eq(args.dma),
+        ]
+        return m
 
+    def _program_memory(self, m: Module):
+        """The instruction memory, written from ``program`` while not running; its read
+        port and the instruction being executed (registered out of the memory)."""
         m.submodules.imem = imem = memory.Memory(
             shape=INSTRUCTION_BITS, depth=self.program_depth, init=[]
         )
         write = imem.write_port()
         fetch = imem.read_port()
         m.d.comb += [
-            self.program.ready.eq(~status.running),
+            self.program.ready.eq(~self.status.running),
             write.addr.eq(self.program.payload.address),
             write.data.eq(self.program.payload.word),
             write.en.eq(self.program.valid & self.program.ready),
         ]
-        # The instruction being executed, registered out of the memory.
-        instruction = Signal(INSTRUCTION)
-        opcode = instruction.opcode
-        gemm, vec, dma = instruction.args.gemm, instruction.args.vec, instruction.args.dma
-        wait = instruction.args.wait
+        return fetch, Signal(INSTRUCTION)
 
-        # --- outstanding operations per engine ------------------------------------
+    def _outstanding(self, m: Module) -> Signal:
+        """Operations dispatched and not yet done, per engine; whether none is."""
         outstanding = []
         for name in ("gemm", "vec", "dma"):
             command, done = getattr(self, name), getattr(self, f"{name}_done")
@@ -172,26 +189,32 @@ class Sequencer(wiring.Component):
             outstanding.append(count)
         idle = Signal()
         m.d.comb += idle.eq(~(outstanding[0].any() | outstanding[1].any() | outstanding[2].any()))
+        return idle
 
-        # --- semaphores -----------------------------------------------------------
+    def _semaphores(self, m: Module, wait) -> SimpleNamespace:
+        """The semaphore counters: engine completions, network arrivals, SIGNAL's
+        addition and WAIT's subtraction; a counter that would pass its width keeps its
+        value and raises ``overflowed`` (the program stops on the next cycle); WAIT's
+        verdict."""
         m.d.comb += self.arrival.ready.eq(1)
-        wait_done = Signal()  # this cycle, WAIT completes: wait.count is subtracted
-        signal_now = Signal()  # this cycle, SIGNAL executes: wait.count is added
+        sem = SimpleNamespace(
+            wait_done=Signal(),  # this cycle, WAIT completes: wait.count is subtracted
+            signal_now=Signal(),  # this cycle, SIGNAL executes: wait.count is added
+            overflowed=Signal(),
+            # WAIT's verdict, registered. Only the WAIT itself lowers a semaphore, so a
+            # verdict from the previous cycle still holds when it is used.
+            wait_ready=Signal(),
+        )
         # Per semaphore, registered: it would have passed 2**16 - 1 (and held instead).
-        # The program stops on the next cycle.
         overflow = Signal(SEMAPHORES)
-        overflowed = Signal()
-        m.d.comb += overflowed.eq(overflow.any())
-        # WAIT's verdict, registered. Only the WAIT itself lowers a semaphore, so a verdict
-        # from the previous cycle still holds when it is used.
-        wait_ready = Signal()
+        m.d.comb += sem.overflowed.eq(overflow.any())
         # SIGNAL's addition and WAIT's subtraction, registered and applied a cycle later.
         adjust_semaphore = Signal(SEMAPHORES)  # one-hot
         adjust_add, adjust_sub = Signal(COUNT_BITS), Signal(COUNT_BITS)
         m.d.sync += [
             adjust_semaphore.eq(1 << wait.semaphore),
-            adjust_add.eq(Mux(signal_now, wait.count, 0)),
-            adjust_sub.eq(Mux(wait_done, wait.count, 0)),
+            adjust_add.eq(Mux(sem.signal_now, wait.count, 0)),
+            adjust_sub.eq(Mux(sem.wait_done, wait.count, 0)),
         ]
         for index in range(SEMAPHORES):
             total = Signal(COUNT_BITS + 3, name=f"sem{index}_next")
@@ -212,43 +235,13 @@ class Sequencer(wiring.Component):
                 m.d.sync += self.semaphores[index].eq(total)
             with m.If(self.start):
                 m.d.sync += self.semaphores[index].eq(0)
+        m.d.sync += sem.wait_ready.eq(self.semaphores[wait.semaphore] >= wait.count)
+        return sem
 
-        # --- checks, pipelined over two cycles (MEASURE, CHECK) ------------------
-        words, entries = self.scratchpad_words, self.acc_depth
-
-        def blocks(size):  # ceil(size / N)
-            return (size + (n - 1)) >> ceil_log2(n)
-
-        def fits(base, length, limit=words):
-            return (base + length) <= limit
-
-        # Region sizes (registered in MEASURE). GEMM: A and B in words (block or row
-        # layout), C in accumulator entries (N rows per output tile). VEC: operand
-        # regions in entries (a tile of rows x beats, or one entry per N rows of
-        # scalars), the scratchpad destination in words.
-        a_words, b_words, c_entries = Signal(24), Signal(24), Signal(24)
-        tile_entries, scalar_entries, spad_words = Signal(20), Signal(8), Signal(14)
-        # Verdicts (registered in CHECK), used by EXECUTE.
-        gemm_ok_shape, gemm_ok_bounds = Signal(), Signal()
-        vec_ok_shape, vec_ok_bounds = Signal(), Signal()
-        dma_ok_bounds, dma_ok_tiles = Signal(), Signal()
-        outside = ((1 << TILE_MASK_BITS) - 1) ^ self.valid_tiles
-
-        def vec_region(base, scalar):
-            return fits(base, Mux(scalar, scalar_entries, tile_entries), entries)
-
-        dst_ok = Signal()
-        with m.Switch(vec.dst_kind):
-            with m.Case(VecDst.TILE):
-                m.d.comb += dst_ok.eq(fits(vec.dst, tile_entries, entries))
-            with m.Case(VecDst.SCALAR):
-                m.d.comb += dst_ok.eq(fits(vec.dst, scalar_entries, entries))
-            with m.Case(VecDst.SPAD):
-                m.d.comb += dst_ok.eq(fits(vec.dst, spad_words))
-            with m.Default():
-                m.d.comb += dst_ok.eq(1)
-
-        # --- fetch / execute ------------------------------------------------------
+    def _control(self, m: Module, fetch, instruction, idle, sem, checks) -> None:
+        """FETCH, LATCH, MEASURE, CHECK, EXECUTE (dispatch, or stop with an error), and
+        DRAIN until every dispatched operation has finished."""
+        status, opcode = self.status, instruction.opcode
         last_pc = self.program_depth - 1
 
         def fail(code):
@@ -265,8 +258,18 @@ class Sequencer(wiring.Component):
                 m.next = "FETCH"
 
         def stop_on_overflow():  # last in every running state, so it wins
-            with m.If(overflowed):
+            with m.If(sem.overflowed):
                 m.next = "DRAIN"
+
+        def dispatch(engine, *verdicts):
+            """An engine operation: the first failed verdict's error, else hand it on."""
+            for index, (ok, code) in enumerate(verdicts):
+                with m.If(~ok) if index == 0 else m.Elif(~ok):
+                    fail(code)
+            with m.Else():
+                m.d.comb += engine.valid.eq(1)
+                with m.If(engine.ready):
+                    advance()
 
         m.d.comb += fetch.addr.eq(status.pc)
 
@@ -284,32 +287,11 @@ class Sequencer(wiring.Component):
                 m.next = "MEASURE"
                 stop_on_overflow()
             with m.State("MEASURE"):
-                m.d.sync += [
-                    a_words.eq(Mux(gemm.a_rows, blocks(gemm.k) * gemm.m, blocks(gemm.m) * gemm.k)),
-                    b_words.eq(Mux(gemm.b_rows, blocks(gemm.k) * gemm.p, blocks(gemm.p) * gemm.k)),
-                    c_entries.eq((blocks(gemm.m) * blocks(gemm.p)) << ceil_log2(n)),
-                    tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(n)),
-                    scalar_entries.eq(blocks(vec.rows)),
-                    spad_words.eq(vec.rows * vec.beats),
-                ]
+                checks.measure()
                 m.next = "CHECK"
                 stop_on_overflow()
             with m.State("CHECK"):
-                m.d.sync += [
-                    gemm_ok_shape.eq((gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)),
-                    gemm_ok_bounds.eq(fits(gemm.a, a_words) & fits(gemm.b, b_words)
-                                      & (~gemm.a_limbs | fits(gemm.a_lo, a_words))
-                                      & fits(gemm.c, c_entries, entries)),
-                    vec_ok_shape.eq((vec.rows != 0) & (vec.beats != 0)
-                                    & ((vec.slot + vec.rows) <= self.slots)),
-                    vec_ok_bounds.eq(vec_region(vec.a, vec.a_scalar)
-                                     & vec_region(vec.b, vec.b_scalar)
-                                     & (vec.c_imm | fits(vec.c, scalar_entries, entries))
-                                     & (~vec.total_write | fits(vec.total, scalar_entries, entries))
-                                     & dst_ok),
-                    dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
-                    dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & outside) == 0)),
-                ]
+                checks.check()
                 m.next = "EXECUTE"
                 stop_on_overflow()
             with m.State("EXECUTE"):
@@ -320,38 +302,20 @@ class Sequencer(wiring.Component):
                         m.d.sync += status.running.eq(0)
                         m.next = "DRAIN"
                     with m.Case(Opcode.GEMM):
-                        with m.If(~gemm_ok_shape):
-                            fail(ErrorCode.BAD_SHAPE)
-                        with m.Elif(~gemm_ok_bounds):
-                            fail(ErrorCode.BAD_ADDRESS)
-                        with m.Else():
-                            m.d.comb += self.gemm.valid.eq(1)
-                            with m.If(self.gemm.ready):
-                                advance()
+                        dispatch(self.gemm, (checks.gemm_ok_shape, ErrorCode.BAD_SHAPE),
+                                 (checks.gemm_ok_bounds, ErrorCode.BAD_ADDRESS))
                     with m.Case(Opcode.VEC):
-                        with m.If(~vec_ok_shape):
-                            fail(ErrorCode.BAD_SHAPE)
-                        with m.Elif(~vec_ok_bounds):
-                            fail(ErrorCode.BAD_ADDRESS)
-                        with m.Else():
-                            m.d.comb += self.vec.valid.eq(1)
-                            with m.If(self.vec.ready):
-                                advance()
+                        dispatch(self.vec, (checks.vec_ok_shape, ErrorCode.BAD_SHAPE),
+                                 (checks.vec_ok_bounds, ErrorCode.BAD_ADDRESS))
                     with m.Case(Opcode.DMA):
-                        with m.If(~dma_ok_bounds):
-                            fail(ErrorCode.BAD_ADDRESS)
-                        with m.Elif(~dma_ok_tiles):
-                            fail(ErrorCode.BAD_TILE)
-                        with m.Else():
-                            m.d.comb += self.dma.valid.eq(1)
-                            with m.If(self.dma.ready):
-                                advance()
+                        dispatch(self.dma, (checks.dma_ok_bounds, ErrorCode.BAD_ADDRESS),
+                                 (checks.dma_ok_tiles, ErrorCode.BAD_TILE))
                     with m.Case(Opcode.WAIT):
-                        with m.If(wait_ready):
-                            m.d.comb += wait_done.eq(1)
+                        with m.If(sem.wait_ready):
+                            m.d.comb += sem.wait_done.eq(1)
                             advance()
                     with m.Case(Opcode.SIGNAL):
-                        m.d.comb += signal_now.eq(1)
+                        m.d.comb += sem.signal_now.eq(1)
                         advance()
                     with m.Default():
                         fail(ErrorCode.ILLEGAL_OPCODE)
@@ -360,16 +324,76 @@ class Sequencer(wiring.Component):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
-        m.d.sync += [
-            wait_ready.eq(self.semaphores[wait.semaphore] >= wait.count),
-        ]
-        # A semaphore that would overflow keeps its value and stops the program.
-        with m.If(overflowed):
-            m.d.sync += [status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW), status.running.eq(0)]
 
-        m.d.comb += [
-            self.gemm.payload.eq(gemm),
-            self.vec.payload.eq(vec),
-            self.dma.payload.eq(dma),
+
+class _Checks:
+    """An instruction's checks, pipelined over two cycles: :meth:`measure` registers the
+    sizes of its regions (GEMM: A and B in words, block or row layout, C in accumulator
+    entries, N rows per output tile; VEC: operand regions in entries, a tile of rows x
+    beats or one entry per N rows of scalars, the scratchpad destination in words),
+    :meth:`check` the verdicts EXECUTE uses."""
+
+    def __init__(self, sequencer: Sequencer, m: Module, args):
+        self.m, self.args = m, args
+        self.n, self.words, self.entries = (sequencer.array_size, sequencer.scratchpad_words,
+                                            sequencer.acc_depth)
+        self.slots = sequencer.slots
+        self.a_words, self.b_words, self.c_entries = Signal(24), Signal(24), Signal(24)
+        self.tile_entries, self.scalar_entries = Signal(20), Signal(8)
+        self.spad_words = Signal(14)
+        self.gemm_ok_shape, self.gemm_ok_bounds = Signal(), Signal()
+        self.vec_ok_shape, self.vec_ok_bounds = Signal(), Signal()
+        self.dma_ok_bounds, self.dma_ok_tiles = Signal(), Signal()
+        self.outside = ((1 << TILE_MASK_BITS) - 1) ^ sequencer.valid_tiles
+        self.dst_ok = Signal()
+        vec, entries = args.vec, self.entries
+        with m.Switch(vec.dst_kind):
+            with m.Case(VecDst.TILE):
+                m.d.comb += self.dst_ok.eq(self.fits(vec.dst, self.tile_entries, entries))
+            with m.Case(VecDst.SCALAR):
+                m.d.comb += self.dst_ok.eq(self.fits(vec.dst, self.scalar_entries, entries))
+            with m.Case(VecDst.SPAD):
+                m.d.comb += self.dst_ok.eq(self.fits(vec.dst, self.spad_words))
+            with m.Default():
+                m.d.comb += self.dst_ok.eq(1)
+
+    def blocks(self, size):  # ceil(size / N)
+        return (size + (self.n - 1)) >> ceil_log2(self.n)
+
+    def fits(self, base, length, limit=None):
+        return (base + length) <= (self.words if limit is None else limit)
+
+    def vec_region(self, base, scalar):
+        return self.fits(base, Mux(scalar, self.scalar_entries, self.tile_entries),
+                         self.entries)
+
+    def measure(self) -> None:
+        gemm, vec, blocks = self.args.gemm, self.args.vec, self.blocks
+        self.m.d.sync += [
+            self.a_words.eq(Mux(gemm.a_rows, blocks(gemm.k) * gemm.m, blocks(gemm.m) * gemm.k)),
+            self.b_words.eq(Mux(gemm.b_rows, blocks(gemm.k) * gemm.p, blocks(gemm.p) * gemm.k)),
+            self.c_entries.eq((blocks(gemm.m) * blocks(gemm.p)) << ceil_log2(self.n)),
+            self.tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(self.n)),
+            self.scalar_entries.eq(blocks(vec.rows)),
+            self.spad_words.eq(vec.rows * vec.beats),
         ]
-        return m
+
+    def check(self) -> None:
+        gemm, vec, dma = self.args.gemm, self.args.vec, self.args.dma
+        fits, entries = self.fits, self.entries
+        self.m.d.sync += [
+            self.gemm_ok_shape.eq((gemm.m != 0) & (gemm.k != 0) & (gemm.p != 0)),
+            self.gemm_ok_bounds.eq(fits(gemm.a, self.a_words) & fits(gemm.b, self.b_words)
+                                   & (~gemm.a_limbs | fits(gemm.a_lo, self.a_words))
+                                   & fits(gemm.c, self.c_entries, entries)),
+            self.vec_ok_shape.eq((vec.rows != 0) & (vec.beats != 0)
+                                 & ((vec.slot + vec.rows) <= self.slots)),
+            self.vec_ok_bounds.eq(self.vec_region(vec.a, vec.a_scalar)
+                                  & self.vec_region(vec.b, vec.b_scalar)
+                                  & (vec.c_imm | fits(vec.c, self.scalar_entries, entries))
+                                  & (~vec.total_write
+                                     | fits(vec.total, self.scalar_entries, entries))
+                                  & self.dst_ok),
+            self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
+            self.dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & self.outside) == 0)),
+        ]

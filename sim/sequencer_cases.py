@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 from spec.isa import Opcode, VecDst, encode, tile_bit
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "expected_error", "fitting_program", "gemm", "semaphore_overflow", "vec"]
+           "expected_error", "fitting_program", "gemm", "semaphore_overflow",
+           "semaphore_programs", "vec"]
 
 HALT = encode(Opcode.HALT)
 
@@ -193,4 +195,22 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
             else:
                 f[edge] = max(0, s.words - length + int(rng.integers(-2, 3)))
         out.append((opcode, f, encode(opcode, **f), expected_error(opcode, f, s, n)))
+    return out
+
+
+def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
+    """For every semaphore s: a SIGNAL, a GEMM, a VEC and a DMA each counting on s (the
+    DMA to tile ``own`` also raising its arrival on s), then a WAIT for the exact total
+    (the program halts) or for one more (it never does): (s, program, halts). Together
+    they check every semaphore's counter against each source of increments."""
+    out = []
+    for s in range(SEMAPHORE_COUNT):
+        signal = {"signal": {"enable": 1, "semaphore": s}}
+        count = 1 + 3 * s
+        body = [encode(Opcode.SIGNAL, semaphore=s, count=count), gemm(**signal),
+                vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
+        total = count + 4
+        for wait, halts in ((total, True), (total + 1, False)):
+            out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=wait), HALT],
+                        halts))
     return out

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import cocotb
 from amaranth.hdl import Shape
 from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
@@ -198,19 +199,21 @@ class TileDriver:
         self.dut.go.value = 0
         self._began = time.perf_counter()
 
+    def halted(self) -> bool:
+        """Whether the sequencer has halted (``status``, now)."""
+        return bool(self.dut.status.value.to_unsigned() >> self._halted_bit & 1)
+
     async def wait_halt(self, timeout_cycles: int) -> Execution:
         """Wait until the sequencer halts (polling every ``POLL`` cycles)."""
         waited = 0
         while True:
             await Timer(POLL * CLOCK_NS, unit="ns")
             waited += POLL
-            raw = self.dut.status.value.to_unsigned()
-            if raw >> self._halted_bit & 1:
+            status = data.Const(self.status_layout, self.dut.status.value.to_unsigned())
+            if status.halted:
                 break
             assert waited < timeout_cycles, (
-                f"the program did not halt in {timeout_cycles} cycles "
-                f"(pc {int(data.Const(self.status_layout, raw).pc)})")
-        status = data.Const(self.status_layout, raw)
+                f"the program did not halt in {timeout_cycles} cycles (pc {int(status.pc)})")
         wall = time.perf_counter() - self._began
         counters = data.Const(Counters(), self.dut.counters.value.to_unsigned())
         values = {name: int(counters[name]) for name, _ in Counters()}
@@ -221,16 +224,22 @@ class TileDriver:
         """Network words into ``net_in`` (as another tile's DMA would send them)."""
         await self._transfer({"net_in": words}, 64 + 8 * len(words))
 
-    async def receive(self, count: int, timeout_cycles: int = 10_000) -> list:
-        """The next ``count`` words the tile sends on ``net_out`` (its program running
-        meanwhile; the stream waits while no harness run takes it)."""
+    async def go_and_receive(self, count: int, timeout_cycles: int = 10_000) -> list:
+        """Pulse ``go`` with a harness run already taking ``net_out``, and return the
+        first ``count`` words the program sends (a sink takes beats whenever a run has
+        started, also past its count, so the run must begin before the words flow)."""
+        assert count <= self.depths["net_out"], f"{count} words exceed the net_out memory"
         for name in self.STREAMS_IN:
             self.harness.load(name, [])
         for name in self.STREAMS_OUT:
             self.harness.expect(name, count if name == "net_out" else 0)
             self.harness.set_backpressure(name, self.stall)
         self.seed += 1
-        stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
+        receiving = cocotb.start_soon(self.harness.run(seed=self.seed,
+                                                       timeout_cycles=timeout_cycles))
+        await RisingEdge(self.dut.clk)  # the run's start is up
+        await self.go()
+        stats = await receiving
         assert stats.finished, f"{count} network words did not leave in {timeout_cycles} cycles"
         return [data.Const(self.layouts["net_out"], word)
                 for word in self.harness.read("net_out", count)]

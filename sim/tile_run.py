@@ -18,7 +18,8 @@ MODULE = "tb.tile_tb"
 
 #: Harness memory depths (beats) of the host streams; longer transfers take several
 #: harness runs (sim.tile_driver).
-HOST_DEPTH, KV_DEPTH, NET_DEPTH = 2048, 2048, 16
+#: Harness memory depths (beats) of the tile's host, KV and network streams.
+HOST_DEPTH, KV_DEPTH, NET_DEPTH = 2048, 2048, 512
 
 
 def harness_depths(config: TileConfig) -> dict[str, int]:

