@@ -96,10 +96,10 @@ def fitting_program(s: Sizes) -> list[int]:
     ]
 
 
-def semaphore_overflow() -> list[int]:
-    """A semaphore counted past its width: SEMAPHORE_OVERFLOW at pc 1, the count kept."""
-    return [encode(Opcode.SIGNAL, semaphore=3, count=0xFFFF),
-            encode(Opcode.SIGNAL, semaphore=3, count=1), HALT]
+def semaphore_overflow(semaphore: int = 3) -> list[int]:
+    """A semaphore counted past its width: SEMAPHORE_OVERFLOW (the count kept)."""
+    return [encode(Opcode.SIGNAL, semaphore=semaphore, count=0xFFFF),
+            encode(Opcode.SIGNAL, semaphore=semaphore, count=1), HALT]
 
 
 def _blocks(size: int, n: int) -> int:
@@ -206,7 +206,8 @@ def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
     out = []
     for s in range(SEMAPHORE_COUNT):
         signal = {"signal": {"enable": 1, "semaphore": s}}
-        count = 1 + 3 * s
+        # A count with high and low bits set, different for every semaphore.
+        count = (0x9253 * (s + 1)) & 0x7FFF | 1
         body = [encode(Opcode.SIGNAL, semaphore=s, count=count), gemm(**signal),
                 vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
         total = count + 4

@@ -32,7 +32,7 @@ from sim.sequencer_cases import (
 from sim.tile_driver import TileDriver
 from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
-from spec.isa import Opcode, decode, encode, tile_bit
+from spec.isa import SEMAPHORES, Opcode, decode, encode, tile_bit
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -264,7 +264,8 @@ async def tile_programs(dut):
         coverage.sequencer_error(error)
     cases = [("regions that just fit", fitting_program(sizes), "NONE", None),
              # (the pc of the instruction executing the cycle after, rtl.sequencer)
-             ("a semaphore overflow", semaphore_overflow(), "SEMAPHORE_OVERFLOW", None),
+             *((f"semaphore {s} overflowing", semaphore_overflow(s), "SEMAPHORE_OVERFLOW",
+                None) for s in range(SEMAPHORES)),
              ("off the end", [encode(Opcode.NOP)] * config.program_depth, "PC_OVERFLOW",
               config.program_depth - 1)]
     for what, program, error, pc in cases:

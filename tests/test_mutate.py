@@ -21,7 +21,7 @@ def test_mutants_touch_only_the_block_and_are_selected_by_mutsel(tmp_path):
 
 
 def test_bad_options_are_refused(capsys):
-    for argv in (["--mutants", "0"], ["--blocks", "sequencer"]):
+    for argv in (["--mutants", "0"], ["--blocks", "scratchpad"]):
         try:
             main(argv)
         except SystemExit as stop:

@@ -45,7 +45,7 @@ def test_mutate_table_lists_blocks_and_survivors():
                                     "survivors": [{"mutant": 3, "mode": "inv",
                                                    "cell": "$and$x", "port": "A",
                                                    "source": "router.py:40"}]}}}
-    table = results.mutate_table(report, {"mutation__killed_share": {
+    table = results.mutate_table(report, {"blocks.router": {
         "command": "python -m verif.mutate", "date": "2026-12-04"}})
     assert "**9 of 10 = 0.900**" in table
     assert "| router | 10 | 9 | 0.900 |" in table

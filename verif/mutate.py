@@ -219,6 +219,16 @@ def score(name: str, count: int, seed: int) -> dict:
             "survivors": survived, "wall_s": round(time.monotonic() - start, 1)}
 
 
+def _earlier_blocks(path: Path, seed: int) -> dict:
+    """The rows of ``path``'s report for the same seed (a run of some blocks keeps the
+    others' rows; none if the file is missing, unreadable or of another seed)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return earlier.get("blocks", {}) if earlier.get("seed") == seed else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m verif.mutate",
@@ -235,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutants < 1:
         parser.error("--mutants must be at least 1")
 
-    blocks = {name: score(name, args.mutants, args.seed) for name in args.blocks}
+    run = {name: score(name, args.mutants, args.seed) for name in args.blocks}
+    blocks = _earlier_blocks(args.json, args.seed) | run
+    blocks = {name: blocks[name] for name in BLOCKS if name in blocks}
     total = sum(b["mutants"] for b in blocks.values())
     killed = sum(b["killed"] for b in blocks.values())
     report = {"mutation__killed_share": killed / total if total else 0.0,
@@ -251,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['port']} ({s['source']})")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
-    provenance.record(args.json, report)
+    provenance.record(args.json, ["mutation__killed_share", "mutants", "killed"]
+                      + [f"blocks.{name}" for name in run])
     print(f"[mutate] wrote {args.json}")
     return 0
 

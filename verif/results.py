@@ -99,8 +99,9 @@ def headline_table(metrics: dict, origin: dict) -> str:
 
 
 def mutate_table(report: dict, origin: dict) -> str:
-    entry = origin.get("mutation__killed_share")
-    lines = [f"{_measured([entry] if entry else [])}: **{report['killed']} of "
+    entries = [origin[f"blocks.{name}"] for name in report["blocks"]
+               if f"blocks.{name}" in origin]
+    lines = [f"{_measured(entries)}: **{report['killed']} of "
              f"{report['mutants']} = {report['mutation__killed_share']:.3f}** "
              f"(`mutation__killed_share`, goal ≥ 0.95; Yosys seed {report['seed']}).", "",
              "| block | mutants | killed | share |", "|---|---:|---:|---:|"]
