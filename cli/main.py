@@ -407,48 +407,48 @@ def _add_sim_parser(commands) -> None:
                     "speed and area.",
     )
     parser.add_argument("--layer", type=options.non_negative, default=None,
-                            help="attention layer (default: the workload's last, e.g. "
-                                 "gpt-oss's full-causal layer 1)")
+                        help="attention layer (default: the workload's last, e.g. "
+                             "gpt-oss's full-causal layer 1)")
     parser.add_argument("--mesh", type=options.mesh, default=2, metavar="KxK",
-                            help="mesh of tiles (default 2x2; 1x1 is one tile)")
+                        help="mesh of tiles (default 2x2; 1x1 is one tile)")
     parser.add_argument("--placement", choices=("local", "striped"), default="local",
-                            help="KV pages on the tile computing their head (local, default)"
-                                 " or spread over the tiles and fetched over the network "
-                                 "(striped)")
+                        help="KV pages on the tile computing their head (local, default)"
+                             " or spread over the tiles and fetched over the network "
+                             "(striped)")
     parser.add_argument("--batch", type=options.positive, default=2,
-                            help="sequences decoded together, each with its own context "
-                                 "(default 2)")
+                        help="sequences decoded together, each with its own context "
+                             "(default 2)")
     parser.add_argument("--prefill", type=options.non_negative, default=32,
-                            help="prompt tokens prefilled per sequence (default 32; 0: none)")
+                        help="prompt tokens prefilled per sequence (default 32; 0: none)")
     parser.add_argument("--context", type=options.non_negative, default=256,
-                            help="tokens of the longest sequence before its first decode "
-                                 "step; the others have a little less (default 256)")
+                        help="tokens of the longest sequence before its first decode "
+                             "step; the others have a little less (default 256)")
     parser.add_argument("--steps", type=options.non_negative, default=2,
-                            help="decode steps, each appending one token per sequence "
-                                 "(default 2)")
+                        help="decode steps, each appending one token per sequence "
+                             "(default 2)")
     parser.add_argument("--max-context", type=options.positive, default=None,
-                            help="size the tiles' KV caches for this many tokens per "
-                                 "sequence (default 2048, or 64 when the workload's pages "
-                                 "are smaller than N, e.g. tiny at N = 8, at most what the "
-                                 "block table maps; one build per size)")
+                        help="size the tiles' KV caches for this many tokens per "
+                             "sequence (default 2048, or 64 when the workload's pages "
+                             "are smaller than N, e.g. tiny at N = 8, at most what the "
+                             "block table maps; one build per size)")
     for name, what in options.SHAPE_OPTIONS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=options.dimension, default=None,
                                 help=f"custom shape: {what} (default: the workload's)")
     parser.add_argument("--no-moe", dest="moe", action="store_false",
-                            help="attention alone (the MoE layer is run after every phase "
-                                 "step by default)")
+                        help="attention alone (the MoE layer is run after every phase "
+                             "step by default)")
     parser.add_argument("--seed", type=options.non_negative, default=1,
-                            help="seed of the workload's tensors: one layer's weights, "
-                                 "each sequence's tokens from its own stream")
+                        help="seed of the workload's tensors: one layer's weights, "
+                             "each sequence's tokens from its own stream")
     parser.add_argument("--energy", action="store_true",
-                            help="measure the energy proxy: toggle counts (a SAIF-traced "
-                                 "build) weighted by synthesised cells (docs/energy.md)")
+                        help="measure the energy proxy: toggle counts (a SAIF-traced "
+                             "build) weighted by synthesised cells (docs/energy.md)")
     parser.add_argument("--dump", type=Path, metavar="DIR",
-                            help="write every job's inputs, weights and scales, golden and "
-                                 "RTL outputs to DIR in the golden file format (docs/chip.md); "
-                                 "DIR must be new or empty")
+                        help="write every job's inputs, weights and scales, golden and "
+                             "RTL outputs to DIR in the golden file format (docs/chip.md); "
+                             "DIR must be new or empty")
     parser.add_argument("--force", action="store_true",
-                            help="with --dump: empty a used DIR first")
+                        help="with --dump: empty a used DIR first")
     options.add_run_options(parser)
     options.add_threads_option(parser)
     parser.set_defaults(handler=sim)
@@ -466,23 +466,23 @@ def _add_agent_parser(commands) -> None:
                     "ratio.",
     )
     parser.add_argument("--layer", type=options.non_negative, default=None,
-                              help="attention layer (default: the workload's last)")
+                        help="attention layer (default: the workload's last)")
     parser.add_argument("--mesh", type=options.mesh, default=2, metavar="KxK",
-                              help="mesh of tiles (default 2x2)")
+                        help="mesh of tiles (default 2x2)")
     parser.add_argument("--turns", type=options.positive, default=3,
-                              help="turns, the first answering the prompt (default 3)")
+                        help="turns, the first answering the prompt (default 3)")
     parser.add_argument("--prompt", type=options.positive, default=32,
-                              help="prompt tokens (default 32)")
+                        help="prompt tokens (default 32)")
     parser.add_argument("--tool", type=options.positive, default=8,
-                              help="tokens of each tool result (default 8)")
+                        help="tokens of each tool result (default 8)")
     parser.add_argument("--answer", type=options.positive, default=2,
-                              help="tokens decoded per answer (default 2)")
+                        help="tokens decoded per answer (default 2)")
     parser.add_argument("--no-moe", dest="moe", action="store_false",
-                              help="attention alone (the MoE layer follows every step by "
-                                   "default)")
+                        help="attention alone (the MoE layer follows every step by "
+                             "default)")
     options.add_run_options(parser)
     parser.add_argument("--seed", type=options.non_negative, default=1,
-                              help="seed of the tensors (default 1)")
+                        help="seed of the tensors (default 1)")
     options.add_threads_option(parser)
     parser.set_defaults(handler=agent)
 
@@ -497,26 +497,26 @@ def _add_tile_parser(commands) -> None:
                     "bound, the cycle breakdown by phase, simulation speed and area.",
     )
     parser.add_argument("--layer", type=options.non_negative, default=None,
-                            help="attention layer of the workload (default: its last, e.g. "
-                                 "gpt-oss's full-causal layer 1; 0 is its sliding-window "
-                                 "layer)")
+                        help="attention layer of the workload (default: its last, e.g. "
+                             "gpt-oss's full-causal layer 1; 0 is its sliding-window "
+                             "layer)")
     parser.add_argument("--prefill", type=options.non_negative, default=32,
-                            help="prompt tokens to prefill (default 32; 0: no prefill)")
+                        help="prompt tokens to prefill (default 32; 0: no prefill)")
     parser.add_argument("--context", type=options.non_negative, default=256,
-                            help="tokens in the KV cache before the first decode step; "
-                                 "those beyond the prompt are appended directly (default 256)")
+                        help="tokens in the KV cache before the first decode step; "
+                             "those beyond the prompt are appended directly (default 256)")
     parser.add_argument("--steps", type=options.non_negative, default=4,
-                            help="decode steps, each appending one token (default 4)")
+                        help="decode steps, each appending one token (default 4)")
     parser.add_argument("--max-context", type=options.positive, default=None,
-                            help="size the tile's KV cache for this many tokens (default: "
-                                 "sim.tile_run.tile_config's, 1056 tokens with 16-token pages, "
-                                 "or what the run needs if more; one build per size)")
+                        help="size the tile's KV cache for this many tokens (default: "
+                             "sim.tile_run.tile_config's, 1056 tokens with 16-token pages, "
+                             "or what the run needs if more; one build per size)")
     parser.add_argument("--seed", type=options.non_negative, default=1,
-                            help="seed of the workload tensors and the stall generators")
+                        help="seed of the workload tensors and the stall generators")
     parser.add_argument("--idle", type=options.probability, default=0.0,
-                            help="probability that a host stream withholds a beat each cycle")
+                        help="probability that a host stream withholds a beat each cycle")
     parser.add_argument("--stall", type=options.probability, default=0.0,
-                            help="probability that a host response stream is not ready")
+                        help="probability that a host response stream is not ready")
     options.add_run_options(parser)
     parser.set_defaults(handler=tile)
 
@@ -529,22 +529,22 @@ def _add_gemm_parser(commands) -> None:
                     "utilisation, simulation speed and area (when `make synth` has run).",
     )
     parser.add_argument("--array", type=options.array_size, default=8, metavar="N",
-                             help=f"tensor core size N ({MIN_N}..{MAX_N}, default 8)")
+                        help=f"tensor core size N ({MIN_N}..{MAX_N}, default 8)")
     parser.add_argument("--m", type=options.dimension, default=64, help="rows of A (default 64)")
     parser.add_argument("--k", type=options.dimension, default=64,
-                             help="inner dimension (default 64)")
+                        help="inner dimension (default 64)")
     parser.add_argument("--p", type=options.dimension, default=64,
-                             help="columns of B (default 64)")
+                        help="columns of B (default 64)")
     parser.add_argument("--seed", type=options.non_negative, default=1,
-                             help="random seed (default 1)")
+                        help="random seed (default 1)")
     parser.add_argument("--idle", type=options.probability, default=0.0,
-                             help="probability that an operand beat is withheld each cycle")
+                        help="probability that an operand beat is withheld each cycle")
     parser.add_argument("--stall", type=options.probability, default=0.0,
-                             help="probability that the result stream is not ready each cycle")
+                        help="probability that the result stream is not ready each cycle")
     parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
-                             help="simulator (default verilator)")
+                        help="simulator (default verilator)")
     parser.add_argument("--waves", action="store_true",
-                             help="record FST waves (in the run directory under sim_build/)")
+                        help="record FST waves (in the run directory under sim_build/)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.set_defaults(handler=gemm)
 
