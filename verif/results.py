@@ -40,7 +40,7 @@ def _shown(value) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:.6g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
