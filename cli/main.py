@@ -24,7 +24,7 @@ from cli import options, report
 from cli.sweep import add_parser as add_sweep_parser
 from rtl.tensor_core import MAX_N, MIN_N
 from sim.processes import stop_descendants
-from sim.runner import SIMULATORS, SimulationFailed
+from sim.runner import SimulationFailed
 from synth.designs import TILE_DESIGNS
 
 
@@ -541,11 +541,7 @@ def _add_gemm_parser(commands) -> None:
                         help="probability that an operand beat is withheld each cycle")
     parser.add_argument("--stall", type=options.probability, default=0.0,
                         help="probability that the result stream is not ready each cycle")
-    parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
-                        help="simulator (default verilator)")
-    parser.add_argument("--waves", action="store_true",
-                        help="record FST waves (in the run directory under sim_build/)")
-    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    options.add_output_options(parser)
     parser.set_defaults(handler=gemm)
 
 

@@ -128,6 +128,11 @@ def add_run_options(parser: argparse.ArgumentParser, *, workload_default: str = 
                              f"default {workload_default})")
     parser.add_argument("--array", type=tile_array_size, default=8, metavar="N",
                         help="tensor core and vector unit size N (a power of two, default 8)")
+    add_output_options(parser)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """The simulator, waves and JSON output of a simulating command."""
     parser.add_argument("--sim", choices=SIMULATORS, default="verilator",
                         help="simulator (default verilator)")
     parser.add_argument("--waves", action="store_true",

@@ -117,7 +117,6 @@ class TileDriver:
                         for name in self.STREAMS_IN + self.STREAMS_OUT}
         self.packers = {name: Packer(self.layouts[name]) for name in self.STREAMS_IN}
         self.status_layout = sig["status"].shape
-        self._halted_bit = self.status_layout["halted"].offset
         self.dut.go.value = 0
         self.idle, self.stall = 0.0, 0.0
         self.seed = 1
@@ -201,7 +200,10 @@ class TileDriver:
 
     def halted(self) -> bool:
         """Whether the sequencer has halted (``status``, now)."""
-        return bool(self.dut.status.value.to_unsigned() >> self._halted_bit & 1)
+        return bool(self._status().halted)
+
+    def _status(self):
+        return data.Const(self.status_layout, self.dut.status.value.to_unsigned())
 
     async def wait_halt(self, timeout_cycles: int) -> Execution:
         """Wait until the sequencer halts (polling every ``POLL`` cycles)."""
@@ -209,7 +211,7 @@ class TileDriver:
         while True:
             await Timer(POLL * CLOCK_NS, unit="ns")
             waited += POLL
-            status = data.Const(self.status_layout, self.dut.status.value.to_unsigned())
+            status = self._status()
             if status.halted:
                 break
             assert waited < timeout_cycles, (
