@@ -7,4 +7,5 @@ of ``shared/DESIGN.md``. ``python -m bench`` runs them, merges the metrics into
 """
 
 #: Benchmark modules in the order they run; ``python -m bench --only NAME`` picks some.
-MODULES = ["tensor_core", "vector_unit", "golden", "accuracy", "attention", "noc", "chip"]
+MODULES = ["tensor_core", "vector_unit", "golden", "accuracy", "attention", "noc", "chip",
+           "reliability"]

@@ -17,7 +17,7 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from cli import options, report
@@ -132,6 +132,10 @@ def sim(args: argparse.Namespace) -> int:
     from compiler.chip import KvCacheFull
     from sim.chip_run import chip_figures, simulate_layer
 
+    if args.fault_seed is not None and args.inject_faults is None:
+        print("serrano sim: --fault-seed needs --inject-faults", file=sys.stderr)
+        return 2
+    faults = args.inject_faults and replace(args.inject_faults, seed=args.fault_seed or 1)
     try:
         cfg, config, rounds = _compile_layer(args)
     except ValueError as error:
@@ -146,10 +150,15 @@ def sim(args: argparse.Namespace) -> int:
             context=args.context, steps=args.steps, placement=args.placement,
             seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
             progress=progress, dump=args.dump, activity=args.energy,
-            threads=options.threads_of(args), rounds=rounds))
+            threads=options.threads_of(args), rounds=rounds, faults=faults))
+    stopped = outcome.get("result", {}).get("faults", {}).get("stopped")
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
         result, passed = {}, False
+    elif stopped:
+        result, passed = outcome["result"], False
+        report.print_rows([("result", f"STOPPED: {stopped}"),
+                           *report.fault_rows(result["faults"])])
     else:
         result, passed = outcome["result"], True
         metrics = chip_figures(result, args.mesh, args.array)
@@ -241,6 +250,8 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                        "host transfers excluded)"),
         ("area", tile_area),
     ]
+    if "faults" in result:
+        rows += report.fault_rows(result["faults"])
     if args.dump:
         rows.append(("dump", report.dump_line(args.dump,
                                               vars(args) | {"chip": asdict(config)})))
@@ -449,6 +460,15 @@ def _add_sim_parser(commands) -> None:
                              "DIR must be new or empty")
     parser.add_argument("--force", action="store_true",
                         help="with --dump: empty a used DIR first")
+    parser.add_argument("--inject-faults", type=options.fault_rates, metavar="RATE[,double=RATE]",
+                        help="flip bits of stored scratchpad words before every round, on "
+                             "a fault-injection build: each word the round reads (and does "
+                             "not write) gets a single-bit fault with probability RATE, a "
+                             "double-bit one with the double RATE; single faults must be "
+                             "corrected (outputs bit-exact), a double stops the run with an "
+                             "error (docs/chip.md, Faults)")
+    parser.add_argument("--fault-seed", type=options.non_negative, default=None, metavar="S",
+                        help="seed of the fault positions (default 1; with --inject-faults)")
     options.add_run_options(parser)
     options.add_threads_option(parser)
     parser.set_defaults(handler=sim)

@@ -28,6 +28,16 @@ def probability(text: str) -> float:
     return value
 
 
+def fault_rates(text: str):
+    """``RATE`` or ``RATE,double=RATE``: a :class:`sim.faults.FaultPlan` (seed 1)."""
+    from sim.faults import FaultPlan
+
+    try:
+        return FaultPlan.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def at_least(minimum: int, what: str):
     """An argparse type: an integer >= ``minimum``, else the error names ``what``."""
     def parse(text: str) -> int:

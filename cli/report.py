@@ -142,6 +142,25 @@ def energy_line(energy, tokens: int) -> str:
             f"only, docs/energy.md); {energy.shares()}")
 
 
+def fault_rows(faults: dict) -> list[tuple[str, str]]:
+    """The report's fault-injection rows (sim.faults): what was injected, what the chip
+    corrected and detected, per tile."""
+    plan = faults["plan"]
+    single, double = faults["single_injected"], faults["double_injected"]
+    outcome = (f"{faults['single_survived']:,} survived (their rounds' outputs bit-exact)"
+               if not faults["stopped"] else "the run stopped at the first double")
+    rows = [("faults", f"{single:,} single-bit and {double:,} double-bit faults injected "
+                       f"(rates {plan['single']:g} and {plan['double']:g} per word read, "
+                       f"seed {plan['seed']}), each in a word read afterwards; {outcome}; "
+                       f"{faults['double_detected']:,} doubles detected")]
+    for tile, t in faults["tiles"].items():
+        rows.append(("", f"tile {tile}: {t['single']:,} single, {t['double']:,} double; "
+                         f"{t['corrected_reads']:,} corrected and "
+                         f"{t['uncorrectable_reads']:,} uncorrectable reads"))
+    rows.append(("", "the log (round, tile, address, bits, cycle) is in --json's faults"))
+    return rows
+
+
 def dump_line(root: Path, options: dict) -> str:
     """Write ``root/run.json`` (the options and design point of a dumped run), check the
     dump's RTL outputs against its golden ones, and say what was written."""

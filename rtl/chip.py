@@ -17,19 +17,29 @@ from amaranth.utils import ceil_log2
 
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface, check_max_packet, payload_bits
+from rtl.scratchpad import COUNTER_BITS
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
 from spec.isa import tile_index
 from spec.noc import DEFAULT_DEPTH, MIN_K, NocConfig
 from spec.params import check_bool
 
-__all__ = ["TILE_MODULE", "Chip", "NetCounters", "with_tile"]
+__all__ = ["TILE_MODULE", "Chip", "EccCounters", "NetCounters", "with_tile"]
 
 #: Verilog module name of the tile when the chip shares one tile design (``shared_tile``).
 TILE_MODULE = "serrano_tile"
 
 #: Host requests (per port) in flight before their responses return.
 HOST_OUTSTANDING = 16
+
+
+class EccCounters(data.StructLayout):
+    """A tile scratchpad's saturating counts of corrected and uncorrectable reads since
+    reset (:class:`rtl.scratchpad.Scratchpad`)."""
+
+    def __init__(self):
+        super().__init__({"corrected": unsigned(COUNTER_BITS),
+                          "uncorrectable": unsigned(COUNTER_BITS)})
 
 
 def with_tile(layout: data.StructLayout, tile_bits: int) -> data.StructLayout:
@@ -67,7 +77,8 @@ class Chip(wiring.Component):
     - ``host_req`` → ``host_resp``, ``kv_req`` → ``kv_resp``: scratchpad and KV
       requests; responses return in request order across tiles;
     - ``go``: one bit per tile, a pulse starts that tile's program;
-    - ``status``, ``counters``, ``engine_error``: one entry per tile;
+    - ``status``, ``counters``, ``engine_error``, ``ecc`` (:class:`EccCounters`): one
+      entry per tile;
     - ``net``: each network interface's counters; ``error`` (sticky): a router or an
       interface dropped a packet, or a host beat named a tile outside the mesh
       (such a beat is consumed and, for a request, answered with ``bad_address``).
@@ -116,6 +127,7 @@ class Chip(wiring.Component):
             "status": Out(data.ArrayLayout(SequencerStatus(pc_bits), tiles)),
             "counters": Out(data.ArrayLayout(Counters(), tiles)),
             "engine_error": Out(data.ArrayLayout(3, tiles)),
+            "ecc": Out(data.ArrayLayout(EccCounters(), tiles)),
             "net": Out(data.ArrayLayout(NetCounters(), tiles)),
             "host_req": In(stream.Signature(with_tile(sp.request_layout, tile_bits))),
             "host_resp": Out(stream.Signature(sp.response_layout)),
@@ -141,6 +153,8 @@ class Chip(wiring.Component):
                 self.status[index].eq(tile.status),
                 self.counters[index].eq(tile.counters),
                 self.engine_error[index].eq(tile.engine_error),
+                self.ecc[index].corrected.eq(tile.corrected_count),
+                self.ecc[index].uncorrectable.eq(tile.uncorrectable_count),
             ]
             if self.mesh is None:
                 m.d.comb += [tile.net_out.ready.eq(1), tile.net_in.valid.eq(0)]

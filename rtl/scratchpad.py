@@ -11,7 +11,8 @@ from rtl import _ecc
 from spec.numerics import NUMERICS
 from spec.params import check_bool
 
-__all__ = ["KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status", "failed"]
+__all__ = ["COUNTER_BITS", "KvOp", "KvRequest", "Request", "Response", "Scratchpad", "Status",
+           "failed"]
 
 #: Ports of the default scratchpad: tensor core, vector unit, network interface, KV append.
 DEFAULT_PORTS = ("tc", "vu", "ni", "kv")

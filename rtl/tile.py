@@ -11,6 +11,7 @@ from amaranth.utils import ceil_log2
 from rtl.accumulator import AccumulatorMemory
 from rtl.dma_engine import DmaEngine, NetWord
 from rtl.gemm_engine import GemmEngine
+from rtl.scratchpad import COUNTER_BITS as ECC_COUNTER_BITS
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
@@ -108,8 +109,8 @@ class Tile(wiring.Component):
             "net_in": In(stream.Signature(NetWord(n))),
             "counters": Out(Counters()),
             "engine_error": Out(3),  # sticky: GEMM, VEC, DMA engine saw an error status
-            "corrected_count": Out(16),
-            "uncorrectable_count": Out(16),
+            "corrected_count": Out(ECC_COUNTER_BITS),
+            "uncorrectable_count": Out(ECC_COUNTER_BITS),
         })
 
     def elaborate(self, platform):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
+from cocotb.utils import get_sim_time
 
 from rtl.tile import Counters
 from sim.harness_driver import CLOCK_NS, HarnessDriver
@@ -69,6 +70,10 @@ class ChipDriver(TileDriver):
         out = await self._transfer({"host_req": beats}, 64 + 8 * len(beats))
         return out["host_resp"]
 
+    async def host_clean(self, beats: list[dict]) -> Responses:
+        """:meth:`host`, every response clean."""
+        return (await self._transfer_clean({"host_req": beats}))["host_resp"]
+
     async def read_tiles(self, addresses: dict[int, list[int]]) -> dict[int, list[int]]:
         """Scratchpad words of several tiles through the host port."""
         order = [(t, a) for t, addrs in sorted(addresses.items()) for a in addrs]
@@ -117,6 +122,16 @@ class ChipDriver(TileDriver):
 
     def dut_layout(self, name: str):
         return self.chip.signature.members[name].shape
+
+    def ecc_counters(self) -> dict[int, tuple[int, int]]:
+        """Each tile's ECC counters since reset: (corrected reads, uncorrectable reads)."""
+        value = data.Const(self.dut_layout("ecc"), self.dut.ecc.value.to_unsigned())
+        return {t: (int(value[t].corrected), int(value[t].uncorrectable))
+                for t in range(len(self.chip.tiles))}
+
+    def cycle(self) -> int:
+        """The clock cycle now, counted from the start of the simulation."""
+        return int(get_sim_time("ns")) // CLOCK_NS
 
     def net_counters(self) -> list[dict[str, int]]:
         """Each network interface's counters (sent, received, dropped_out, dropped_in)."""

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rtl.chip import TILE_MODULE, Chip
+from sim.faults import FaultPlan
 from sim.harness import StreamHarness
 from sim.runner import SimBuild, build, run
 from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
@@ -36,49 +37,55 @@ def chip_from_json(d: dict) -> ChipConfig:
     return ChipConfig(**{**d, "tile": TileConfig(**d["tile"])})
 
 
-def chip_from_config(config: ChipConfig, *, shared_tile: bool = False) -> Chip:
+def chip_from_config(config: ChipConfig, *, shared_tile: bool = False,
+                     fault_injection: bool = False) -> Chip:
     """The RTL chip of a :class:`ChipConfig` (``shared_tile``: as simulated, one tile
     design instantiated k * k times, the clocks of the vector units and the network gated
-    while idle)."""
-    return Chip(config.k, tile={**config.tile.to_rtl(), "sim_gating": shared_tile},
+    while idle; ``fault_injection``: the host port can flip stored bits, see
+    :mod:`sim.faults`)."""
+    tile = config.tile.to_rtl(fault_injection=fault_injection)
+    return Chip(config.k, tile={**tile, "sim_gating": shared_tile},
                 vcs=config.vcs, depth=config.depth, max_packet=config.max_packet,
                 shared_tile=shared_tile, sim_gating=shared_tile)
 
 
 @functools.cache
 def _chip_build(config_text: str, simulator: str | None, waves: bool | None,
-                activity: bool, threads: int) -> SimBuild:
+                activity: bool, threads: int, fault_injection: bool) -> SimBuild:
     config = chip_from_json(json.loads(config_text))
     digest = hashlib.sha1(config_text.encode()).hexdigest()[:8]
-    chip = chip_from_config(config, shared_tile=True)
-    return build(StreamHarness(chip, harness_depths(config)),
-                 f"chip-k{config.k}-n{config.tile.n}-{digest}", simulator=simulator,
+    chip = chip_from_config(config, shared_tile=True, fault_injection=fault_injection)
+    name = f"chip-k{config.k}-n{config.tile.n}-{digest}{'-faults' if fault_injection else ''}"
+    return build(StreamHarness(chip, harness_depths(config)), name, simulator=simulator,
                  waves=waves, opt_fast="-O1", modules={TILE_MODULE: chip.tile_design},
                  activity=activity, threads=threads)
 
 
 def chip_build(config: ChipConfig, *, simulator: str | None = None,
                waves: bool | None = None, activity: bool = False,
-               threads: int = 1) -> SimBuild:
+               threads: int = 1, fault_injection: bool = False) -> SimBuild:
     """The chip of ``config`` in a harness (built once per config and options;
     ``activity``: the SAIF-traced build of the energy proxy, :mod:`sim.energy`;
-    ``threads``: Verilator threads, see :func:`sim.runner.build`)."""
+    ``threads``: Verilator threads, see :func:`sim.runner.build`; ``fault_injection``:
+    the build whose host port can flip stored bits)."""
     return _chip_build(json.dumps(chip_json(config), sort_keys=True), simulator, waves,
-                       activity, threads)
+                       activity, threads, fault_injection)
 
 
 def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int = 1,
                   tag: str | None = None, simulator: str | None = None,
                   waves: bool | None = None, activity: bool = False,
-                  threads: int = 1) -> dict:
+                  threads: int = 1, fault_injection: bool = False) -> dict:
     """Run cocotb test ``testcase`` of :mod:`tb.chip_tb` on the chip of ``config``; with
-    ``activity``, ``energy`` in the result is the run's :class:`sim.energy.Energy`."""
+    ``activity``, ``energy`` in the result is the run's :class:`sim.energy.Energy`;
+    ``fault_injection``: on the fault-injection build."""
     from sim.energy import energy
 
     handle = chip_build(config, simulator=simulator, waves=waves, activity=activity,
-                        threads=threads)
+                        threads=threads, fault_injection=fault_injection)
     result = run(handle, MODULE, testcase=testcase, seed=seed,
-                 params={"chip": chip_json(config), **params}, tag=tag or testcase)
+                 params={"chip": chip_json(config), "fault_injection": fault_injection,
+                         **params}, tag=tag or testcase)
     if activity:
         result["energy"] = energy(Path(result["activity_file"]), handle.directory)
     return result
@@ -90,7 +97,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    schedule: list | None = None, simulator: str | None = None,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
-                   threads: int = 1, rounds: list | None = None) -> dict:
+                   threads: int = 1, rounds: list | None = None,
+                   faults: FaultPlan | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and, with ``moe``, the MoE layer), every output checked against golden; returns the
     rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -101,7 +109,9 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     ``threads``: Verilator threads of the chip's build. ``rounds``: these arguments'
     rounds if the caller has compiled them already (to check that they fit); else they
     are compiled here. Either way they are compiled once: the simulation takes them from
-    a file instead of compiling them again."""
+    a file instead of compiling them again. ``faults``: bits of stored words flip during
+    the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
+    holds the log and counts, ``faults["stopped"]`` the error that ended the run early."""
     from compiler.chip import layer_rounds
     from golden.workloads import WorkloadConfig
 
@@ -113,11 +123,14 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
               "moe": moe, "schedule": schedule, "progress": str(progress) if progress else None,
-              "dump": str(Path(dump).resolve()) if dump else None}
+              "dump": str(Path(dump).resolve()) if dump else None,
+              "faults": faults.to_json() if faults else None}
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
            f"{'' if moe else '-nomoe'}")
+    if faults:
+        tag += f"-faults-s{faults.seed}"
     if schedule:
         tag += "-schedule-" + hashlib.sha1(json.dumps(schedule).encode()).hexdigest()[:8]
     with tempfile.NamedTemporaryFile(prefix="serrano-rounds-", suffix=".pickle") as file:
@@ -125,7 +138,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
         file.flush()
         return simulate_chip(config, "chip_layer", params | {"rounds": file.name}, seed=seed,
                              tag=tag, simulator=simulator, waves=waves, activity=activity,
-                             threads=threads)
+                             threads=threads, fault_injection=faults is not None)
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,

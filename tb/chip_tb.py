@@ -12,6 +12,7 @@ from rtl.sequencer import ErrorCode
 from sim import coverage
 from sim.chip_driver import ChipDriver
 from sim.chip_run import chip_from_config, chip_from_json, harness_depths
+from sim.faults import FaultInjector, FaultPlan, UncorrectableError
 from sim.runner import parameters, report
 from spec.isa import Opcode, decode, encode
 
@@ -20,9 +21,11 @@ CYCLES_PER_INSTRUCTION = 400
 
 
 async def _driver(dut) -> tuple[ChipDriver, object]:
-    config = chip_from_json(parameters()["chip"])
-    driver = ChipDriver(dut, chip_from_config(config, shared_tile=True),
-                        harness_depths(config))
+    p = parameters()
+    config = chip_from_json(p["chip"])
+    chip = chip_from_config(config, shared_tile=True,
+                            fault_injection=p.get("fault_injection", False))
+    driver = ChipDriver(dut, chip, harness_depths(config))
     await driver.reset()
     return driver, config
 
@@ -89,7 +92,9 @@ async def chip_layer(dut):
     """A decoder layer (attention, then MoE unless ``moe`` is off) for a batch on the
     chip (the rounds ``sim.chip_run.simulate_layer`` compiled, from the file it names):
     every output bit-exact with golden; per round the cycles, counters and network
-    traffic."""
+    traffic. With ``faults`` (a :class:`sim.faults.FaultPlan`), bits of stored words
+    flip before each round (:class:`sim.faults.FaultInjector`); a double-bit fault read
+    back stops the run, reported as ``faults["stopped"]``."""
     p = parameters()
     driver, config = await _driver(dut)
     from golden.workloads import WorkloadConfig
@@ -101,15 +106,25 @@ async def chip_layer(dut):
     dumped: dict[str, tuple] = {}  # --dump: group -> (workload, expected, RTL outputs)
     with open(p["rounds"], "rb") as file:
         rounds = pickle.load(file)
+    faults = (FaultInjector(FaultPlan(**p["faults"]), config.k, config.tile.n)
+              if p.get("faults") else None)
     out = []
     for index, rnd in enumerate(rounds):
         loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)
                  for t, ld in rnd.loads.items()}
         await driver.load_tiles(loads)
+        if faults:
+            await faults.inject(driver, index, rnd.loads)
         before = driver.net_counters()
         longest = max(len(ld.instructions) for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
                                      + 20_000)
+        if faults:
+            try:
+                faults.check_round(driver, index)
+            except UncorrectableError:
+                report(passed=False, rounds=out, faults=faults.summary())
+                return
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
@@ -132,6 +147,8 @@ async def chip_layer(dut):
                 group, name = _dump_name(index, rnd, job)
                 _, expected, actual = dumped.setdefault(group, (job.inputs, {}, {}))
                 expected[name], actual[name] = job.expected, got
+        if faults:
+            await faults.scrub(driver, index)
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
@@ -152,7 +169,7 @@ async def chip_layer(dut):
     assert int(dut.error.value) == 0
     if p.get("dump"):
         _dump(Path(p["dump"]), dumped)
-    report(passed=True, rounds=out)
+    report(passed=True, rounds=out, **({"faults": faults.summary()} if faults else {}))
 
 
 def _dump_name(index: int, rnd, job) -> tuple[str, str]:

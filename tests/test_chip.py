@@ -13,6 +13,7 @@ import pytest
 from golden.io import compare, load_expected, load_workload
 from rtl.chip import Chip
 from sim.chip_run import chip_config, simulate_chip, simulate_layer
+from sim.faults import FaultPlan
 from spec.config import ChipConfig
 
 #: The tiny workload's chip: one build serves every test here.
@@ -105,3 +106,36 @@ def test_a_one_tile_chip_has_no_network():
     """``--mesh 1x1``: one tile, its network ports tied off (no interface, no mesh)."""
     chip = Chip(1)
     assert (len(chip.tiles), chip.nis, chip.mesh) == (1, [], None)
+
+
+def test_single_bit_faults_in_stored_words_are_corrected_and_outputs_stay_exact(seed):
+    """``--inject-faults``: single-bit faults in the words each round reads (weights,
+    queries, KV pages appended in earlier rounds) are corrected on every read; every
+    output stays bit-exact and each tile's counters account for its faults."""
+    result = simulate_layer(TINY, "tiny", 1, batch=2, prefill=3, context=8, steps=1,
+                            faults=FaultPlan(0.1, seed=seed + 1))
+    faults = result["faults"]
+    assert [r["phase"] for r in result["rounds"]] == ["prefill", "prefill-moe", "decode",
+                                                      "decode-moe"]
+    assert faults["stopped"] is None and faults["double_injected"] == 0
+    assert faults["single_injected"] > 300
+    assert faults["single_survived"] == faults["single_injected"] == len(faults["log"])
+    assert {f["round"] for f in faults["log"]} == {0, 1, 2, 3}
+    for tile, counts in faults["tiles"].items():
+        assert counts["corrected_reads"] >= counts["single"] > 0, (tile, counts)
+        assert counts["uncorrectable_reads"] == 0
+    # Never two faults in one word in a round: the words a round's faults sit in differ.
+    places = [(f["round"], f["tile"], f["address"]) for f in faults["log"]]
+    assert len(set(places)) == len(places)
+
+
+def test_a_double_bit_fault_stops_the_run_with_a_named_error():
+    result = simulate_layer(TINY, "tiny", 1, batch=1, prefill=3, context=8, steps=1,
+                            faults=FaultPlan(0.0, 0.01, seed=4))
+    faults = result["faults"]
+    assert faults["stopped"].startswith("uncorrectable ECC error in round 1: ")
+    assert faults["double_injected"] == faults["double_detected"] > 0
+    # The run ended at the round of the first double: no later round ran.
+    assert len(result["rounds"]) == 1
+    assert {f["round"] for f in faults["log"]} == {1}
+    assert all(len(f["bits"]) == 2 for f in faults["log"])

@@ -1,0 +1,48 @@
+"""Reliability benchmark: bit flips in the default chip's scratchpads during the default
+decoder layer (gpt-oss miniature, 2 x 2, N = 8, batch 2, prefill 32, one decode step from
+contexts 256/200, local placement), on the fault-injection build (:mod:`sim.faults`).
+
+Single-bit faults at a rate of 0.005 per word a round reads, before every round: how many
+were injected (each in a word read afterwards) and the share that survived (the round
+finished with every output bit-exact and the tile's scratchpad corrected at least one
+read per fault). Double-bit faults at 2e-4 per word, one run per seed of three: the share
+detected (the run stopped with the uncorrectable-ECC error at the round holding them,
+never a wrong output passed on). ``--quick``: the tiny miniature at higher rates.
+"""
+
+from __future__ import annotations
+
+from sim.chip_run import chip_config, simulate_layer
+from sim.faults import FaultPlan
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "reliability__single_bit_faults_injected": (">=", 1000),
+    "reliability__single_bit_faults_survived_share": (">=", 1.0),
+    "reliability__double_bit_faults_detected_share": (">=", 1.0),
+}
+
+DOUBLE_SEEDS = (1, 2, 3)
+
+
+def run(quick: bool) -> dict:
+    workload, single, double = ("tiny", 0.2, 0.02) if quick else ("gpt-oss", 0.005, 2e-4)
+    config = chip_config(workload, k=2, n=8)
+    layer = dict(batch=2, prefill=32 if not quick else 3, context=256 if not quick else 8,
+                 steps=1, placement="local")
+    faults = simulate_layer(config, workload, 1, **layer,
+                            faults=FaultPlan(single, seed=1))["faults"]
+    injected, survived = faults["single_injected"], faults["single_survived"]
+    doubles = detected = 0
+    for seed in DOUBLE_SEEDS:
+        got = simulate_layer(config, workload, 1, **layer,
+                             faults=FaultPlan(0.0, double, seed=seed))["faults"]
+        doubles += got["double_injected"]
+        detected += got["double_detected"]
+    return {
+        "reliability__single_bit_faults_injected": injected,
+        "reliability__single_bit_faults_survived_share":
+            round(survived / injected, 4) if injected else None,
+        "reliability__double_bit_faults_injected": doubles,
+        "reliability__double_bit_faults_detected_share":
+            round(detected / doubles, 4) if doubles else None,
+    }

@@ -1,0 +1,65 @@
+"""sim.faults without a simulator: the fault plan's syntax and limits, and which words of
+a round are targets (read, and written by nothing in the round)."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler.chip import TileLoad
+from sim.faults import FaultInjector, FaultPlan, round_targets
+from spec.isa import Opcode, encode, tile_bit
+
+
+@pytest.mark.parametrize(("text", "single", "double"), [
+    ("0.01", 0.01, 0.0), ("1e-3,double=1e-4", 1e-3, 1e-4), (" 0 , double = 0.5 ", 0.0, 0.5),
+])
+def test_rates_parse(text, single, double):
+    plan = FaultPlan.parse(text, seed=7)
+    assert (plan.single, plan.double, plan.seed) == (single, double, 7)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "expected RATE"), ("0.1,triple=0.1", "expected RATE"), ("x", "must be numbers"),
+    ("1.5", "single-bit fault rate must be a number in 0..1"),
+    ("0.1,double=-1", "double-bit fault rate"), ("0.7,double=0.7", "add up to more than 1"),
+])
+def test_bad_rates_are_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        FaultPlan.parse(text)
+
+
+def _load(*instructions) -> TileLoad:
+    return TileLoad([*instructions, encode(Opcode.HALT)], {}, [])
+
+
+def test_targets_are_read_and_never_written_in_the_round():
+    """Tile 0 copies words 10..13 to tile 1's 20..23 and to its own 30..33; tile 1 sends
+    40..41 to tile 0's 12..13. Targets: what a tile reads minus what anything writes
+    into it, its own copies and arriving words alike."""
+    send = dict(remote_signal=0, remote_semaphore=0)
+    loads = {
+        0: _load(encode(Opcode.DMA, src=10, dst=20, length=4, tiles=tile_bit(1, 0), **send),
+                 encode(Opcode.DMA, src=10, dst=30, length=4, tiles=tile_bit(0, 0), **send),
+                 encode(Opcode.DMA, src=31, dst=50, length=2, tiles=tile_bit(1, 0), **send)),
+        1: _load(encode(Opcode.DMA, src=40, dst=12, length=2, tiles=tile_bit(0, 0), **send),
+                 encode(Opcode.DMA, src=20, dst=60, length=1, tiles=tile_bit(0, 0), **send)),
+    }
+    targets = round_targets(loads, 2, 8)
+    # Tile 0 reads 10..13 and 31..32; 12..13 arrive from tile 1, 30..33 are its copy.
+    assert targets[0] == [10, 11]
+    # Tile 1 reads 40..41 and 20; 20..23 arrive from tile 0.
+    assert targets[1] == [40, 41]
+
+
+def test_faults_are_drawn_per_target_word_with_distinct_bits():
+    loads = {0: _load(encode(Opcode.DMA, src=0, dst=2000, length=1000, tiles=tile_bit(0, 0),
+                             remote_signal=0, remote_semaphore=0))}
+    chosen = FaultInjector(FaultPlan(0.2, 0.1, seed=3), 2, 8).choose(loads)
+    singles = [c for c in chosen if len(c[2]) == 1]
+    doubles = [c for c in chosen if len(c[2]) == 2]
+    assert 150 < len(singles) < 250 and 60 < len(doubles) < 140
+    assert all(0 <= a < 1000 for _, a, _ in chosen)
+    assert len({a for _, a, _ in chosen}) == len(chosen)
+    assert all(b[0] != b[1] and max(b) < 72 for _, _, b in doubles)
+    again = FaultInjector(FaultPlan(0.2, 0.1, seed=3), 2, 8).choose(loads)
+    assert again == chosen
