@@ -5,7 +5,7 @@ contexts 256/200, local placement), on the fault-injection build (:mod:`sim.faul
 Single-bit faults at a rate of 0.005 per word a round reads, before every round: how many
 were injected (each in a word read afterwards) and the share that survived (the round
 finished with every output bit-exact and the tile's scratchpad corrected at least one
-read per fault). Double-bit faults at 2e-4 per word, one run per seed of three: the share
+read per fault). Double-bit faults at 1e-3 per word, one run per seed of five: the share
 detected (the run stopped with the uncorrectable-ECC error at the round holding them,
 never a wrong output passed on). ``--quick``: the tiny miniature at higher rates.
 """
@@ -21,11 +21,11 @@ TARGETS: dict[str, tuple[str, float]] = {
     "reliability__double_bit_faults_detected_share": (">=", 1.0),
 }
 
-DOUBLE_SEEDS = (1, 2, 3)
+DOUBLE_SEEDS = (1, 2, 3, 4, 5)
 
 
 def run(quick: bool) -> dict:
-    workload, single, double = ("tiny", 0.2, 0.02) if quick else ("gpt-oss", 0.005, 2e-4)
+    workload, single, double = ("tiny", 0.2, 0.02) if quick else ("gpt-oss", 0.005, 1e-3)
     config = chip_config(workload, k=2, n=8)
     layer = dict(batch=2, prefill=32 if not quick else 3, context=256 if not quick else 8,
                  steps=1, placement="local")

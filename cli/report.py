@@ -154,8 +154,9 @@ def fault_rows(faults: dict) -> list[tuple[str, str]]:
                        f"seed {plan['seed']}), each in a word read afterwards; {outcome}; "
                        f"{faults['double_detected']:,} doubles detected")]
     for tile, t in faults["tiles"].items():
-        rows.append(("", f"tile {tile}: {t['single']:,} single, {t['double']:,} double; "
-                         f"{t['corrected_reads']:,} corrected and "
+        rows.append(("", f"tile {tile}: {t['single']:,} single ({t['corrected']:,} "
+                         f"corrected), {t['double']:,} double ({t['detected']:,} detected); "
+                         f"the scratchpad's counters: {t['corrected_reads']:,} corrected and "
                          f"{t['uncorrectable_reads']:,} uncorrectable reads"))
     rows.append(("", "the log (round, tile, address, bits, cycle) is in --json's faults"))
     return rows

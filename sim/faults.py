@@ -24,9 +24,11 @@ rest in the SRAM hit by a particle. The log keeps (round, tile, address, bits, c
 After the round, each tile's ECC counters (``rtl.chip.EccCounters``) must show at least
 one corrected read per single fault in its words and one uncorrectable read per double;
 an uncorrectable read stops the run with a named error (:class:`UncorrectableError`),
-never a wrong output passed on. A finished round's faulty words are read once more (they
-must still hold their fault: nothing wrote them) and written back clean, a scrubber's
-work, so the next round starts from good words.
+never a wrong output passed on, and the tile's doubles count as *detected*. A finished
+round's faulty words are read once more (they must still hold their fault: nothing wrote
+them) and written back clean, a scrubber's work, so the next round starts from good
+words; its single faults count as *corrected* (the caller has checked its outputs
+bit-exact first).
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ class FaultInjector:
             faults = [f for f in self.pending if f.tile == tile]
             single = sum(len(f.bits) == 1 for f in faults)
             double = len(faults) - single
-            entry = self.tiles.setdefault(tile, {"single": 0, "double": 0,
-                                                 "corrected_reads": 0,
+            entry = self.tiles.setdefault(tile, {"single": 0, "double": 0, "corrected": 0,
+                                                 "detected": 0, "corrected_reads": 0,
                                                  "uncorrectable_reads": 0})
             entry["single"] += single
             entry["double"] += double
@@ -207,6 +209,7 @@ class FaultInjector:
                 raise AssertionError(f"round {index}: tile {tile} flagged {reads[1]} "
                                      "uncorrectable reads with no double-bit fault injected")
             if double:
+                entry["detected"] += double
                 detected.append(f"tile {tile} ({double} double-bit fault{'s' * (double > 1)}, "
                                 f"{reads[1]} uncorrectable reads)")
         if detected:
@@ -228,6 +231,8 @@ class FaultInjector:
                                      f"lost its fault (bits {fault.bits}) during the round")
         await driver.host_clean([{"tile": f.tile, "addr": f.address, "write": 1,
                                   "data": f.data} for f in self.pending])
+        for fault in self.pending:
+            self.tiles[fault.tile]["corrected"] += 1
         self.survived += len(self.pending)
         self.pending = []
 
@@ -239,9 +244,7 @@ class FaultInjector:
             "single_injected": single,
             "single_survived": self.survived,
             "double_injected": len(self.log) - single,
-            # check_round stops the run at the first round holding a double-bit fault,
-            # once every one of them was read back uncorrectable.
-            "double_detected": len(self.log) - single if self.stopped else 0,
+            "double_detected": sum(t["detected"] for t in self.tiles.values()),
             "stopped": self.stopped,
             "tiles": {str(t): v for t, v in sorted(self.tiles.items())},
             "log": [{"round": f.round, "tile": f.tile, "address": f.address,

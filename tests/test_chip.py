@@ -122,8 +122,9 @@ def test_single_bit_faults_in_stored_words_are_corrected_and_outputs_stay_exact(
     assert faults["single_survived"] == faults["single_injected"] == len(faults["log"])
     assert {f["round"] for f in faults["log"]} == {0, 1, 2, 3}
     for tile, counts in faults["tiles"].items():
-        assert counts["corrected_reads"] >= counts["single"] > 0, (tile, counts)
-        assert counts["uncorrectable_reads"] == 0
+        assert counts["corrected_reads"] >= counts["single"] == counts["corrected"] > 0, \
+            (tile, counts)
+        assert counts["uncorrectable_reads"] == counts["detected"] == 0
     # Never two faults in one word in a round: the words a round's faults sit in differ.
     places = [(f["round"], f["tile"], f["address"]) for f in faults["log"]]
     assert len(set(places)) == len(places)
@@ -135,6 +136,9 @@ def test_a_double_bit_fault_stops_the_run_with_a_named_error():
     faults = result["faults"]
     assert faults["stopped"].startswith("uncorrectable ECC error in round 1: ")
     assert faults["double_injected"] == faults["double_detected"] > 0
+    for tile, counts in faults["tiles"].items():
+        assert counts["uncorrectable_reads"] >= counts["double"] == counts["detected"], \
+            (tile, counts)
     # The run ended at the round of the first double: no later round ran.
     assert len(result["rounds"]) == 1
     assert {f["round"] for f in faults["log"]} == {1}
