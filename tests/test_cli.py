@@ -57,6 +57,10 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
         (["--seed", "-1"], "non-negative"),
         (["--threads", "0"], "positive"),
         (["--threads", str((os.cpu_count() or 1) + 1)], "would spin against each other"),
+        (["--inject-faults", "1.5"], "fault rate must be a number in 0..1"),
+        (["--inject-faults", "0.1,double=0.95"], "add up to more than 1"),
+        (["--inject-faults", "0.1,triple=0.1"], "expected RATE or RATE,double=RATE"),
+        (["--inject-faults", "0.1", "--fault-seed", "-3"], "non-negative"),
     ],
 )
 def test_chip_sim_refuses_bad_options(option, message, capsys):
@@ -64,6 +68,25 @@ def test_chip_sim_refuses_bad_options(option, message, capsys):
         main(["sim", *option])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_fault_seed_without_faults_is_refused(capsys):
+    assert main(["sim", "--workload", "tiny", "--fault-seed", "3"]) == 2
+    assert "--fault-seed needs --inject-faults" in capsys.readouterr().err
+
+
+def test_sim_with_a_double_bit_fault_stops_with_a_named_error(tmp_path, capsys):
+    """The report and the JSON of a run a double-bit fault stopped: exit status 1."""
+    out = tmp_path / "run.json"
+    assert main(["sim", "--workload", "tiny", "--batch", "1", "--prefill", "3", "--context",
+                 "8", "--steps", "1", "--inject-faults", "0.05,double=0.01",
+                 "--fault-seed", "4", "--json", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "result       STOPPED: uncorrectable ECC error in round 1: tile 0" in text
+    assert "double (6 detected)" in text
+    written = json.loads(out.read_text())
+    assert written["passed"] is False
+    assert {"round", "tile", "address", "bits", "cycle"} == set(written["faults"]["log"][0])
 
 
 @pytest.mark.parametrize(
