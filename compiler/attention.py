@@ -4,7 +4,7 @@ The builders turn one attention layer (:class:`AttentionLayer`, usually from a g
 ``Workload``) and its int8 tensors into a :class:`compiler.program.TileProgram` whose
 output equals ``golden.attention.attention_prefill(..., block_keys=page_size)`` or
 ``attention_decode`` bit for bit. docs/compiler.md has the memory map, the op sequence
-per key block and the semaphore protocol; in short:
+per key block and the synchronisation; in short:
 
 - The query rows are cut into **chunks** of at most ``min(slots, 64)`` rows that share a
   KV head: a decode chunk is a group's query heads at one position; a prefill chunk is
@@ -19,6 +19,8 @@ per key block and the semaphore protocol; in short:
   REQUANT to int8 words.
 - Steps are software-pipelined over two buffers (scores, P, P·V): the scores GEMM of
   step i + 1 and the P·V GEMM of step i - 1 run while the vector unit works on step i.
+  The builder only orders the operations so; the WAITs between the engines are derived
+  from the operations' hazards by :class:`compiler.emit.Emitter`.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from itertools import zip_longest
 
 import numpy as np
 
+from compiler.emit import Emitter, MemoryFull, Regions
 from compiler.kv import KvLayout, PageAllocator, pack_word
 from compiler.program import Op, OutputRows, TileProgram, encode_ops, summarise
 from golden.attention import _multipliers
 from golden.exp import NEG_INF, quantize_log2_logit
 from golden.vector_model import VectorOpcode as VOP
-from spec.config import TileConfig
-from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, Opcode, VecDst, VecPack
+from spec.config import TileConfig, ceil_div
+from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, VecDst, VecPack
 from spec.numerics import NUMERICS
 
 __all__ = [
@@ -43,9 +46,6 @@ __all__ = [
     "prefill_from_workload",
 ]
 
-#: Semaphores: scores GEMM done, P written (VEC), P·V GEMM done. Each is signalled by one
-#: engine only, so the k-th WAIT on it means that engine's k-th signalling op finished.
-SEM_SCORES, SEM_P, SEM_PV = 0, 1, 2
 #: Largest rows/beats of a VEC (``spec.isa.COUNT_FIELD_BITS``; the docs say 1..64).
 MAX_COUNT = min(64, (1 << COUNT_FIELD_BITS) - 1)
 #: Signed range of a VEC key bound.
@@ -112,14 +112,6 @@ class AttentionLayer:
 
 class _Inexpressible(Exception):
     """A block's key masks cannot be written as VEC bounds."""
-
-
-class _AccumulatorFull(ValueError):
-    """The buffers of chunks of this many rows do not fit the accumulator memory."""
-
-
-class _ScratchpadFull(ValueError):
-    """The regions do not fit the scratchpad outside the KV region."""
 
 
 @dataclass
@@ -245,36 +237,6 @@ def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first:
 
 # --- memory map ------------------------------------------------------------------------------
 
-class _SpadAllocator:
-    """First-fit word regions of the scratchpad outside the KV region.
-
-    A region can be made to start in a given ``bank``. The GEMM's A operands (queries,
-    P's high limbs) start in bank ``banks / 2``, half the banks away from every KV page
-    (pages start in bank 0), and P's low limbs, read in step with the high ones, in bank
-    ``3·banks / 4``: the operand streams, each asking for the next word every cycle, ask
-    different banks in the same cycle instead of taking turns at one (the A/B skew
-    measured 2 000 cycles faster per decode token at context 1025 on gpt-oss).
-    """
-
-    def __init__(self, config: TileConfig):
-        self.free = [(0, config.kv_start), (config.kv_end, config.spad_words)]
-        self.used = 0
-        self.config = config
-
-    def take(self, words: int, what: str, bank: int | None = None) -> int:
-        banks = self.config.banks
-        for i, (lo, hi) in enumerate(self.free):
-            pad = 0 if bank is None else (bank - lo) % banks
-            if hi - lo >= words + pad:
-                self.free[i] = (lo + pad + words, hi)
-                self.used += words + pad
-                return lo + pad
-        room = sum(hi - lo for lo, hi in self.free)
-        raise _ScratchpadFull(f"scratchpad full: {what} needs {words} words; "
-                         f"{self.used} words already taken, {room} left outside the KV "
-                         f"region ({self.config.kv_words} words at {self.config.kv_start})")
-
-
 @dataclass
 class _Map:
     """Addresses of every buffer (scratchpad words and accumulator entries). Buffers of
@@ -301,10 +263,6 @@ class _Map:
     acc_entries: int = 0
 
 
-def _ceil(x: int, n: int) -> int:
-    return -(-x // n)
-
-
 def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
     """Base-128 digits (top digit signed int8, the others 0..127) of every value of the
     sink constant rows, top first: value = ((d0 << 7) + d1 << 7) + ..., as the GEMM's
@@ -324,8 +282,16 @@ def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
 def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
                 lanes: int, pv_double: bool) -> _Map:
     n, rmax = config.n, max(c.rows for c in chunks)
-    nb, dq, dvc = _ceil(layer.page_size, n), _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
-    mp, spad = _Map(lanes=lanes, pv_double=pv_double), _SpadAllocator(config)
+    nb, dq = ceil_div(layer.page_size, n), ceil_div(layer.head_dim, n)
+    dvc = ceil_div(layer.v_head_dim, n)
+    # The scratchpad outside the KV region; GEMM A operands (queries, P's high limbs)
+    # start in bank banks / 2, half the banks away from every KV page (pages start in bank
+    # 0), and P's low limbs, read in step with the high ones, in bank 3·banks / 4 (the A/B
+    # skew measured 2 000 cycles faster per decode token at context 1025 on gpt-oss).
+    spad = Regions([(0, config.kv_start), (config.kv_end, config.spad_words)], "scratchpad",
+                   "attention", banks=config.banks)
+    acc = Regions([(0, config.acc_depth)], "accumulator memory", "attention")
+    mp = _Map(lanes=lanes, pv_double=pv_double)
     a_bank = config.banks // 2
     for c in chunks:
         c.q_addr = spad.take(dq * c.rows, "the queries", bank=a_bank)
@@ -344,17 +310,8 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
     mp.p_lo = per_block(partial(spad.take, bank=a_bank + config.banks // 4), nb * rmax,
                         "P (low limb)")
 
-    entries = 0
-
-    def take(count: int, what: str) -> int:
-        nonlocal entries
-        base, entries = entries, entries + count
-        if entries > config.acc_depth:
-            raise _AccumulatorFull(f"accumulator memory full: {what} needs {count} entries at "
-                             f"{base}; acc_depth is {config.acc_depth}")
-        return base
-
-    tile_rows, scalar = _ceil(rmax, n) * n, _ceil(rmax, n)
+    take = acc.take
+    tile_rows, scalar = ceil_div(rmax, n) * n, ceil_div(rmax, n)
     mp.scores = per_block(take, tile_rows * nb, "scores")
     mp.pv = per_block(take, tile_rows * dvc, "P·V", pv_double)
     mp.acc = [take(tile_rows * dvc, "the output accumulator") for _ in range(lanes)]
@@ -368,7 +325,7 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
         for c in chunks:
             if c.sinks not in seen:
                 seen[c.sinks] = len(mp.sink_rows)
-                for e in range(_ceil(c.rows, n)):
+                for e in range(ceil_div(c.rows, n)):
                     lane = np.zeros(n, np.int64)
                     part = c.sinks[e * n:(e + 1) * n]
                     lane[:len(part)] = part
@@ -377,69 +334,28 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
         count = len(mp.sink_rows)
         if count > MAX_GEMM_DIM:
             raise ValueError(f"{count} sink constant entries exceed a GEMM's 12-bit m")
-        mp.sinks = take(_ceil(count, n) * n, "the sink constants")
+        mp.sinks = take(ceil_div(count, n) * n, "the sink constants")
         for c in chunks:
             c.sink_entry += mp.sinks
-        mp.identity = spad.take(_ceil(count, n) * count, "the identity for the constants")
+        mp.identity = spad.take(ceil_div(count, n) * count, "the identity for the constants")
         mp.digits = [spad.take(count, "the sink constant digits")
                      for _ in _sink_digits(mp.sink_rows)]
-    mp.spad_words, mp.acc_entries = spad.used, entries
+    mp.spad_words, mp.acc_entries = spad.used, acc.used
     return mp
 
 
 # --- emission --------------------------------------------------------------------------------
 
-class _Emitter:
-    """Instructions in (Opcode, fields) form."""
-
-    def __init__(self):
-        self.ops: list[Op] = []
-
-    def gemm(self, signal: int | None = None, **fields) -> None:
-        if signal is not None:
-            fields["signal"] = {"enable": 1, "semaphore": signal}
-        self.ops.append((Opcode.GEMM, fields))
-
-    def vec(self, op: VOP, rows: int, beats: int, a: int, *, a_scalar: int = 0,
-            b: int | None = None, b_scalar: int | None = None, c: int | None = None,
-            imm: int | None = None, signal: int | None = None, **fields) -> None:
-        fields.update(op=int(op), rows=rows, beats=beats, a=a, a_scalar=a_scalar,
-                      b=a if b is None else b, b_scalar=a_scalar if b_scalar is None else b_scalar)
-        if imm is not None:
-            fields.update(c_imm=1, imm=imm)
-        elif c is not None:
-            fields["c"] = c
-        if signal is not None:
-            fields["signal"] = {"enable": 1, "semaphore": signal}
-        for key in ("dst_kind", "pack"):
-            if key in fields:
-                fields[key] = getattr(fields[key], "value", fields[key])
-        self.ops.append((Opcode.VEC, fields))
-
-    def signal_last_vec(self, semaphore: int) -> None:
-        """Make the last VEC instruction so far signal ``semaphore`` when it finishes."""
-        op, fields = next(x for x in reversed(self.ops) if x[0] == Opcode.VEC)
-        fields["signal"] = {"enable": 1, "semaphore": semaphore}
-
-    def wait(self, semaphore: int) -> None:
-        self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": 1}))
-
-    def halt(self) -> None:
-        self.ops.append((Opcode.HALT, {}))
-
-
 def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _Map,
           page_base) -> list[Op]:
     """The whole program; ``page_base(kv_head, which, logical)`` gives a page's address."""
     n, ps = config.n, layer.page_size
-    nb, dvc = _ceil(ps, n), _ceil(layer.v_head_dim, n)
-    e = _Emitter()
+    nb, dvc = ceil_div(ps, n), ceil_div(layer.v_head_dim, n)
+    e = Emitter(n)
     p_max = NUMERICS.attn_p_max
 
     # Constants: the sink logits (each chunk's initial running max) built in the
-    # accumulator by an identity GEMM per base-128 digit. Nothing waits for them
-    # explicitly: the GEMM engine runs in order, so the first scores GEMM's signal
-    # covers them.
+    # accumulator by an identity GEMM per base-128 digit.
     if mp.sink_rows:
         count = len(mp.sink_rows)
         for i, base in enumerate(mp.digits):
@@ -455,10 +371,10 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
     def scores_gemm(g: int, r: int) -> None:
         c, s, _, _ = lane_steps[g][r]
         e.gemm(a=c.q_addr, b=page_base(c.kv_head, 0, s.block), c=mp.scores[g][r % 2],
-               m=c.rows, k=layer.head_dim, p=ps, a_rows=1, b_rows=1, signal=SEM_SCORES)
+               m=c.rows, k=layer.head_dim, p=ps, a_rows=1, b_rows=1)
 
     def softmax_ops(g: int, r: int) -> list:
-        """Ops 2-5 of the block as emitters; the first waits for its scores."""
+        """Ops 2-5 of the block as emitters."""
         c, s, first, _ = lane_steps[g][r]
         rows, buf = c.rows, r % 2
         bounds = {"lo": s.lo, "hi": s.hi, "causal": s.causal}
@@ -469,7 +385,6 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
 
         def logit() -> None:
             # 1. logits in place of the scores; the running max from m_old into m_new.
-            e.wait(SEM_SCORES)
             e.vec(VOP.LOGIT, rows, nb, scores,
                   **({"imm": NEG_INF} if m_old is None else {"c": m_old}),
                   mult=layer.logit_mult, shift=layer.logit_shift, dst=scores,
@@ -494,13 +409,13 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 lambda: p_limb(VecPack.LIMB_HI, mp.p_hi[g][buf]),
                 lambda: p_limb(VecPack.LIMB_LO, mp.p_lo[g][buf])]
 
-    def pv_gemm(g: int, r: int, signal: bool) -> None:
+    def pv_gemm(g: int, r: int) -> None:
         # One pass: A joined from P's two limbs (hi·2⁷ + lo <= 2¹⁴ - 1), so a key adds at
         # most 2²¹ to an int32 sum: exact for pages of up to MAX_PV_KEYS (_check_fit).
         c, s, _, _ = lane_steps[g][r]
         e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
                b=page_base(c.kv_head, 1, s.block), c=mp.pv[g][r % 2], m=c.rows, k=ps,
-               p=layer.v_head_dim, a_rows=1, b_rows=0, signal=SEM_PV if signal else None)
+               p=layer.v_head_dim, a_rows=1, b_rows=0)
 
     def rescale_ops(g: int, r: int) -> tuple[list, list]:
         """Ops 8-9 of the block, and the chunk's end (if it is the last), as emitters."""
@@ -543,37 +458,27 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 if op is not None:
                     op()
 
-    def rescale(r: int, signal: bool) -> None:
-        """Round r's ops 8-9, then its chunk ends, over its lanes, alternating; with
-        ``signal``, the last op 8-9 signals P (the lanes' P·V buffers are read)."""
+    def rescale(r: int) -> None:
+        """Round r's ops 8-9, then its chunk ends, over its lanes, alternating."""
         ops, ends = zip(*(rescale_ops(g, r) for g in members[r]), strict=True)
         interleaved(list(ops))
-        if signal:
-            e.signal_last_vec(SEM_P)
         interleaved(list(ends))
 
-    # The pipeline (docs/compiler.md, "Semaphores"): per round r, in program order,
-    #   VEC softmax(r) | GEMM S(r+1) | WAIT PV(r-1); VEC rescale(r-1) | WAIT P; GEMM PV(r)
-    # each over the round's lanes, alternating. P is signalled by the last softmax op,
-    # or with one P·V buffer per lane by the last op 8-9 of rescale(r-1).
+    # The pipeline (docs/compiler.md, "Synchronisation"): per round r, in program order,
+    #   VEC softmax(r) | GEMM S(r+1) | VEC rescale(r-1) | GEMM PV(r)
+    # each over the round's lanes, alternating; the emitter adds the WAITs.
     for g in members[0]:
         scores_gemm(g, 0)
     for r in range(rounds):
         interleaved([softmax_ops(g, r) for g in members[r]])
-        if not (r and not mp.pv_double):
-            e.signal_last_vec(SEM_P)
         for g in members[r + 1] if r + 1 < rounds else []:
             scores_gemm(g, r + 1)
         if r:
-            e.wait(SEM_PV)
-            rescale(r - 1, signal=not mp.pv_double)
-        e.wait(SEM_P)
+            rescale(r - 1)
         for g in members[r]:
-            pv_gemm(g, r, signal=g == members[r][-1])
-    e.wait(SEM_PV)
-    rescale(rounds - 1, signal=False)
-    e.halt()
-    return e.ops
+            pv_gemm(g, r)
+    rescale(rounds - 1)
+    return e.halt()
 
 
 def _lane_steps(chunks: list[_Chunk], lanes: int) -> list[list[tuple]]:
@@ -603,8 +508,8 @@ def _check_fit(config: TileConfig, layer: AttentionLayer) -> int:
     if layer.page_size != config.page_size:
         raise ValueError(f"the layer streams {layer.page_size}-key blocks but the tile's KV "
                          f"pages hold page_size = {config.page_size} tokens")
-    for name, count in (("page_size", _ceil(layer.page_size, n)),
-                        ("v_head_dim", _ceil(layer.v_head_dim, n))):
+    for name, count in (("page_size", ceil_div(layer.page_size, n)),
+                        ("v_head_dim", ceil_div(layer.v_head_dim, n))):
         if count > MAX_COUNT:
             raise ValueError(f"{name} {getattr(layer, name)} needs {count} beats of "
                              f"{n} lanes; a VEC has at most {MAX_COUNT}")
@@ -633,7 +538,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     Chunks get as many rows as the slots allow, fewer if their buffers do not fit the
     accumulator memory."""
     n = config.n
-    dq, dvc = _ceil(layer.head_dim, n), _ceil(layer.v_head_dim, n)
+    dq, dvc = ceil_div(layer.head_dim, n), ceil_div(layer.v_head_dim, n)
     rows = _check_fit(config, layer)
     mp = None
     while mp is None:
@@ -645,8 +550,8 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
             try:
                 mp = _memory_map(config, layer, chunks, lanes, pv_double)
                 break
-            except (_AccumulatorFull, _ScratchpadFull) as error:
-                if lanes == 1 and isinstance(error, _ScratchpadFull):
+            except MemoryFull as error:
+                if lanes == 1 and error.memory == "scratchpad":
                     raise
                 failure = error
         if mp is None:
@@ -659,7 +564,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     if length > config.program_depth:
         steps = sum(len(c.steps) for c in chunks)
         raise ValueError(f"the {kind} program needs {length} instructions ({len(chunks)} "
-                         f"chunks, {steps} key blocks, about 12 per block) but the program "
+                         f"chunks, {steps} key blocks, 11 to 13 per block) but the program "
                          f"memory holds program_depth = {config.program_depth}")
     allocator = PageAllocator(config) if allocator is None else allocator
     kv = KvLayout.allocate(config, allocator, layer.kv_heads, layer.head_dim,
@@ -674,7 +579,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
                 writes[c.q_addr + cc * c.rows + i] = pack_word(c.q[i, cc * n:(cc + 1) * n], n)
     if mp.sink_rows:
         count = len(mp.sink_rows)
-        for cc in range(_ceil(count, n)):
+        for cc in range(ceil_div(count, n)):
             for i in range(count):
                 lanes = [int(cc * n + x == i) for x in range(n)]
                 writes[mp.identity + cc * count + i] = pack_word(lanes, n)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from compiler.program import Op
 from golden.vector_model import VectorOpcode as VOP
+from spec.config import ceil_div
 from spec.isa import Opcode, VecDst
 
 __all__ = ["accesses", "check_synchronisation"]
@@ -35,10 +36,6 @@ _USES_C = {VOP.LOGIT, VOP.MAX, VOP.EXP, VOP.RESCALE, VOP.RECIP, VOP.SILU_LOAD, V
            VOP.TOPK_INDEX}
 
 
-def _ceil(x: int, n: int) -> int:
-    return -(-x // n)
-
-
 def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
     """(reads, writes) of one engine operation: scratchpad word addresses, and
     accumulator entries offset by 2**20."""
@@ -46,19 +43,19 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
     writes: set[int] = set()
     if op == Opcode.GEMM:
         m, k, p = f["m"], f["k"], f["p"]
-        a_words = _ceil(k, n) * m if f.get("a_rows") else _ceil(m, n) * k
-        b_words = _ceil(k, n) * p if f.get("b_rows") else _ceil(p, n) * k
+        a_words = ceil_div(k, n) * m if f.get("a_rows") else ceil_div(m, n) * k
+        b_words = ceil_div(k, n) * p if f.get("b_rows") else ceil_div(p, n) * k
         reads |= set(range(f["a"], f["a"] + a_words)) | set(range(f["b"], f["b"] + b_words))
         if f.get("a_limbs"):
             reads |= set(range(f["a_lo"], f["a_lo"] + a_words))
-        c = range(_ACC + f["c"], _ACC + f["c"] + _ceil(m, n) * _ceil(p, n) * n)
+        c = range(_ACC + f["c"], _ACC + f["c"] + ceil_div(m, n) * ceil_div(p, n) * n)
         writes |= set(c)
         if f.get("accumulate"):
             reads |= set(c)
     elif op == Opcode.VEC:
         code = VOP(f["op"])
         rows, beats = f["rows"], f["beats"]
-        tile, scalar = _ceil(rows, n) * beats * n, _ceil(rows, n)
+        tile, scalar = ceil_div(rows, n) * beats * n, ceil_div(rows, n)
 
         def region(base: int, is_scalar: int) -> set[int]:
             return set(range(_ACC + base, _ACC + base + (scalar if is_scalar else tile)))

@@ -42,14 +42,14 @@ Semaphores: 0 GEMM, 1 VEC, 2 DMA (local completions), 3 tokens arrived (expert t
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.hazards import accesses, check_synchronisation
+from compiler.emit import Emitter, Regions
+from compiler.hazards import check_synchronisation
 from compiler.kv import pack_word
-from compiler.program import Op, OutputRows, TileProgram, encode_ops, summarise
+from compiler.program import OutputRows, TileProgram, encode_ops, summarise
 from golden.decoder import IDENTITY, ProjectionScales, project_residual
 from golden.exp import LOG2E, NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier, requantize, wrap
@@ -57,22 +57,20 @@ from golden.moe import MoEScales, MoEWeights, expert_ffn, router_logits, silu_ta
 from golden.reciprocal import divide
 from golden.vector_model import VectorOpcode as VOP
 from golden.vector_model import default_max_top_k
-from spec.config import TileConfig
-from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, Opcode, VecDst, VecPack, tile_bit
+from spec.config import TileConfig, ceil_div
+from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, Opcode, VecDst, tile_bit
 from spec.numerics import NUMERICS
 
 __all__ = [
-    "SEM_TOKENS", "SEM_RESULTS", "MemoryFull", "MoeChipProgram", "MoeLayer", "Projection",
+    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection",
     "build_moe",
     "check_chip_synchronisation", "dense_masked_reference", "moe_from_workload",
     "moe_tile_config", "run_on_chip_model",
 ]
 
-#: Local completion semaphores (one per engine) and the two arrival semaphores.
-SEM_GEMM, SEM_VEC, SEM_DMA = 0, 1, 2
+#: The arrival semaphores (above the engines' completion semaphores, compiler.emit).
 SEM_TOKENS, SEM_RESULTS = 3, 4
-_ENGINE_SEM = {Opcode.GEMM: SEM_GEMM, Opcode.VEC: SEM_VEC, Opcode.DMA: SEM_DMA}
-#: The name of the regions every tile holds, in a :class:`MemoryFull` message.
+#: The name of the regions every tile holds, in a :class:`compiler.emit.MemoryFull` message.
 EVERY_TILE = "every tile"
 #: Largest rows/beats of a VEC (7-bit fields; the docs use 1..64).
 MAX_COUNT = 64
@@ -82,10 +80,6 @@ EXP_ZERO_DISTANCE = (NUMERICS.gate_frac_bits + 2) << NUMERICS.exp_frac_bits
 MAX_LEFT = NUMERICS.logit_max_left_shift
 G_BITS = NUMERICS.gate_frac_bits
 SILU_ENTRIES = 256
-
-
-def _ceil(x: int, n: int) -> int:
-    return -(-x // n)
 
 
 def moe_tile_config(**overrides) -> TileConfig:
@@ -196,142 +190,13 @@ def dense_masked_reference(x: np.ndarray, weights: MoEWeights, scales: MoEScales
     return requantize(wrap(acc, NUMERICS.acc_bits), *layer.out), gates
 
 
-# --- the emitter: engine operations with the WAITs they need ---------------------------------
-
-class _Emitter:
-    """(Opcode, fields) instructions. Before each GEMM/VEC/DMA it finds the earlier
-    operations of other engines that touch the same words or entries (``hazards.accesses``)
-    and are not known to have finished, turns on their completion signal and WAITs for
-    them — the protocol ``compiler.hazards.check_synchronisation`` checks."""
-
-    _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
-
-    def __init__(self, n: int):
-        self.n = n
-        self.ops: list[Op] = []
-        self.known = {e: -1 for e in self._ENGINES}  # last op index known finished
-        self.snapshot: dict[int, dict] = {}
-        self.signalled = {e: [] for e in self._ENGINES}  # signalling ops, not yet waited
-        self.last_write: dict[int, int] = {}
-        self.readers: dict[int, dict] = {}
-
-    def _wait_for(self, index: int) -> None:
-        engine = self.ops[index][0]
-        pending = self.signalled[engine]
-        if index not in pending:
-            self.ops[index][1]["signal"] = {"enable": 1, "semaphore": _ENGINE_SEM[engine]}
-            pending.append(index)
-            pending.sort()
-        count = sum(1 for i in pending if i <= index)
-        self.signalled[engine] = [i for i in pending if i > index]
-        self.ops.append((Opcode.WAIT, {"semaphore": _ENGINE_SEM[engine], "count": count}))
-        for e, i in self.snapshot[index].items():
-            self.known[e] = max(self.known[e], i)
-        self.known[engine] = max(self.known[engine], index)
-
-    def engine(self, op: Opcode, fields: dict) -> int:
-        reads, writes = accesses(op, fields, self.n)
-        need: dict[Opcode, int] = {}
-
-        def depends(i: int) -> None:
-            e = self.ops[i][0]
-            if e != op and self.known[e] < i:
-                need[e] = max(need.get(e, -1), i)
-
-        for address in reads:
-            if address in self.last_write:
-                depends(self.last_write[address])
-        for address in writes:
-            if address in self.last_write:
-                depends(self.last_write[address])
-            for i in self.readers.get(address, {}).values():
-                depends(i)
-        for e in self._ENGINES:
-            if e in need and self.known[e] < need[e]:
-                self._wait_for(need[e])
-        j = len(self.ops)
-        self.ops.append((op, fields))
-        self.snapshot[j] = dict(self.known)
-        for address in reads:
-            self.readers.setdefault(address, {})[op] = j
-        for address in writes:
-            self.last_write[address] = j
-            self.readers.pop(address, None)
-        return j
-
-    def gemm(self, **fields) -> None:
-        self.engine(Opcode.GEMM, fields)
-
-    def vec(self, op: VOP, rows: int, beats: int, a: int, *, b: int | None = None,
-            c: int | None = None, imm: int | None = None, dst_kind: VecDst = VecDst.NONE,
-            pack: VecPack = VecPack.BYTE, **fields) -> None:
-        fields.update(op=int(op), rows=rows, beats=beats, a=a, b=a if b is None else b,
-                      dst_kind=dst_kind.value, pack=pack.value)
-        fields.setdefault("b_scalar", fields.get("a_scalar", 0))
-        if imm is not None:
-            fields.update(c_imm=1, imm=imm)
-        elif c is not None:
-            fields["c"] = c
-        self.engine(Opcode.VEC, fields)
-
-    def dma(self, **fields) -> None:
-        self.engine(Opcode.DMA, fields)
-
-    def wait_arrivals(self, semaphore: int, count: int) -> None:
-        """WAIT for ``count`` remote signals (words another tile sent have landed)."""
-        if count:
-            self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": count}))
-
-    def halt(self) -> list[Op]:
-        for engine in self._ENGINES:
-            if self.signalled[engine]:
-                self._wait_for(self.signalled[engine][-1])
-        self.ops.append((Opcode.HALT, {}))
-        return self.ops
-
-
 # --- memory ----------------------------------------------------------------------------------
 
-class MemoryFull(ValueError):
-    """A tile's memory cannot hold the MoE layer's share: ``memory`` ("scratchpad" or
-    "accumulator memory") and ``per_tile`` (False when the regions every tile holds are
-    what overflows, so more tiles would not help)."""
-
-    def __init__(self, message: str, memory: str, per_tile: bool):
-        super().__init__(message)
-        self.memory, self.per_tile = memory, per_tile
-
-
-class _Bump:
-    """Consecutive regions of one memory, refused past ``limit`` with a clear message.
-
-    In a memory of ``banks`` banks (word ``w`` in bank ``w % banks``) a region may be
-    placed to start in a given ``bank``: a GEMM's A operands start in bank ``banks / 2``
-    and its B operands in bank 0, so the two operand streams, each asking for the next
-    word every cycle, ask different banks in the same cycle (see
-    ``compiler.attention._SpadAllocator``).
-    """
-
-    def __init__(self, start: int, limit: int, memory: str, tile: str, banks: int = 1):
-        self.next, self.limit, self.memory, self.tile = start, limit, memory, tile
-        self.banks = banks
-        self.uses: list[tuple[str, int]] = []
-
-    def take(self, size: int, what: str, bank: int | None = None) -> int:
-        if bank is not None:
-            self.next += (bank - self.next) % self.banks
-        base = self.next
-        self.next += size
-        self.uses.append((what, size))
-        if self.next > self.limit:
-            largest = Counter()
-            for name, words in self.uses:
-                largest[name] += words
-            detail = ", ".join(f"{k} {v}" for k, v in largest.most_common(3))
-            raise MemoryFull(f"{self.tile}: the {self.memory} is too small: {what} needs "
-                             f"{size} more at {base}, past the {self.limit} it has (largest "
-                             f"uses: {detail})", self.memory, self.tile != EVERY_TILE)
-        return base
+def _bump(start: int, limit: int, memory: str, owner: str, banks: int = 1) -> Regions:
+    """Consecutive regions of ``[start, limit)``; a GEMM's A operands start in bank
+    ``banks / 2`` and its B operands in bank 0 (see :class:`compiler.emit.Regions`)."""
+    return Regions([(start, limit)], memory, owner, banks=banks,
+                   per_tile=owner != EVERY_TILE)
 
 
 @dataclass
@@ -362,7 +227,7 @@ def _column_layout(matrix: np.ndarray, n: int) -> list[np.ndarray]:
     """GEMM ``b_rows = 0`` words of a (K, P) matrix: block t, row kk = ``B[kk, tN:tN+N]``."""
     k, p = matrix.shape
     words = []
-    for t in range(_ceil(p, n)):
+    for t in range(ceil_div(p, n)):
         words += list(matrix[:, t * n:(t + 1) * n])
     return words
 
@@ -371,7 +236,7 @@ def _token_layout(x: np.ndarray, n: int) -> list[np.ndarray]:
     """GEMM ``a_rows = 0`` words of (T, K) rows: block b, column kk = ``x[bN:bN+N, kk]``."""
     t, k = x.shape
     words = []
-    for b in range(_ceil(t, n)):
+    for b in range(ceil_div(t, n)):
         words += list(x[b * n:(b + 1) * n].T)
     return words
 
@@ -471,14 +336,14 @@ class _MoeBuild:
             x = project_residual(self.attn_out, self.w_o, x, projection.scales)
         self.x = x
         self.expert_tile = tuple(e % self.tiles for e in range(layer.total))
-        self.tb = _ceil(self.tokens, n)  # token blocks of N rows
-        self.hc, self.fc, self.ec = (_ceil(self.hidden, n), _ceil(self.ffn, n),
-                                     _ceil(self.experts, n))
+        self.tb = ceil_div(self.tokens, n)  # token blocks of N rows
+        self.hc, self.fc, self.ec = (ceil_div(self.hidden, n), ceil_div(self.ffn, n),
+                                     ceil_div(self.experts, n))
         self.block_rows = [min(n, self.tokens - b * n) for b in range(self.tb)]
         self.r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
-        self.q_entries = _ceil(SILU_ENTRIES, self.r_load)  # accumulator entries of a table
-        self.q_words = _ceil(self.q_entries, n) * n
-        self.emitters = [_Emitter(n) for _ in range(self.tiles)]
+        self.q_entries = ceil_div(SILU_ENTRIES, self.r_load)  # accumulator entries of a table
+        self.q_words = ceil_div(self.q_entries, n) * n
+        self.emitters = [Emitter(n) for _ in range(self.tiles)]
         self.dmas_to_home = 0
 
     def _check(self, x: np.ndarray) -> tuple[int, int]:
@@ -505,13 +370,13 @@ class _MoeBuild:
                           ("experts", layer.experts)):
             if dim > MAX_GEMM_DIM:
                 problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
-            if _ceil(dim, n) > MAX_COUNT:
-                problems.append(f"{name} {dim} needs {_ceil(dim, n)} beats of {n} lanes; a "
+            if ceil_div(dim, n) > MAX_COUNT:
+                problems.append(f"{name} {dim} needs {ceil_div(dim, n)} beats of {n} lanes; a "
                                 f"VEC has at most {MAX_COUNT}")
         huge = _huge(self.weights.router, layer.logit)
         # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
-        sel_mult = _ceil(huge, (1 << MAX_LEFT) * 127)
-        sel_value = _ceil(huge, (1 << MAX_LEFT) * sel_mult)
+        sel_mult = ceil_div(huge, (1 << MAX_LEFT) * 127)
+        sel_value = ceil_div(huge, (1 << MAX_LEFT) * sel_mult)
         if sel_mult >= 1 << NUMERICS.requant_mult_bits or huge >= 1 << 44:
             problems.append(f"the router logits' spread needs an offset of {huge}, beyond "
                             "the lanes' range")
@@ -547,14 +412,14 @@ class _MoeBuild:
         """Scratchpad regions (global ones at the same address on every tile, then each
         tile's own), the words the host writes, and each tile's accumulator plan."""
         config, n, k, home = self.config, self.n, self.k, self.home
-        glob = _Bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
+        glob = _bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
         self.a_bank, self.b_bank = config.banks // 2, 0  # where GEMM A and B operands start
         self.x_addr = glob.take(self.tb * self.hidden, "tokens", self.a_bank)
         self.y_stride = self.tb * self.hc * n
         self.y_addr = [glob.take(self.y_stride, f"expert{e} output", self.b_bank)
                        for e in range(self.layer.total)]
         self.out_addr = glob.take(self.y_stride, "output")
-        self.spad = [_Bump(glob.next, config.kv_start, "scratchpad",
+        self.spad = [_bump(glob.end, config.kv_start, "scratchpad",
                            f"tile {t} ({t % k}, {t // k})", config.banks)
                      for t in range(self.tiles)]
         self.words = [_Words(n) for _ in range(self.tiles)]
@@ -632,15 +497,15 @@ class _MoeBuild:
     def _acc_plan(self, t: int) -> dict:
         """Entries of tile t's phases (they follow one another, so they overlap)."""
         n, depth, hc, home = self.n, self.config.acc_depth, self.hc, self.home
-        bump = _Bump(0, depth, "accumulator memory", f"tile {t}")
+        bump = _bump(0, depth, "accumulator memory", f"tile {t}")
         plan = {"iota": bump.take(self.q_words, "table-index entries"),
                 "table": bump.take(self.q_words, "SiLU table entries")}
         if t == home:
             plan["zero"] = bump.take(n, "constants")  # zero row, SV row
             plan["m128"] = bump.take(n, "constants")
-        base = bump.next
+        base = bump.end
         # FFN phase: g, u (y overlays them once h is out); y in column chunks.
-        ffn_bump = _Bump(base, depth, "accumulator memory", f"tile {t}")
+        ffn_bump = _bump(base, depth, "accumulator memory", f"tile {t}")
         plan["g"] = ffn_bump.take(self.fc * n, "FFN gate")
         plan["u"] = ffn_bump.take(self.fc * n, "FFN up")
         plan["y_tiles"] = min(hc, (depth - plan["g"]) // n)
@@ -648,10 +513,10 @@ class _MoeBuild:
             ffn_bump.take(n, "FFN output")
         if t == home and self.projection is not None:  # in chunks of channel tiles
             plan["p_tiles"] = min(hc, (depth - base) // n)
-            plan["proj"] = _Bump(base, depth, "accumulator memory",
+            plan["proj"] = _bump(base, depth, "accumulator memory",
                                  f"tile {t}").take(n, "projected attention")
         if t == home:
-            gate_bump = _Bump(base, depth, "accumulator memory", f"tile {t}")
+            gate_bump = _bump(base, depth, "accumulator memory", f"tile {t}")
             plan["r"] = gate_bump.take(self.ec * n, "router logits")
             plan["v"] = gate_bump.take(self.ec * n, "encoded logits")
             plan["s"] = gate_bump.take(self.ec * n, "top-k / selection")
@@ -721,7 +586,7 @@ class _MoeBuild:
                                         length=min(MAX_DMA_LENGTH, tb * hidden - start),
                                         tiles=mask, remote_signal=1,
                                         remote_semaphore=SEM_TOKENS)
-        token_dmas = _ceil(tb * hidden, MAX_DMA_LENGTH) if others else 0
+        token_dmas = ceil_div(tb * hidden, MAX_DMA_LENGTH) if others else 0
         for t in range(self.tiles):
             e, mine = self.emitters[t], self.experts_on(t)
             if not mine:
@@ -878,7 +743,7 @@ class _MoeBuild:
                 raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} "
                                  f"instructions; the program memory holds program_depth = "
                                  f"{config.program_depth}")
-            summary = summarise(config, ops, self.spad[t].next, config.acc_depth,
+            summary = summarise(config, ops, self.spad[t].end, config.acc_depth,
                                 {"experts": sum(1 for x_ in self.expert_tile if x_ == t)})
             at_home = t == home
             programs.append(TileProgram(
@@ -911,7 +776,7 @@ def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,
     # A sparse dispatch of this batch: each token to the tiles of its chosen experts
     # (other than home), each chosen expert's row back; shared experts see every token.
     chosen = topk(router_logits(x, weights), layer.top_k)
-    words_per_row = _ceil(hidden, programs[0].config.n)
+    words_per_row = ceil_div(hidden, programs[0].config.n)
     sparse_words = 0
     for t in range(tokens):
         experts = set(int(e) for e in chosen[t]) | set(range(layer.experts, layer.total))

@@ -24,6 +24,7 @@ import numpy as np
 
 from golden.gemm import wrap
 from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
+from spec.config import ceil_div
 from spec.isa import tile_bit
 from spec.numerics import NUMERICS
 
@@ -81,10 +82,6 @@ def lanes_word(values, n: int) -> int:
     if len(values) != n:
         raise ValueError(f"a word has {n} lanes, got {len(values)} values")
     return sum((v & 0xFF) << (8 * i) for i, v in enumerate(values))
-
-
-def _ceil(x: int, n: int) -> int:
-    return -(-x // n)
 
 
 class TileModel:
@@ -218,7 +215,7 @@ class TileModel:
     def _gemm_a(self, f: dict, base: int, what: str) -> np.ndarray:
         """The A operand (``ceil(m / N)·N`` rows x k) of a GEMM from the region at ``base``."""
         n, m, k = self.n, f["m"], f["k"]
-        tm, tk = _ceil(m, n), _ceil(k, n)
+        tm, tk = ceil_div(m, n), ceil_div(k, n)
         a = np.zeros((tm * n, k), np.int64)  # rows >= m: zero unless the words hold them
         if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
             self._spad_region(what, base, tk * m)
@@ -234,7 +231,7 @@ class TileModel:
         n, m, k, p = self.n, f["m"], f["k"], f["p"]
         if min(m, k, p) < 1:
             raise ValueError(f"GEMM shape m={m} k={k} p={p}: each must be >= 1")
-        tm, tp, tk = _ceil(m, n), _ceil(p, n), _ceil(k, n)
+        tm, tp, tk = ceil_div(m, n), ceil_div(p, n), ceil_div(k, n)
         a = self._gemm_a(f, f["a"], "GEMM A")
         if f["a_limbs"]:  # A = A_hi * 2**7 + A_lo, the low limbs at a_lo
             a = (a << NUMERICS.limb_bits) + self._gemm_a(f, f["a_lo"], "GEMM A low limb")
@@ -276,8 +273,8 @@ class TileModel:
         # its op or not (the engine reads a, b and c on every beat), as the sequencer
         # does: a tile region is ceil(rows / N) x beats x N entries, a scalar region
         # ceil(rows / N) entries.
-        tile_last = _ceil(rows, n) * beats * n - 1
-        scalar_last = _ceil(rows, n) - 1
+        tile_last = ceil_div(rows, n) * beats * n - 1
+        scalar_last = ceil_div(rows, n) - 1
         for what in ("a", "b"):
             last = scalar_last if f[f"{what}_scalar"] else tile_last
             self._acc_entry(f"VEC {what}", f[what] + last)

@@ -154,7 +154,7 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     build serves every batch, context and placement that fits it; what does not fit is
     refused by the compiler with the reason."""
     from compiler.chip import moe_words
-    from compiler.moe import MemoryFull
+    from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from sim.tile_run import WORKING_WORDS
     from spec.config import kv_context, next_pow2

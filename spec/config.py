@@ -15,10 +15,15 @@ from dataclasses import dataclass, field
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 
-__all__ = ["TileConfig", "kv_context", "next_pow2"]
+__all__ = ["ChipConfig", "TileConfig", "ceil_div", "kv_context", "next_pow2"]
 
 #: Block-table entries the scratchpad keeps in registers (``rtl.scratchpad``).
 MAX_TABLE_ENTRIES = 1024
+
+
+def ceil_div(x: int, n: int) -> int:
+    """``x / n`` rounded up: how many blocks of ``n`` hold ``x``."""
+    return -(-x // n)
 
 
 def next_pow2(x: int) -> int:

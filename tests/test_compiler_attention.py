@@ -24,7 +24,7 @@ from compiler import (
     prefill_from_workload,
     run_on_model,
 )
-from compiler.attention import SEM_P, SEM_PV, SEM_SCORES
+from compiler.emit import ENGINE_SEMAPHORES
 from compiler.hazards import accesses
 from golden.attention import AttentionScales, _multipliers, attention_decode, attention_prefill
 from golden.exp import quantize_log2_logit
@@ -228,11 +228,12 @@ def test_summary_counts(tiny, gpt_oss):
     assert steps == 2 * 65
     digits = s.instructions["GEMM"] - 2 * steps  # the sink constants' GEMMs
     assert 1 <= digits <= 3
-    # The two KV heads' chunks run as two lanes, block by block: a WAIT for each scores
-    # GEMM, one for P and one for P·V per round of two blocks. Their P·V buffers are
-    # one per lane (two per lane would not fit 256 accumulator entries).
+    # The two KV heads' chunks run as two lanes, block by block; the emitter waits for
+    # each block's own producers: its scores GEMM (before LOGIT), its P (before its P·V
+    # GEMM) and its P·V (before RESCALE). Their P·V buffers are one per lane (two per
+    # lane would not fit 256 accumulator entries).
     assert (s.notes["lanes"], s.notes["pv_double"]) == (2, 0)
-    assert s.instructions["WAIT"] == steps + 2 * (steps // 2)
+    assert s.instructions["WAIT"] == 3 * steps
     assert s.vec_ops["LOGIT"] == steps and s.vec_ops["EXP"] == 3 * steps
     assert s.vec_ops["RECIP"] == s.vec_ops["REQUANT"] == kvh
     assert s.length == len(program.instructions) <= cfg.program_depth
@@ -247,23 +248,27 @@ def test_summary_counts(tiny, gpt_oss):
     assert tiny_program.summary.as_dict()["length"] == len(tiny_program.instructions)
 
 
-def test_every_wait_is_needed(tiny):
-    """Dropping any WAIT together with the signal it consumes leaves a cross-engine
-    hazard that check_synchronisation reports; the program itself passes."""
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_every_wait_is_needed(tiny, kind):
+    """Dropping any WAIT together with the signals it consumes leaves a cross-engine
+    hazard that check_synchronisation reports; the program itself passes. The WAITs
+    are the emitter's (compiler.emit): on the GEMM and VEC engines' semaphores."""
     cfg = _config(tiny, spad_words=4096, num_pages=64)
-    ops = decode_from_workload(cfg, tiny, 1, 3).ops
+    build = decode_from_workload if kind == "decode" else prefill_from_workload
+    ops = build(cfg, tiny, 1, 3).ops
     check_synchronisation(ops, cfg.n)
     waits = [j for j, (op, _) in enumerate(ops) if op == Opcode.WAIT]
-    assert {ops[j][1]["semaphore"] for j in waits} == {SEM_SCORES, SEM_P, SEM_PV}
+    assert {ops[j][1]["semaphore"] for j in waits} == {ENGINE_SEMAPHORES[Opcode.GEMM],
+                                                       ENGINE_SEMAPHORES[Opcode.VEC]}
     for j in waits:
-        sem = ops[j][1]["semaphore"]
-        nth = sum(1 for i in waits if i <= j and ops[i][1]["semaphore"] == sem)
+        sem, count = ops[j][1]["semaphore"], ops[j][1]["count"]
+        before = sum(ops[i][1]["count"] for i in waits if i < j and ops[i][1]["semaphore"] == sem)
         signallers = [i for i, (op, f) in enumerate(ops)
                       if op != Opcode.WAIT and (f.get("signal") or {}).get("enable")
                       and f["signal"]["semaphore"] == sem]
-        s = signallers[nth - 1]
         broken = [(op, dict(f)) for op, f in ops]
-        broken[s][1]["signal"] = {"enable": 0, "semaphore": 0}
+        for s in signallers[before:before + count]:
+            broken[s][1]["signal"] = {"enable": 0, "semaphore": 0}
         del broken[j]
         with pytest.raises(ValueError, match="no WAIT orders them"):
             check_synchronisation(broken, cfg.n)
@@ -298,11 +303,11 @@ def test_vec_destinations_are_accesses(kind):
 def test_unbalanced_or_deadlocked_semaphores_are_refused(tiny):
     cfg = _config(tiny, spad_words=4096, num_pages=64)
     ops = decode_from_workload(cfg, tiny, 1, 0).ops
-    scores = next((op, f) for op, f in ops
-                  if op == Opcode.GEMM and f.get("signal", {}).get("semaphore") == SEM_SCORES)
+    signalling = next((op, f) for op, f in ops
+                      if op == Opcode.GEMM and f.get("signal", {}).get("enable"))
     with pytest.raises(ValueError, match="waited for at HALT"):
-        check_synchronisation(ops[:-1] + [scores, ops[-1]], cfg.n)
-    extra = (Opcode.WAIT, {"semaphore": SEM_P, "count": 1})
+        check_synchronisation(ops[:-1] + [signalling, ops[-1]], cfg.n)
+    extra = (Opcode.WAIT, {"semaphore": ENGINE_SEMAPHORES[Opcode.VEC], "count": 1})
     with pytest.raises(ValueError, match="deadlocks"):
         check_synchronisation([extra] + ops, cfg.n)
 

@@ -108,11 +108,11 @@ def test_gpt_oss_on_2x2(gpt_oss):
 
 def test_bad_inputs_are_refused_before_anything_runs(gpt_oss, tiny):
     cfg = moe_tile_config()
-    with pytest.raises(ValueError, match="scratchpad is too small.*expert"):
+    with pytest.raises(ValueError, match="scratchpad full.*expert"):
         moe_from_workload(cfg, gpt_oss, k=1, tokens=8)  # 32 experts' weights on one tile
     with pytest.raises(ValueError, match="mesh side"):
         moe_from_workload(cfg, tiny, k=9)
-    with pytest.raises(ValueError, match="accumulator memory is too small"):
+    with pytest.raises(ValueError, match="accumulator memory full"):
         moe_from_workload(moe_tile_config(acc_depth=64), gpt_oss, k=2, tokens=8)
     with pytest.raises(ValueError, match="slots"):
         moe_from_workload(moe_tile_config(slots=4), tiny, k=1)

@@ -1,0 +1,182 @@
+"""What every program builder shares: the emitter that synchronises the engines from the
+hazards of the operations it is given, and the allocator of memory regions.
+
+:class:`Emitter` takes GEMM, VEC and DMA operations in program order. Before each it finds
+the earlier operations of other engines that touch the same scratchpad words or
+accumulator entries (``compiler.hazards.accesses``: read after write, write after read,
+write after write) and are not yet known to have finished, turns on their completion
+signal and WAITs for them — the protocol ``compiler.hazards.check_synchronisation``
+checks. One semaphore per engine (:data:`ENGINE_SEMAPHORES`): the engine runs its
+operations in order, so the k-th signal on it means its k-th signalling operation has
+finished, and a WAIT for several at once costs one instruction. What finished is tracked
+transitively (an operation dispatched after a WAIT finishes after what the WAIT covered),
+so no WAIT is emitted that an earlier one made unnecessary. A builder only orders the
+operations well (independent work between a producer and its consumer) and places its
+buffers; the WAITs follow.
+
+:class:`Regions` hands out regions of one memory (scratchpad words outside the KV
+region, accumulator entries): first fit over free ranges, a region optionally starting
+in a given bank, and a :class:`MemoryFull` naming what did not fit and the largest uses.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from compiler.hazards import accesses
+from compiler.program import Op
+from golden.vector_model import VectorOpcode
+from spec.isa import Opcode, VecDst, VecPack
+
+__all__ = ["ENGINE_SEMAPHORES", "Emitter", "MemoryFull", "Regions"]
+
+#: The completion semaphore of each engine. Semaphores above these are free for
+#: arrivals (words another tile sent).
+ENGINE_SEMAPHORES = {Opcode.GEMM: 0, Opcode.VEC: 1, Opcode.DMA: 2}
+
+
+class Emitter:
+    """(Opcode, fields) instructions with the WAITs their hazards need (see the module
+    docstring). ``n``: the tile's array size (operand widths)."""
+
+    _ENGINES = tuple(ENGINE_SEMAPHORES)
+
+    def __init__(self, n: int):
+        self.n = n
+        self.ops: list[Op] = []
+        self.known = {e: -1 for e in self._ENGINES}  # last op index known finished
+        self.snapshot: dict[int, dict] = {}  # op index -> `known` when it was dispatched
+        self.signalled: dict[Opcode, list[int]] = {e: [] for e in self._ENGINES}  # not waited
+        self.last_write: dict[int, int] = {}
+        self.readers: dict[int, dict] = {}
+
+    def _wait_for(self, index: int) -> None:
+        engine = self.ops[index][0]
+        pending = self.signalled[engine]
+        if index not in pending:
+            self.ops[index][1]["signal"] = {"enable": 1, "semaphore": ENGINE_SEMAPHORES[engine]}
+            pending.append(index)
+            pending.sort()
+        count = sum(1 for i in pending if i <= index)
+        self.signalled[engine] = [i for i in pending if i > index]
+        self.ops.append((Opcode.WAIT, {"semaphore": ENGINE_SEMAPHORES[engine], "count": count}))
+        for e, i in self.snapshot[index].items():
+            self.known[e] = max(self.known[e], i)
+        self.known[engine] = max(self.known[engine], index)
+
+    def engine(self, op: Opcode, fields: dict) -> int:
+        """Emit one engine operation after the WAITs it needs; its index."""
+        reads, writes = accesses(op, fields, self.n)
+        need: dict[Opcode, int] = {}
+
+        def depends(i: int) -> None:
+            e = self.ops[i][0]
+            if e != op and self.known[e] < i:
+                need[e] = max(need.get(e, -1), i)
+
+        for address in reads:
+            if address in self.last_write:
+                depends(self.last_write[address])
+        for address in writes:
+            if address in self.last_write:
+                depends(self.last_write[address])
+            for i in self.readers.get(address, {}).values():
+                depends(i)
+        for e in self._ENGINES:
+            if e in need and self.known[e] < need[e]:
+                self._wait_for(need[e])
+        j = len(self.ops)
+        self.ops.append((op, fields))
+        self.snapshot[j] = dict(self.known)
+        for address in reads:
+            self.readers.setdefault(address, {})[op] = j
+        for address in writes:
+            self.last_write[address] = j
+            self.readers.pop(address, None)
+        return j
+
+    def gemm(self, **fields) -> None:
+        self.engine(Opcode.GEMM, fields)
+
+    def vec(self, op: VectorOpcode, rows: int, beats: int, a: int, *, a_scalar: int = 0,
+            b: int | None = None, b_scalar: int | None = None, c: int | None = None,
+            imm: int | None = None, dst_kind: VecDst = VecDst.NONE,
+            pack: VecPack = VecPack.BYTE, **fields) -> None:
+        """A VEC: ``b`` defaults to ``a`` and ``b_scalar`` to ``a_scalar``; ``imm`` (an
+        immediate C) or ``c`` (an accumulator entry)."""
+        fields.update(op=int(op), rows=rows, beats=beats, a=a, a_scalar=a_scalar,
+                      b=a if b is None else b,
+                      b_scalar=a_scalar if b_scalar is None else b_scalar,
+                      dst_kind=VecDst(dst_kind).value, pack=VecPack(pack).value)
+        if imm is not None:
+            fields.update(c_imm=1, imm=imm)
+        elif c is not None:
+            fields["c"] = c
+        self.engine(Opcode.VEC, fields)
+
+    def dma(self, **fields) -> None:
+        self.engine(Opcode.DMA, fields)
+
+    def wait_arrivals(self, semaphore: int, count: int) -> None:
+        """WAIT for ``count`` remote signals (words another tile sent have landed)."""
+        if semaphore in ENGINE_SEMAPHORES.values():
+            raise ValueError(f"semaphore {semaphore} is an engine's completion semaphore")
+        if count:
+            self.ops.append((Opcode.WAIT, {"semaphore": semaphore, "count": count}))
+
+    def halt(self) -> list[Op]:
+        """WAIT for every signal still outstanding (the next program starts from zero),
+        HALT; the program."""
+        for engine in self._ENGINES:
+            if self.signalled[engine]:
+                self._wait_for(self.signalled[engine][-1])
+        self.ops.append((Opcode.HALT, {}))
+        return self.ops
+
+
+class MemoryFull(ValueError):
+    """A region does not fit its memory: ``memory`` ("scratchpad" or "accumulator
+    memory") and ``per_tile`` (False when what overflows are regions every tile holds,
+    so more tiles would not help)."""
+
+    def __init__(self, message: str, memory: str, per_tile: bool):
+        super().__init__(message)
+        self.memory, self.per_tile = memory, per_tile
+
+
+class Regions:
+    """Regions of one memory, first fit over ``free`` ranges ``[lo, hi)``.
+
+    A region may be made to start in a given ``bank`` of ``banks`` (word ``w`` in bank
+    ``w % banks``): a GEMM's two operand streams, each asking for the next word every
+    cycle, then ask different banks in the same cycle instead of taking turns at one.
+    ``owner`` names whose memory it is in a :class:`MemoryFull` message (``per_tile``
+    says whether it is one tile's).
+    """
+
+    def __init__(self, free: list[tuple[int, int]], memory: str, owner: str, *,
+                 banks: int = 1, per_tile: bool = True):
+        self.free = [(lo, hi) for lo, hi in free if hi > lo]
+        self.capacity = sum(hi - lo for lo, hi in self.free)
+        self.memory, self.owner, self.banks, self.per_tile = memory, owner, banks, per_tile
+        self.uses: list[tuple[str, int]] = []
+        self.used = 0  # words or entries taken, bank padding included
+        self.end = min((lo for lo, _ in self.free), default=0)  # past the highest region
+
+    def take(self, size: int, what: str, bank: int | None = None) -> int:
+        """The base of a new region of ``size`` for ``what``."""
+        self.uses.append((what, size))
+        for i, (lo, hi) in enumerate(self.free):
+            pad = 0 if bank is None else (bank - lo) % self.banks
+            if hi - lo >= size + pad:
+                self.free[i] = (lo + pad + size, hi)
+                self.used += size + pad
+                self.end = max(self.end, lo + pad + size)
+                return lo + pad
+        largest = Counter()
+        for name, words in self.uses:
+            largest[name] += words
+        detail = ", ".join(f"{k} {v}" for k, v in largest.most_common(3))
+        raise MemoryFull(f"{self.owner}: {self.memory} full: {what} needs {size} more; "
+                         f"{self.used} of {self.capacity} taken (largest uses: {detail})",
+                         self.memory, self.per_tile)
