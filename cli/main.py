@@ -22,9 +22,9 @@ from pathlib import Path
 
 from cli import options, report
 from cli.sweep import add_parser as add_sweep_parser
-from rtl.tensor_core import MAX_N, MIN_N
 from sim.processes import stop_descendants
 from sim.runner import SimulationFailed
+from spec.params import MAX_N, MIN_N
 from synth.designs import TILE_DESIGNS
 
 

@@ -10,10 +10,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rtl.tensor_core import MAX_N, MIN_N
 from sim.runner import SIMULATORS
 from spec.isa import MAX_GEMM_DIM
 from spec.noc import MAX_K
+from spec.params import MAX_N, MIN_N
 
 
 def probability(text: str) -> float:

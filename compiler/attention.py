@@ -346,42 +346,69 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
 
 # --- emission --------------------------------------------------------------------------------
 
-def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _Map,
-          page_base) -> list[Op]:
-    """The whole program; ``page_base(kv_head, which, logical)`` gives a page's address."""
-    n, ps = config.n, layer.page_size
-    nb, dvc = ceil_div(ps, n), ceil_div(layer.v_head_dim, n)
-    e = Emitter(n)
-    p_max = NUMERICS.attn_p_max
+class _Pipeline:
+    """The program of a chunk list, stage by stage (docs/compiler.md, "Synchronisation and
+    overlap"); ``page_base(kv_head, which, logical)`` gives a page's address. Each
+    ``lane_steps[g][r]`` is lane g's key block of round r: (chunk, step, first, last)."""
 
-    # Constants: the sink logits (each chunk's initial running max) built in the
-    # accumulator by an identity GEMM per base-128 digit.
-    if mp.sink_rows:
-        count = len(mp.sink_rows)
-        for i, base in enumerate(mp.digits):
-            e.gemm(a=mp.identity, b=base, c=mp.sinks, m=count, k=count, p=n, a_rows=1,
-                   b_rows=0, accumulate=int(i > 0), acc_shift=LIMB_BITS if i else 0)
+    def __init__(self, config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
+                 mp: _Map, page_base):
+        self.n, self.layer, self.mp, self.page_base = config.n, layer, mp, page_base
+        self.nb = ceil_div(layer.page_size, config.n)
+        self.dvc = ceil_div(layer.v_head_dim, config.n)
+        self.e = Emitter(config.n)
+        self.lane_steps = _lane_steps(chunks, mp.lanes)
+        self.rounds = max(len(steps) for steps in self.lane_steps)
+        self.members = [[g for g, steps in enumerate(self.lane_steps) if r < len(steps)]
+                        for r in range(self.rounds)]
+        self.running_max: list[int | None] = [None] * mp.lanes  # each lane's current m
 
-    lane_steps = _lane_steps(chunks, mp.lanes)
-    rounds = max(len(steps) for steps in lane_steps)
-    members = [[g for g, steps in enumerate(lane_steps) if r < len(steps)]
-               for r in range(rounds)]
-    running_max: list[int | None] = [None] * mp.lanes  # each lane's current m entry
+    def program(self) -> list[Op]:
+        """The whole program. Per round r, in program order, over the round's lanes,
+        alternating: VEC softmax(r) | GEMM S(r+1) | VEC rescale(r-1) | GEMM PV(r); the
+        emitter adds the WAITs."""
+        self.sink_constants()
+        members = self.members
+        for g in members[0]:
+            self.scores_gemm(g, 0)
+        for r in range(self.rounds):
+            self.interleaved([self.softmax_ops(g, r) for g in members[r]])
+            for g in members[r + 1] if r + 1 < self.rounds else []:
+                self.scores_gemm(g, r + 1)
+            if r:
+                self.rescale(r - 1)
+            for g in members[r]:
+                self.pv_gemm(g, r)
+        self.rescale(self.rounds - 1)
+        return self.e.halt()
 
-    def scores_gemm(g: int, r: int) -> None:
-        c, s, _, _ = lane_steps[g][r]
-        e.gemm(a=c.q_addr, b=page_base(c.kv_head, 0, s.block), c=mp.scores[g][r % 2],
-               m=c.rows, k=layer.head_dim, p=ps, a_rows=1, b_rows=1)
+    def sink_constants(self) -> None:
+        """The sink logits (each chunk's initial running max) built in the accumulator by
+        an identity GEMM per base-128 digit."""
+        mp = self.mp
+        if mp.sink_rows:
+            count = len(mp.sink_rows)
+            for i, base in enumerate(mp.digits):
+                self.e.gemm(a=mp.identity, b=base, c=mp.sinks, m=count, k=count, p=self.n,
+                            a_rows=1, b_rows=0, accumulate=int(i > 0),
+                            acc_shift=LIMB_BITS if i else 0)
 
-    def softmax_ops(g: int, r: int) -> list:
+    def scores_gemm(self, g: int, r: int) -> None:
+        c, s, _, _ = self.lane_steps[g][r]
+        self.e.gemm(a=c.q_addr, b=self.page_base(c.kv_head, 0, s.block),
+                    c=self.mp.scores[g][r % 2], m=c.rows, k=self.layer.head_dim,
+                    p=self.layer.page_size, a_rows=1, b_rows=1)
+
+    def softmax_ops(self, g: int, r: int) -> list:
         """Ops 2-5 of the block as emitters."""
-        c, s, first, _ = lane_steps[g][r]
+        e, mp, layer, nb = self.e, self.mp, self.layer, self.nb
+        c, s, first, _ = self.lane_steps[g][r]
         rows, buf = c.rows, r % 2
         bounds = {"lo": s.lo, "hi": s.hi, "causal": s.causal}
         m_new, scores = mp.m[g][buf], mp.scores[g][buf]
         # m_old: the sink logits (an entry) or -inf (an immediate) at a chunk's start.
-        m_old = (None if layer.sinks is None else c.sink_entry) if first else running_max[g]
-        running_max[g] = m_new
+        m_old = (None if layer.sinks is None else c.sink_entry) if first else self.running_max[g]
+        self.running_max[g] = m_new
 
         def logit() -> None:
             # 1. logits in place of the scores; the running max from m_old into m_new.
@@ -409,21 +436,23 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 lambda: p_limb(VecPack.LIMB_HI, mp.p_hi[g][buf]),
                 lambda: p_limb(VecPack.LIMB_LO, mp.p_lo[g][buf])]
 
-    def pv_gemm(g: int, r: int) -> None:
+    def pv_gemm(self, g: int, r: int) -> None:
         # One pass: A joined from P's two limbs (hi·2⁷ + lo <= 2¹⁴ - 1), so a key adds at
         # most 2²¹ to an int32 sum: exact for pages of up to MAX_PV_KEYS (_check_fit).
-        c, s, _, _ = lane_steps[g][r]
-        e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
-               b=page_base(c.kv_head, 1, s.block), c=mp.pv[g][r % 2], m=c.rows, k=ps,
-               p=layer.v_head_dim, a_rows=1, b_rows=0)
+        c, s, _, _ = self.lane_steps[g][r]
+        mp = self.mp
+        self.e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
+                    b=self.page_base(c.kv_head, 1, s.block), c=mp.pv[g][r % 2], m=c.rows,
+                    k=self.layer.page_size, p=self.layer.v_head_dim, a_rows=1, b_rows=0)
 
-    def rescale_ops(g: int, r: int) -> tuple[list, list]:
+    def rescale_ops(self, g: int, r: int) -> tuple[list, list]:
         """Ops 8-9 of the block, and the chunk's end (if it is the last), as emitters."""
-        c, _, first, last = lane_steps[g][r]
+        e, mp, layer, n, dvc = self.e, self.mp, self.layer, self.n, self.dvc
+        c, _, first, last = self.lane_steps[g][r]
         rows, buf, acc, ell = c.rows, r % 2, mp.acc[g], mp.l[g]
         pv, alpha, psum = mp.pv[g][buf], mp.alpha[g][buf], mp.psum[g][buf]
         if first:  # acc = P·V; l = l0·alpha + sum P (l0 = the sink's 2^14 - 1, or 0)
-            l0 = 0 if layer.sinks is None else p_max
+            l0 = 0 if layer.sinks is None else NUMERICS.attn_p_max
             ops = [lambda: e.vec(VOP.RESCALE, rows, dvc, pv, imm=0, dst=acc,
                                  dst_kind=VecDst.TILE, lo=0, hi=dvc * n),
                    lambda: e.vec(VOP.RESCALE, rows, 1, alpha if l0 else psum, a_scalar=1,
@@ -451,6 +480,7 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                                  pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
         return ops, end
 
+    @staticmethod
     def interleaved(per_lane: list[list]) -> None:
         """The lanes' ops alternately (consecutive VEC instructions independent)."""
         for ops in zip_longest(*per_lane):
@@ -458,27 +488,17 @@ def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _
                 if op is not None:
                     op()
 
-    def rescale(r: int) -> None:
+    def rescale(self, r: int) -> None:
         """Round r's ops 8-9, then its chunk ends, over its lanes, alternating."""
-        ops, ends = zip(*(rescale_ops(g, r) for g in members[r]), strict=True)
-        interleaved(list(ops))
-        interleaved(list(ends))
+        ops, ends = zip(*(self.rescale_ops(g, r) for g in self.members[r]), strict=True)
+        self.interleaved(list(ops))
+        self.interleaved(list(ends))
 
-    # The pipeline (docs/compiler.md, "Synchronisation"): per round r, in program order,
-    #   VEC softmax(r) | GEMM S(r+1) | VEC rescale(r-1) | GEMM PV(r)
-    # each over the round's lanes, alternating; the emitter adds the WAITs.
-    for g in members[0]:
-        scores_gemm(g, 0)
-    for r in range(rounds):
-        interleaved([softmax_ops(g, r) for g in members[r]])
-        for g in members[r + 1] if r + 1 < rounds else []:
-            scores_gemm(g, r + 1)
-        if r:
-            rescale(r - 1)
-        for g in members[r]:
-            pv_gemm(g, r)
-    rescale(rounds - 1)
-    return e.halt()
+
+def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _Map,
+          page_base) -> list[Op]:
+    """The whole program; ``page_base(kv_head, which, logical)`` gives a page's address."""
+    return _Pipeline(config, layer, chunks, mp, page_base).program()
 
 
 def _lane_steps(chunks: list[_Chunk], lanes: int) -> list[list[tuple]]:

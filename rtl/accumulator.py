@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from spec.numerics import NUMERICS
+from spec.params import check_array_size
 
 __all__ = ["LANE_BITS", "AccWrite", "AccumulatorMemory", "Entry"]
 
@@ -45,8 +46,7 @@ class AccumulatorMemory(wiring.Component):
 
     def __init__(self, n: int = 8, depth: int = 256, read_ports=("r",), writers=("w",),
                  banks: int = 1):
-        if not isinstance(n, int) or not 2 <= n <= 32:
-            raise ValueError(f"accumulator lane count must be 2..32, not {n!r}")
+        check_array_size("accumulator lane count", n, power_of_two=False)
         if not isinstance(depth, int) or depth < 2 or depth & (depth - 1) or depth > 1024:
             raise ValueError(f"accumulator depth must be a power of two, 2..1024, not {depth!r}")
         if not isinstance(banks, int) or banks < 1 or banks & (banks - 1) or banks > depth // 2:

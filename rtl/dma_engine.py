@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.scratchpad import Request, Response, failed
 from spec.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs, tile_bit
-from spec.params import check_coord, check_int
+from spec.params import check_array_size, check_coord, check_int
 
 __all__ = ["DmaEngine", "NetWord"]
 
@@ -47,7 +47,7 @@ class DmaEngine(wiring.Component):
 
     def __init__(self, n: int = 8, position: tuple[int, int] | None = (0, 0),
                  addr_bits: int = 16):
-        check_int("n", n, 2, 32, power_of_two=True)
+        check_array_size("n", n)
         check_int("addr_bits", addr_bits, 1, ADDR_BITS)
         if position is not None:
             position = check_coord("tile position", position, (8, 8))

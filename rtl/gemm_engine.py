@@ -13,7 +13,7 @@ from rtl.scratchpad import Request, Response, failed
 from rtl.tensor_core import OperandBeat, TensorCore
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, SIGNAL, GemmArgs
 from spec.numerics import NUMERICS
-from spec.params import check_int
+from spec.params import check_array_size, check_int
 
 __all__ = ["GemmEngine", "OperandFetch", "OperandStreamer"]
 
@@ -70,7 +70,7 @@ class OperandStreamer(wiring.Component):
     IN_FLIGHT = 16
 
     def __init__(self, n: int, addr_bits: int = 16, limbs: bool = False):
-        check_int("n", n, 2, 32, power_of_two=True)
+        check_array_size("n", n)
         check_int("addr_bits", addr_bits, 1, ADDR_BITS)
         self.n, self.addr_bits, self.limbs = n, addr_bits, limbs
         #: Width of a beat's value.
@@ -337,7 +337,7 @@ class GemmEngine(wiring.Component):
     """
 
     def __init__(self, n: int = 8, acc_depth: int = 256, addr_bits: int = 16, queue: int = 4):
-        check_int("GEMM engine size", n, 2, 32, power_of_two=True)
+        check_array_size("GEMM engine size", n)
         self.queue = check_int("queue", queue, 1, 64)
         check_int("acc_depth", acc_depth, 2, 1 << ACC_ADDR_BITS, power_of_two=True)
         check_int("addr_bits", addr_bits, 1, ADDR_BITS)

@@ -288,43 +288,61 @@ class Scratchpad(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        code = self.code
-        nports = len(self.ports)
+        # Each port's request is checked (and, on the KV port, translated) by its front
+        # end, wins its bank by round-robin arbitration when it has a response credit,
+        # and goes down a 3-stage pipeline into its response FIFO.
+        fronts = [self._kv_front(m, getattr(self, f"{name}_req")) if name == self.kv_port
+                  else self._plain_front(m, name, getattr(self, f"{name}_req"))
+                  for name in self.ports]
+        accepts, can = self._credits(m)
+        bank_words, granted = self._banks(m, fronts, can)
+        corrected, uncorrectable = [], []
+        for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
+            got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
+            accept = accepts[p]
+            m.d.comb += accept.eq(f["valid"] & can[p] & (~f["needs_bank"] | got_bank))
+            m.d.comb += f["ready"].eq(accept)
+            conflicts = getattr(self, f"{name}_conflicts")
+            with m.If(f["valid"] & f["needs_bank"] & can[p] & ~got_bank & ~conflicts.all()):
+                m.d.sync += conflicts.eq(conflicts + 1)
+            events = self._pipeline(m, name, f, accept, bank_words)
+            corrected.append(events[0])
+            uncorrectable.append(events[1])
+        self._ecc_counters(m, corrected, uncorrectable)
+        return m
 
-        # --- bank memories ------------------------------------------------------------
-        reads, writes = [], []
-        for b in range(self.banks):
-            bank = memory.Memory(shape=code.code_bits, depth=self.depth, init=[])
-            m.submodules[f"bank{b}"] = bank
-            reads.append(bank.read_port())  # synchronous, not transparent
-            writes.append(bank.write_port())
-
-        # --- per port: the internal request (valid, bank, row, write, data, status) ------
-        fronts = []
-        for name in self.ports:
-            if name == self.kv_port:
-                fronts.append(self._kv_front(m, getattr(self, f"{name}_req")))
-            else:
-                fronts.append(self._plain_front(m, name, getattr(self, f"{name}_req")))
-
-        # --- credits: room for every outstanding response ------------------------------
-        accept = [Signal(name=f"{name}_accept") for name in self.ports]
+    def _credits(self, m: Module) -> tuple[list[Signal], list[Signal]]:
+        """Per port: room for every outstanding response (a credit per response the
+        pipeline and the FIFO can hold); the port may issue while it has one. Returns
+        the ports' ``accept`` strobes (driven by :meth:`elaborate`) and ``can``."""
+        accepts = [Signal(name=f"{name}_accept") for name in self.ports]
         can = []
         for p, name in enumerate(self.ports):
             credits = Signal(range(RESPONSE_CREDITS + 1), init=RESPONSE_CREDITS,
                              name=f"{name}_credits")
             resp = getattr(self, f"{name}_resp")
             popped = resp.valid & resp.ready
-            m.d.sync += credits.eq(credits - accept[p] + popped)
+            m.d.sync += credits.eq(credits - accepts[p] + popped)
             can.append(Signal(name=f"{name}_can"))
             m.d.comb += can[-1].eq(credits != 0)
+        return accepts, can
+
+    def _banks(self, m: Module, fronts: list[dict], can: list[Signal]):
+        """The bank memories and their per-bank round-robin arbitration: each bank does
+        the one access of its granted port per cycle. Returns each bank's read word (a
+        cycle after the read) and ``granted[bank][port]``."""
+        code, nports = self.code, len(self.ports)
+        reads, writes = [], []
+        for b in range(self.banks):
+            bank = memory.Memory(shape=code.code_bits, depth=self.depth, init=[])
+            m.submodules[f"bank{b}"] = bank
+            reads.append(bank.read_port())  # synchronous, not transparent
+            writes.append(bank.write_port())
         # Each port's request as the banks see it: the word ECC-encoded once (not once
         # per bank), and the wish for bank b.
         encoded = [Signal(code.code_bits, name=f"{name}_encoded") for name in self.ports]
         for p, f in enumerate(fronts):
             m.d.comb += encoded[p].eq(_ecc.encode(code, f["data"]) ^ f["flip"])
-
-        # --- per-bank round-robin arbitration ------------------------------------------
         granted = [[Signal(name=f"grant_b{b}_{name}") for name in self.ports]
                    for b in range(self.banks)]
         for b in range(self.banks):
@@ -344,7 +362,6 @@ class Scratchpad(wiring.Component):
             for p in range(nports):
                 with m.If(granted[b][p]):
                     m.d.sync += last.eq(p)
-            # The bank's one access this cycle.
             read, write = reads[b], writes[b]
             m.d.comb += read.en.eq(0)
             for p, f in enumerate(fronts):
@@ -356,97 +373,94 @@ class Scratchpad(wiring.Component):
                         write.data.eq(encoded[p]),
                         write.en.eq(f["write"]),
                     ]
-
-        # --- pipeline: accept -> s1 (bank read) -> s2 (bank word registered: select,
-        # syndrome) -> s3 (correct) -> FIFO. The bank read data goes straight into a
-        # register (the EBR output register, or a flip-flop placed next to the block RAM)
-        # and nowhere else: block-RAM clock-to-output is too slow to feed logic at 100 MHz.
-        bank_data = []
+        # The bank read data goes straight into a register (the EBR output register, or
+        # a flip-flop placed next to the block RAM) and nowhere else: block-RAM
+        # clock-to-output is too slow to feed logic at 100 MHz.
+        bank_words = []
         for b, read in enumerate(reads):
             bank_word = Signal(code.code_bits, name=f"bank{b}_word")
             m.d.sync += bank_word.eq(read.data)
-            bank_data.append(bank_word)
-        corrected_events, uncorrectable_events = [], []
-        for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
-            got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
-            m.d.comb += accept[p].eq(f["valid"] & can[p] & (~f["needs_bank"] | got_bank))
-            m.d.comb += f["ready"].eq(accept[p])
-            conflicts = getattr(self, f"{name}_conflicts")
-            with m.If(f["valid"] & f["needs_bank"] & can[p] & ~got_bank & ~conflicts.all()):
-                m.d.sync += conflicts.eq(conflicts + 1)
+            bank_words.append(bank_word)
+        return bank_words, granted
 
-            s1_valid = Signal(name=f"{name}_s1_valid")
-            s1_read = Signal(name=f"{name}_s1_read")
-            s1_write = Signal(name=f"{name}_s1_write")
-            s1_bank = Signal(range(self.banks), name=f"{name}_s1_bank")
-            s1_status = Signal(Status(), name=f"{name}_s1_status")
-            m.d.sync += [
-                s1_valid.eq(accept[p]),
-                s1_read.eq(accept[p] & f["needs_bank"] & ~f["write"]),
-                s1_write.eq(f["write"]),
-                s1_bank.eq(f["bank"]),
-                s1_status.eq(f["status"]),
-            ]
+    def _pipeline(self, m: Module, name: str, f: dict, accept: Signal,
+                  bank_words: list[Signal]) -> tuple:
+        """One port's accepted request: s1 (bank read) -> s2 (bank word registered:
+        select, syndrome) -> s3 (correct) -> its response FIFO. Returns the port's
+        (corrected, uncorrectable) read events."""
+        code = self.code
+        s1_valid = Signal(name=f"{name}_s1_valid")
+        s1_read = Signal(name=f"{name}_s1_read")
+        s1_write = Signal(name=f"{name}_s1_write")
+        s1_bank = Signal(range(self.banks), name=f"{name}_s1_bank")
+        s1_status = Signal(Status(), name=f"{name}_s1_status")
+        m.d.sync += [
+            s1_valid.eq(accept),
+            s1_read.eq(accept & f["needs_bank"] & ~f["write"]),
+            s1_write.eq(f["write"]),
+            s1_bank.eq(f["bank"]),
+            s1_status.eq(f["status"]),
+        ]
 
-            s2_valid = Signal(name=f"{name}_s2_valid")
-            s2_read = Signal(name=f"{name}_s2_read")
-            s2_write = Signal(name=f"{name}_s2_write")
-            s2_bank = Signal(range(self.banks), name=f"{name}_s2_bank")
-            s2_status = Signal(Status(), name=f"{name}_s2_status")
-            m.d.sync += [
-                s2_valid.eq(s1_valid), s2_read.eq(s1_read), s2_write.eq(s1_write),
-                s2_bank.eq(s1_bank), s2_status.eq(s1_status),
-            ]
-            word = Signal(code.code_bits, name=f"{name}_s2_word")
-            m.d.comb += word.eq(_lookup(bank_data, s2_bank))
-            syn, parity = _ecc.syndrome(code, word)
+        s2_valid = Signal(name=f"{name}_s2_valid")
+        s2_read = Signal(name=f"{name}_s2_read")
+        s2_write = Signal(name=f"{name}_s2_write")
+        s2_bank = Signal(range(self.banks), name=f"{name}_s2_bank")
+        s2_status = Signal(Status(), name=f"{name}_s2_status")
+        m.d.sync += [
+            s2_valid.eq(s1_valid), s2_read.eq(s1_read), s2_write.eq(s1_write),
+            s2_bank.eq(s1_bank), s2_status.eq(s1_status),
+        ]
+        word = Signal(code.code_bits, name=f"{name}_s2_word")
+        m.d.comb += word.eq(_lookup(bank_words, s2_bank))
+        syn, parity = _ecc.syndrome(code, word)
 
-            s3_valid = Signal(name=f"{name}_s3_valid")
-            s3_read = Signal(name=f"{name}_s3_read")
-            s3_write = Signal(name=f"{name}_s3_write")
-            s3_word = Signal(code.code_bits, name=f"{name}_s3_word")
-            s3_syn = Signal(code.hamming_bits, name=f"{name}_s3_syn")
-            s3_parity = Signal(name=f"{name}_s3_parity")
-            s3_status = Signal(Status(), name=f"{name}_s3_status")
-            m.d.sync += [
-                s3_valid.eq(s2_valid), s3_read.eq(s2_read), s3_write.eq(s2_write),
-                s3_word.eq(word), s3_syn.eq(syn), s3_parity.eq(parity),
-                s3_status.eq(s2_status),
-            ]
-            fixed, corrected, uncorrectable = _ecc.correct(m, code, s3_word, s3_syn, s3_parity,
-                                                           name=f"{name}_ecc")
-            response = Signal(self.response_layout, name=f"{name}_response")
-            m.d.comb += [
-                response.data.eq(Mux(s3_read, fixed, 0)),
-                response.write.eq(s3_write),
-                response.status.eq(s3_status),
-                response.status.corrected.eq(s3_read & corrected),
-                response.status.uncorrectable.eq(s3_read & uncorrectable),
-            ]
-            corrected_events.append(s3_valid & s3_read & corrected)
-            uncorrectable_events.append(s3_valid & s3_read & uncorrectable)
+        s3_valid = Signal(name=f"{name}_s3_valid")
+        s3_read = Signal(name=f"{name}_s3_read")
+        s3_write = Signal(name=f"{name}_s3_write")
+        s3_word = Signal(code.code_bits, name=f"{name}_s3_word")
+        s3_syn = Signal(code.hamming_bits, name=f"{name}_s3_syn")
+        s3_parity = Signal(name=f"{name}_s3_parity")
+        s3_status = Signal(Status(), name=f"{name}_s3_status")
+        m.d.sync += [
+            s3_valid.eq(s2_valid), s3_read.eq(s2_read), s3_write.eq(s2_write),
+            s3_word.eq(word), s3_syn.eq(syn), s3_parity.eq(parity),
+            s3_status.eq(s2_status),
+        ]
+        fixed, corrected, uncorrectable = _ecc.correct(m, code, s3_word, s3_syn, s3_parity,
+                                                       name=f"{name}_ecc")
+        response = Signal(self.response_layout, name=f"{name}_response")
+        m.d.comb += [
+            response.data.eq(Mux(s3_read, fixed, 0)),
+            response.write.eq(s3_write),
+            response.status.eq(s3_status),
+            response.status.corrected.eq(s3_read & corrected),
+            response.status.uncorrectable.eq(s3_read & uncorrectable),
+        ]
 
-            queue = fifo.SyncFIFOBuffered(width=self.response_layout.size,
-                                          depth=RESPONSE_CREDITS + 1)
-            m.submodules[f"{name}_responses"] = queue
-            resp = getattr(self, f"{name}_resp")
-            m.d.comb += [
-                queue.w_en.eq(s3_valid),
-                queue.w_data.eq(response),
-                resp.valid.eq(queue.r_rdy),
-                resp.payload.eq(queue.r_data),
-                queue.r_en.eq(resp.ready),
-            ]
+        queue = fifo.SyncFIFOBuffered(width=self.response_layout.size,
+                                      depth=RESPONSE_CREDITS + 1)
+        m.submodules[f"{name}_responses"] = queue
+        resp = getattr(self, f"{name}_resp")
+        m.d.comb += [
+            queue.w_en.eq(s3_valid),
+            queue.w_data.eq(response),
+            resp.valid.eq(queue.r_rdy),
+            resp.payload.eq(queue.r_data),
+            queue.r_en.eq(resp.ready),
+        ]
+        return s3_valid & s3_read & corrected, s3_valid & s3_read & uncorrectable
 
-        # --- ECC event counters ----------------------------------------------------------
+    def _ecc_counters(self, m: Module, corrected: list, uncorrectable: list) -> None:
+        """Saturating counts of the ports' corrected and uncorrectable reads, and the
+        sticky ``ecc_error``."""
         limit = (1 << COUNTER_BITS) - 1
-        for counter, events in ((self.corrected_count, corrected_events),
-                                (self.uncorrectable_count, uncorrectable_events)):
+        for counter, events in ((self.corrected_count, corrected),
+                                (self.uncorrectable_count, uncorrectable)):
             total = sum(events)
             m.d.sync += counter.eq(Mux(counter + total >= limit, limit, counter + total))
-        with m.If(Cat(*uncorrectable_events).any()):
+        with m.If(Cat(*uncorrectable).any()):
             m.d.sync += self.ecc_error.eq(1)
-        return m
 
     # --- port front ends ------------------------------------------------------------------
 

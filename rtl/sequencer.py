@@ -24,7 +24,7 @@ from spec.isa import (
     VecDst,
     tile_bit,
 )
-from spec.params import check_grid, check_int
+from spec.params import check_array_size, check_grid, check_int
 
 __all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
 
@@ -106,7 +106,7 @@ class Sequencer(wiring.Component):
     def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
                  acc_depth: int = 256, slots: int = 8,
                  mesh: tuple[int, int] = (2, 2), program_depth: int = 256):
-        check_int("array size", array_size, 2, 32, power_of_two=True)
+        check_array_size("array size", array_size)
         check_int("scratchpad_words", scratchpad_words, 1, 1 << 16)
         # The engines' accumulator memory is a power of two deep (rtl.accumulator).
         check_int("acc_depth", acc_depth, 2, 1 << ACC_ADDR_BITS, power_of_two=True)

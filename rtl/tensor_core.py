@@ -7,11 +7,11 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from spec.numerics import NUMERICS
+from spec.params import check_array_size
 
 __all__ = ["OperandBeat", "ResultRow", "TensorCore"]
 
 #: Array sizes the tensor core can be built at.
-MIN_N, MAX_N = 2, 32
 #: Widest A operand: a signed 17 x 8 product fits an ECP5 MULT18X18D.
 MAX_A_BITS = 17
 
@@ -97,8 +97,7 @@ class TensorCore(wiring.Component):
     def __init__(self, n: int = 8, a_bits: int = NUMERICS.operand_bits):
         if not isinstance(n, int) or isinstance(n, bool):
             raise TypeError(f"tensor core size must be an integer, not {n!r}")
-        if not MIN_N <= n <= MAX_N:
-            raise ValueError(f"tensor core size must be between {MIN_N} and {MAX_N}, not {n}")
+        check_array_size("tensor core size", n, power_of_two=False)
         if type(a_bits) is not int or not NUMERICS.operand_bits <= a_bits <= MAX_A_BITS:
             raise ValueError(f"A operand width must be {NUMERICS.operand_bits} to "
                              f"{MAX_A_BITS} bits, not {a_bits!r}")

@@ -16,7 +16,7 @@ from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
 from spec.isa import TILE_MASK_BITS
-from spec.params import check_bool, check_coord, check_grid, check_int
+from spec.params import check_array_size, check_bool, check_coord, check_grid
 
 __all__ = ["Counters", "Tile"]
 
@@ -78,7 +78,7 @@ class Tile(wiring.Component):
                  sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
                  slots: int = 8, program_depth: int = 4096, fault_injection: bool = False,
                  sim_gating: bool = False):
-        check_int("n", n, 2, 32, power_of_two=True)
+        check_array_size("n", n)
         mesh = check_grid("mesh", mesh, 8)
         if position is not None:
             position = check_coord("tile position", position, mesh)

@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 from golden.exp import exp2_tables
 from golden.reciprocal import reciprocal, reciprocal_seed_table
 from spec.numerics import NUMERICS
+from spec.params import MAX_N, MIN_N
 from spec.vector import (
     LANE_BITS,
     MUL_BITS,
@@ -21,7 +22,6 @@ from spec.vector import (
 __all__ = ["VectorOp", "VectorResult", "VectorOpcode", "VectorUnit"]
 
 #: Lane counts the vector unit can be built at (the tensor core's range).
-MIN_N, MAX_N = 2, 32
 #: Per-slot reduction registers it can be built with.
 MIN_SLOTS, MAX_SLOTS = 1, 64
 

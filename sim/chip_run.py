@@ -157,15 +157,12 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from sim.tile_run import WORKING_WORDS
-    from spec.config import kv_context, next_pow2
+    from spec.config import kv_context
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
     rows = 8
     max_context = kv_context(rows, cfg.page_size, max_context,
                              2048 if cfg.page_size >= n else 64)
-    pages = -(-max_context // cfg.page_size)
-    words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
-    page_words = cfg.page_size * words
     working = WORKING_WORDS
     if moe:
         try:
@@ -177,15 +174,12 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
                              f"{k}x{k} chip ({error}); "
                              f"{'use a larger mesh, or ' if more_tiles else ''}"
                              "simulate attention alone") from None
-    spad = min(next_pow2(rows * pages * page_words + working), 1 << 16)
-    num_pages = min(rows * pages, (spad - working) // page_words)
-    if num_pages < rows:
-        raise ValueError(f"the {spad}-word scratchpad of a {k}x{k} chip holds only "
-                         f"{max(num_pages, 0)} KV pages of {page_words} words beside the "
-                         f"{working} working words: use a larger mesh")
-    tile = TileConfig.for_attention(cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
-                                    spad_words=spad, num_pages=num_pages, kv_sequences=rows,
-                                    max_pages=pages, program_depth=4096)
+    try:
+        tile = TileConfig.for_kv_cache(cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
+                                       rows=rows, max_context=max_context,
+                                       working_words=working)
+    except ValueError as error:
+        raise ValueError(f"the tiles of a {k}x{k} chip: {error}: use a larger mesh") from None
     return ChipConfig(k=k, tile=tile, vcs=vcs)
 
 

@@ -12,7 +12,7 @@ from golden.workloads import get_workload
 from rtl.tile import Tile
 from sim.harness import StreamHarness
 from sim.runner import SimBuild, build, run
-from spec.config import TileConfig, kv_context, next_pow2
+from spec.config import TileConfig, kv_context
 
 MODULE = "tb.tile_tb"
 
@@ -42,13 +42,9 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
     rows = 2 * cfg.kv_heads
     max_context = kv_context(rows, cfg.page_size, max_context,
                              1056 if cfg.page_size >= n else 64)
-    pages = -(-max_context // cfg.page_size)
-    words = next_pow2(-(-max(cfg.head_dim, cfg.v_head_dim) // n))
-    kv_words = rows * pages * cfg.page_size * words
-    return TileConfig.for_attention(
-        cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
-        spad_words=next_pow2(kv_words + WORKING_WORDS), num_pages=rows * pages,
-        kv_sequences=rows, max_pages=pages, program_depth=4096)
+    return TileConfig.for_kv_cache(cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
+                                   rows=rows, max_context=max_context,
+                                   working_words=WORKING_WORDS)
 
 
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
+from spec.params import MAX_N, MIN_N
 
 __all__ = ["ChipConfig", "TileConfig", "ceil_div", "kv_context", "next_pow2"]
 
@@ -98,7 +99,8 @@ class TileConfig:
         for name in ("n", "spad_words", "banks", "acc_depth", "slots", "program_depth", "page_size",
                      "token_words", "num_pages", "kv_sequences", "max_pages"):
             integer(name)
-        need(self.n in (2, 4, 8, 16, 32), f"n must be a power of two 2..32, not {self.n}")
+        need(_is_pow2(self.n) and MIN_N <= self.n <= MAX_N,
+             f"n must be a power of two {MIN_N}..{MAX_N}, not {self.n}")
         need(1 <= self.spad_words <= 1 << ADDR_BITS,
              f"spad_words must be 1..{1 << ADDR_BITS}, not {self.spad_words}")
         need(_is_pow2(self.banks) and self.banks <= 64 and self.spad_words % self.banks == 0,
@@ -168,8 +170,29 @@ class TileConfig:
         """A config whose KV pages fit this attention shape (token_words from the larger
         head dim), other fields default unless given."""
         n = overrides.get("n", cls.n)
-        words = next_pow2(-(-max(head_dim, v_head_dim) // n))
+        words = next_pow2(ceil_div(max(head_dim, v_head_dim), n))
         return cls(**{"page_size": page_size, "token_words": words, **overrides})
+
+    @classmethod
+    def for_kv_cache(cls, head_dim: int, v_head_dim: int, page_size: int, *, n: int,
+                     rows: int, max_context: int, working_words: int,
+                     program_depth: int = 4096) -> TileConfig:
+        """The design point of a tile that keeps KV pages for ``rows`` block-table rows of
+        ``max_context`` tokens each beside ``working_words`` of other data: the scratchpad
+        the next power of two that holds both, at most 2**16 words (then fewer pages, at
+        least one per row; a ValueError when not even that fits). Every design point of
+        ``sim.tile_run`` and ``sim.chip_run`` is sized here."""
+        pages = ceil_div(max_context, page_size)
+        page_words = page_size * next_pow2(ceil_div(max(head_dim, v_head_dim), n))
+        spad = min(next_pow2(rows * pages * page_words + working_words), 1 << ADDR_BITS)
+        num_pages = min(rows * pages, (spad - working_words) // page_words)
+        if num_pages < rows:
+            raise ValueError(f"a {spad}-word scratchpad holds only {max(num_pages, 0)} KV "
+                             f"pages of {page_words} words beside the {working_words} "
+                             "working words")
+        return cls.for_attention(head_dim, v_head_dim, page_size, n=n, spad_words=spad,
+                                 num_pages=num_pages, kv_sequences=rows, max_pages=pages,
+                                 program_depth=program_depth)
 
 
 @dataclass(frozen=True)

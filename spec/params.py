@@ -3,11 +3,17 @@
     check_int("acc_depth", acc_depth, 2, 4096, power_of_two=True)
     check_grid("mesh", mesh, 8)          # (columns, rows), each 1..8
     check_coord("position", position, mesh)
+    check_array_size("n", n)             # a tile's N: a power of two MIN_N..MAX_N
 """
 
 from __future__ import annotations
 
-__all__ = ["check_bool", "check_coord", "check_grid", "check_int"]
+__all__ = ["MAX_N", "MIN_N", "check_array_size", "check_bool", "check_coord", "check_grid",
+           "check_int"]
+
+#: Array sizes N: the tensor core is N x N, the vector unit and an accumulator entry N
+#: lanes, a scratchpad word N int8 lanes. A tile's N is also a power of two.
+MIN_N, MAX_N = 2, 32
 
 
 def _is_int(value) -> bool:
@@ -22,6 +28,12 @@ def check_int(name: str, value, low: int, high: int, *, power_of_two: bool = Fal
         kind = "a power of two" if power_of_two else "an integer"
         raise ValueError(f"{name} must be {kind} in [{low}, {high}], not {value!r}")
     return value
+
+
+def check_array_size(name: str, value, *, power_of_two: bool = True) -> int:
+    """``value`` if it is an array size N (:data:`MIN_N`..:data:`MAX_N`, a power of two
+    unless ``power_of_two`` is False); else a ValueError naming ``name``."""
+    return check_int(name, value, MIN_N, MAX_N, power_of_two=power_of_two)
 
 
 def check_bool(name: str, value) -> bool:

@@ -128,39 +128,14 @@ async def chip_layer(dut):
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
-        words = await driver.read_tiles(
-            {t: [a for job in rnd.jobs if job.tile == t for a in job.program.output_words]
-             for t in {job.tile for job in rnd.jobs}})
-        for job in rnd.jobs:
-            got_words = dict(zip([a for j in rnd.jobs if j.tile == job.tile
-                                  for a in j.program.output_words], words[job.tile],
-                                 strict=True))
-            got = job.program.read_output(got_words.__getitem__)
-            wrong = np.argwhere(got != job.expected)
-            what = ("the MoE output" if job.sequence < 0 else
-                    f"sequence {job.sequence} KV head {job.kv_head}")
-            assert wrong.size == 0, (
-                f"round {index} ({rnd.phase}, contexts {rnd.contexts}): {what} on tile "
-                f"{job.tile}: {len(wrong)} of {got.size} outputs differ from golden, first "
-                f"at {tuple(wrong[0])}")
-            if p.get("dump"):
-                group, name = _dump_name(index, rnd, job)
-                _, expected, actual = dumped.setdefault(group, (job.inputs, {}, {}))
-                expected[name], actual[name] = job.expected, got
+        await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)
         if faults:
             await faults.scrub(driver, index)
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
-        out.append({"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
-                    "tiles": {t: e.counters for t, e in run.tiles.items()},
-                    "outputs": sum(int(j.expected.size) for j in rnd.jobs),
-                    "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
-                    "network_words": rnd.network_words, "flits": flits,
-                    "wall_s": run.wall_s,
-                    **({"dense_over_sparse": rnd.summaries[0]["dense_over_sparse"]}
-                       if rnd.phase.endswith("moe") else {})})
+        out.append(_round_record(rnd, run, flits))
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "
                            f"{list(rnd.contexts)}: {run.cycles} cycles, outputs bit-exact "
@@ -170,6 +145,41 @@ async def chip_layer(dut):
     if p.get("dump"):
         _dump(Path(p["dump"]), dumped)
     report(passed=True, rounds=out, **({"faults": faults.summary()} if faults else {}))
+
+
+async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | None) -> None:
+    """Read every job's output words back and compare them with golden, bit for bit;
+    with ``dumped`` (``--dump``), keep each job's golden and RTL outputs there."""
+    words = await driver.read_tiles(
+        {t: [a for job in rnd.jobs if job.tile == t for a in job.program.output_words]
+         for t in {job.tile for job in rnd.jobs}})
+    for job in rnd.jobs:
+        got_words = dict(zip([a for j in rnd.jobs if j.tile == job.tile
+                              for a in j.program.output_words], words[job.tile],
+                             strict=True))
+        got = job.program.read_output(got_words.__getitem__)
+        wrong = np.argwhere(got != job.expected)
+        what = ("the MoE output" if job.sequence < 0 else
+                f"sequence {job.sequence} KV head {job.kv_head}")
+        assert wrong.size == 0, (
+            f"round {index} ({rnd.phase}, contexts {rnd.contexts}): {what} on tile "
+            f"{job.tile}: {len(wrong)} of {got.size} outputs differ from golden, first "
+            f"at {tuple(wrong[0])}")
+        if dumped is not None:
+            group, name = _dump_name(index, rnd, job)
+            _, expected, actual = dumped.setdefault(group, (job.inputs, {}, {}))
+            expected[name], actual[name] = job.expected, got
+
+
+def _round_record(rnd, run, flits: int) -> dict:
+    """What the result says of a round: cycles, per-tile counters, work and traffic."""
+    return {"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
+            "tiles": {t: e.counters for t, e in run.tiles.items()},
+            "outputs": sum(int(j.expected.size) for j in rnd.jobs),
+            "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
+            "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
+            **({"dense_over_sparse": rnd.summaries[0]["dense_over_sparse"]}
+               if rnd.phase.endswith("moe") else {})}
 
 
 def _dump_name(index: int, rnd, job) -> tuple[str, str]:
