@@ -347,42 +347,59 @@ def generate_batch(
     tokens = max(cfg.prefill_tokens, *contexts)
     projections = []  # per layer: its real W_o (as quantised) and each sequence's outputs
     for layer, window in enumerate(cfg.windows):
-        params = _AttentionLayerParams.draw(cfg, cfg.seed, layer)
-        seqs = [_sequence_tokens(cfg, params, cfg.seed, layer, s, tokens) for s in range(batch)]
-        s_q = _peak_scale([q for q, _, _ in seqs])
-        s_k = _peak_scale([k for _, k, _ in seqs])
-        s_v = s_k if cfg.latent_kv else _peak_scale([v for _, _, v in seqs])
-        p = f"attn{layer}."
-        base = AttentionScales(s_q, s_k, s_v, 1.0)
-        peaks, v_peak = [], 0.0
-        for s, (q, k, v) in enumerate(seqs):
-            t = tensors[s]
-            q8, k8, v8 = _q8(q, s_q), _q8(k, s_k), _q8(v, s_v)
-            n = cfg.prefill_tokens
-            t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"] = q8[:n], k8[:n], v8[:n]
-            t[p + "q_decode"] = np.stack([q8[c - 1] for c in contexts])
-            cache, table = build_cache([k8[:c] for c in contexts], [v8[:c] for c in contexts],
-                                       cfg.page_size, rng=_stream(cfg.seed, _TOKENS, layer, s, 3))
-            t[p + "k_pages"], t[p + "v_pages"] = cache.k_pages, cache.v_pages
-            t[p + "block_table"] = table
-            t[p + "context_lens"] = np.array(contexts, np.int64)
-            if params.sinks is not None:
-                t[p + "sinks"] = params.sinks
-            peaks.append(attention_prefill_float(t[p + "q_prefill"], t[p + "k_prefill"],
-                                                 t[p + "v_prefill"], base, window=window,
-                                                 sinks=params.sinks))
-            peaks.append(attention_decode_float(t[p + "q_decode"], cache, table,
-                                                t[p + "context_lens"], base, window=window,
-                                                sinks=params.sinks))
-            v_peak = max(v_peak, float(np.abs(v8[:tokens]).max()) * s_v)
-        out = calibrate_out_scale(np.concatenate([o.ravel() for o in peaks]), v_peak)
-        w_o, s_wo = quantize(params.w_o)
-        for t in tensors:
-            t[p + "w_o"] = w_o
-        projections.append((w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]]))
-        scales[f"attn{layer}"] = {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
-                                  "window": window, "out": out, "w_o": s_wo}
+        projection, scales[f"attn{layer}"] = _attention_tensors(cfg, layer, window, tensors,
+                                                                 contexts, tokens)
+        projections.append(projection)
+    scales["moe"] = _moe_tensors(cfg, tensors, projections)
+    return [Workload(cfg, t, scales) for t in tensors]
 
+
+def _attention_tensors(cfg: WorkloadConfig, layer: int, window: int | None,
+                       tensors: list[dict], contexts: tuple[int, ...], tokens: int):
+    """Attention layer ``layer``'s tensors into each sequence's ``tensors``: its
+    projection (real W_o, each sequence's prefill outputs in real units) and scales."""
+    params = _AttentionLayerParams.draw(cfg, cfg.seed, layer)
+    seqs = [_sequence_tokens(cfg, params, cfg.seed, layer, s, tokens)
+            for s in range(len(tensors))]
+    s_q = _peak_scale([q for q, _, _ in seqs])
+    s_k = _peak_scale([k for _, k, _ in seqs])
+    s_v = s_k if cfg.latent_kv else _peak_scale([v for _, _, v in seqs])
+    p = f"attn{layer}."
+    base = AttentionScales(s_q, s_k, s_v, 1.0)
+    peaks, v_peak = [], 0.0
+    for s, (q, k, v) in enumerate(seqs):
+        t = tensors[s]
+        q8, k8, v8 = _q8(q, s_q), _q8(k, s_k), _q8(v, s_v)
+        n = cfg.prefill_tokens
+        t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"] = q8[:n], k8[:n], v8[:n]
+        t[p + "q_decode"] = np.stack([q8[c - 1] for c in contexts])
+        cache, table = build_cache([k8[:c] for c in contexts], [v8[:c] for c in contexts],
+                                   cfg.page_size, rng=_stream(cfg.seed, _TOKENS, layer, s, 3))
+        t[p + "k_pages"], t[p + "v_pages"] = cache.k_pages, cache.v_pages
+        t[p + "block_table"] = table
+        t[p + "context_lens"] = np.array(contexts, np.int64)
+        if params.sinks is not None:
+            t[p + "sinks"] = params.sinks
+        peaks.append(attention_prefill_float(t[p + "q_prefill"], t[p + "k_prefill"],
+                                             t[p + "v_prefill"], base, window=window,
+                                             sinks=params.sinks))
+        peaks.append(attention_decode_float(t[p + "q_decode"], cache, table,
+                                            t[p + "context_lens"], base, window=window,
+                                            sinks=params.sinks))
+        v_peak = max(v_peak, float(np.abs(v8[:tokens]).max()) * s_v)
+    out = calibrate_out_scale(np.concatenate([o.ravel() for o in peaks]), v_peak)
+    w_o, s_wo = quantize(params.w_o)
+    for t in tensors:
+        t[p + "w_o"] = w_o
+    projection = (w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]])
+    return projection, {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
+                        "window": window, "out": out, "w_o": s_wo}
+
+
+def _moe_tensors(cfg: WorkloadConfig, tensors: list[dict], projections: list) -> dict:
+    """The MoE layer's tensors into each sequence's ``tensors`` (the weights shared, each
+    its own tokens ``moe.x``); its scales, calibrated on every token and on the layer's
+    inputs after each attention layer (``projections``)."""
     # MoE: hidden states with outlier channels; weights ~ N(0, 1/fan_in) per expert.
     h, e_all = cfg.hidden, cfg.experts + cfg.shared_experts
     rng = _stream(cfg.seed, _MOE_WEIGHTS)
@@ -405,7 +422,7 @@ def generate_batch(
     # layer's input after each attention layer: residual + projected attention output
     # (golden.decoder), for the tokens both cover. The hidden scale holds both.
     xs = [_stream(cfg.seed, _MOE_TOKENS, s).standard_normal((cfg.moe_tokens, h)) * gains
-          for s in range(batch)]
+          for s in range(len(tensors))]
     both = min(cfg.moe_tokens, cfg.prefill_tokens)
     inputs = [x[:both] + o[:both] @ w_o for w_o, outputs in projections
               for x, o in zip(xs, outputs, strict=True)]
@@ -414,9 +431,8 @@ def generate_batch(
     weights = MoEWeights(r_i, shared["moe.w_gate"], shared["moe.w_up"], shared["moe.w_down"],
                          cfg.shared_experts)
     calibration = np.concatenate([x_all] + [_q8(x, s_x) for x in inputs])
-    scales["moe"] = calibrate_moe_scales(calibration, weights, s_x, s_r, weight_scales,
-                                         cfg.top_k).to_json()
     for s, t in enumerate(tensors):
         t.update(shared)
         t["moe.x"] = x_all[s * cfg.moe_tokens:(s + 1) * cfg.moe_tokens]
-    return [Workload(cfg, t, scales) for t in tensors]
+    return calibrate_moe_scales(calibration, weights, s_x, s_r, weight_scales,
+                                cfg.top_k).to_json()

@@ -497,6 +497,30 @@ class Scratchpad(wiring.Component):
             m.d.comb += f["flip"].eq(req.payload.flip)
         return f
 
+    def _kv_errors(self, m: Module, req_p, seq_ok, length, entry_mapped) -> dict:
+        """A KV request's one error, if any (see :class:`Status`), by status field;
+        separate signals, never constant."""
+        op, pages = req_p.op, self.max_pages
+        errors = {name: Signal(name=f"kv_{name}") for name in
+                  ("bad_request", "bad_address", "kv_full", "unmapped", "bad_page")}
+        checked = seq_ok & (req_p.word < self.token_words)
+        # Plain expressions rather than a Switch on op: a signal set in only some cases of
+        # a Switch becomes an incomplete Verilog case, which Verilator rejects.
+        is_append, is_read = op == KvOp.APPEND, op == KvOp.READ
+        is_map, is_reset = op == KvOp.MAP, op == KvOp.RESET
+        page_ok = req_p.index < pages
+        m.d.comb += [
+            errors["bad_request"].eq(((is_append | is_read) & ~checked)
+                                     | (is_map & ~(seq_ok & page_ok)) | (is_reset & ~seq_ok)),
+            errors["kv_full"].eq(is_append & checked & (length >= self.capacity)),
+            errors["bad_address"].eq(is_read & checked & (req_p.index >= length)),
+            errors["unmapped"].eq(checked & ((is_append & (length < self.capacity))
+                                             | (is_read & (req_p.index < length)))
+                                  & ~entry_mapped),
+            errors["bad_page"].eq(is_map & seq_ok & page_ok & (req_p.phys >= self.num_pages)),
+        ]
+        return errors
+
     def _kv_front(self, m: Module, req) -> dict:
         """One registered stage: check the request, translate it through the block table,
         update lengths and the table, and hand a plain access (or an error) on."""
@@ -532,31 +556,11 @@ class Scratchpad(wiring.Component):
         entry_mapped = _lookup(mapped, seq).bit_select(logical_idx, 1)
         m.d.comb += table_read.addr.eq(seq * pages + logical_idx)
         entry_phys = table_read.data
-        word_ok = req_p.word < self.token_words
 
-        # The request's one error, if any (see Status); separate signals, never constant.
-        bad_request = Signal(name="kv_bad_request")
-        bad_address = Signal(name="kv_bad_address")
-        kv_full = Signal(name="kv_full")
-        unmapped = Signal(name="kv_unmapped")
-        bad_page = Signal(name="kv_bad_page")
-        checked = seq_ok & word_ok
-        # Plain expressions rather than a Switch on op: a signal set in only some cases of
-        # a Switch becomes an incomplete Verilog case, which Verilator rejects.
         is_append, is_read = op == KvOp.APPEND, op == KvOp.READ
-        is_map, is_reset = op == KvOp.MAP, op == KvOp.RESET
-        page_ok = req_p.index < pages
+        errors = self._kv_errors(m, req_p, seq_ok, length, entry_mapped)
+        ok = ~Cat(*errors.values()).any()
         page = req_p.index[:_bits_for(pages - 1)]  # the entry a MAP that passed writes
-        m.d.comb += [
-            bad_request.eq(((is_append | is_read) & ~checked) | (is_map & ~(seq_ok & page_ok))
-                           | (is_reset & ~seq_ok)),
-            kv_full.eq(is_append & checked & (length >= self.capacity)),
-            bad_address.eq(is_read & checked & (req_p.index >= length)),
-            unmapped.eq(checked & ((is_append & (length < self.capacity))
-                                   | (is_read & (req_p.index < length))) & ~entry_mapped),
-            bad_page.eq(is_map & seq_ok & page_ok & (req_p.phys >= self.num_pages)),
-        ]
-        ok = ~(bad_request | bad_address | kv_full | unmapped | bad_page)
 
         slot = token[:log_ps]
         addr = Signal(range(self.words), name="kv_addr")
@@ -580,11 +584,7 @@ class Scratchpad(wiring.Component):
                 f["row"].eq(addr[log_banks:]),
                 f["write"].eq(op == KvOp.APPEND),
                 f["data"].eq(req_p.data),
-                f["status"].bad_request.eq(bad_request),
-                f["status"].bad_address.eq(bad_address),
-                f["status"].kv_full.eq(kv_full),
-                f["status"].unmapped.eq(unmapped),
-                f["status"].bad_page.eq(bad_page),
+                *(f["status"][name].eq(flag) for name, flag in errors.items()),
             ]
             # Lengths and the block table change only for a request that passed.
             for s in range(seqs):

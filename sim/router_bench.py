@@ -233,122 +233,156 @@ def attach(dut) -> None:
     _cocotb_dut = dut
 
 
+class _Bench:
+    """One router driven cycle by cycle: its local source (valid held until accepted),
+    upstream neighbours that send with their credits, downstream neighbours that
+    consume flits (``stall``) and give the credits back, and the checking scoreboard."""
+
+    def __init__(self, router, packets: list[Packet], rng, *, vcs: int, depth: int,
+                 idle: float, stall: float, eject_stall: float):
+        self.router, self.rng, self.vcs, self.depth = router, rng, vcs, depth
+        self.idle, self.stall, self.eject_stall = idle, stall, eject_stall
+        self.board = Scoreboard(router)
+        self.queues = {(p, v): [] for p in Port for v in range(vcs)}  # per source VC
+        for packet in packets:
+            self.board.add(packet)
+            self.queues[packet.source, packet.vc] += packet.flits(router.config)
+        self.start = {packet.pid: packet.start for packet in packets}
+        self.sent_at: dict[int, int] = {}
+        self.links = [p for p in Port if p is not Port.L]
+        self.credits = {(p, v): depth for p in self.links for v in range(vcs)}  # upstream
+        self.downstream = {p: [[] for _ in range(vcs)] for p in self.links}
+        self.give_back = {p: 0 for p in self.links}
+        self.current = {v: None for v in range(vcs)}  # the flit held valid on inject[v]
+
+    def _ready(self, port: Port, vc: int, cycle: int) -> bool:
+        """The head flit of a source VC may go this cycle (not idle, packet started)."""
+        queue = self.queues[port, vc]
+        return bool(queue) and self.rng.random() >= self.idle \
+            and self.start[untag(queue[0]["payload"])[0]] <= cycle
+
+    def drive(self, io, cycle: int) -> None:
+        """The inputs of one cycle: local injection, upstream flits and credits."""
+        router, vcs = self.router, self.vcs
+        for v in range(vcs):
+            if self.current[v] is None and self._ready(Port.L, v, cycle):
+                self.current[v] = self.queues[Port.L, v].pop(0)
+                io.set(router.inject[v].payload, self.current[v])
+            io.set(router.inject[v].valid, self.current[v] is not None)
+            io.set(router.eject[v].ready, self.rng.random() >= self.eject_stall)
+        # Upstream neighbours send on a VC with a credit (round-robin start).
+        sending = {}
+        for p in self.links:
+            for i in range(vcs):
+                v = (cycle % vcs + i) % vcs
+                if self.credits[p, v] and self._ready(p, v, cycle):
+                    sending[p] = self.queues[p, v].pop(0)
+                    self.credits[p, v] -= 1
+                    break
+            link = router.link(p, incoming=True)
+            io.set(link.valid, p in sending)
+            if p in sending:
+                io.set(link.flit, sending[p])
+            # Downstream neighbours: give back the credits of flits they consumed.
+            io.set(router.link(p, incoming=False).credit, self.give_back[p])
+        for flit in sending.values():
+            self.sent_at[untag(flit["payload"])[0]] = cycle
+
+    def samples(self) -> list:
+        """The outputs read each cycle, in the order :meth:`observe` takes them."""
+        router, vcs = self.router, self.vcs
+        out = [router.inject[v].ready for v in range(vcs)]
+        out += [router.eject[v].valid for v in range(vcs)]
+        out += [router.eject[v].ready for v in range(vcs)]
+        out += [router.eject[v].payload for v in range(vcs)]
+        for p in self.links:
+            out += [router.link(p, incoming=False).valid, router.link(p, incoming=False).flit,
+                    router.link(p, incoming=True).credit]
+        return out
+
+    def observe(self, values: list, cycle: int) -> bool:
+        """One cycle's outputs: accepted injections, deliveries (to the scoreboard),
+        returned credits, the downstream neighbours' consumption. Whether anything was
+        delivered."""
+        vcs, depth = self.vcs, self.depth
+        ready, values = values[:vcs], values[vcs:]
+        e_valid, e_ready, e_flit, values = (values[:vcs], values[vcs:2 * vcs],
+                                            values[2 * vcs:3 * vcs], values[3 * vcs:])
+        progress = False
+        for v in range(vcs):
+            if self.current[v] is not None and ready[v]:
+                self.sent_at[untag(self.current[v]["payload"])[0]] = cycle
+                self.current[v] = None
+            if e_valid[v] and e_ready[v]:
+                self.board.deliver(cycle, Port.L, e_flit[v])
+                progress = True
+            elif e_valid[v]:
+                coverage.router_backpressure("L")
+        for i, p in enumerate(self.links):
+            valid, flit, credit = values[3 * i:3 * i + 3]
+            for v in range(vcs):
+                self.credits[p, v] += credit >> v & 1
+                assert self.credits[p, v] <= depth, f"credit overflow at {p.name} VC {v}"
+            downstream = self.downstream[p]
+            if valid:
+                self.board.deliver(cycle, p, flit)
+                downstream[flit.vc].append(flit)
+                assert len(downstream[flit.vc]) <= depth, \
+                    f"{p.name} VC {flit.vc} sent past its credits"
+                progress = True
+            self.give_back[p] = 0
+            if any(len(queue) == depth for queue in downstream):
+                coverage.router_backpressure(p.name)
+            for v in range(vcs):
+                if downstream[v] and self.rng.random() >= self.stall:
+                    downstream[v].pop(0)
+                    self.give_back[p] |= 1 << v
+        return progress
+
+    def delivered(self) -> bool:
+        return self.board.outstanding() == 0 and not any(self.queues.values()) \
+            and all(c is None for c in self.current.values())
+
+    async def run(self, io, max_cycles: int, watchdog: int) -> int:
+        """Until every flit is out and every credit back upstream; the cycles taken."""
+        quiet = 0
+        for cycle in range(max_cycles):
+            self.drive(io, cycle)
+            progress = self.observe(await io.tick(self.samples()), cycle)
+            quiet = 0 if progress else quiet + 1
+            delivered = self.delivered()
+            if delivered and all(c == self.depth for c in self.credits.values()):
+                return cycle
+            assert quiet < watchdog, (
+                f"credits lost: {watchdog} cycles after the last delivery the upstream "
+                f"neighbours hold {self.credits} of {self.depth} each" if delivered else
+                f"deadlock: nothing delivered for {watchdog} cycles with "
+                f"{self.board.outstanding()} flits outstanding (cycle {cycle})")
+        raise AssertionError(f"not finished in {max_cycles} cycles")
+
+
 def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
         idle: float = 0.0, stall: float = 0.0, eject_stall: float = 0.0,
         max_cycles: int = 4000, watchdog: int = 200) -> dict:
     """Drive ``packets`` (each from its source, in list order per source and VC) through
     one router; return the scoreboard, injection cycles and the router's counters."""
-    rng = np.random.default_rng(seed)
     router = bench_router(vcs, depth)
-    cfg = router.config
-    board = Scoreboard(router)
-    queues = {(p, v): [] for p in Port for v in range(vcs)}  # flits waiting per source VC
-    for packet in packets:
-        board.add(packet)
-        queues[packet.source, packet.vc] += packet.flits(cfg)
-    sent_at: dict[int, int] = {}
-    start = {packet.pid: packet.start for packet in packets}
-    result = {"board": board, "sent_at": sent_at}
-    links = [p for p in Port if p is not Port.L]
+    bench = _Bench(router, packets, np.random.default_rng(seed), vcs=vcs, depth=depth,
+                   idle=idle, stall=stall, eject_stall=eject_stall)
+    result = {"board": bench.board, "sent_at": bench.sent_at}
 
-    async def bench(io):
-        credits = {(p, v): depth for p in links for v in range(vcs)}  # upstream models
-        downstream = {p: [[] for _ in range(vcs)] for p in links}
-        give_back = {p: 0 for p in links}
-        current = {v: None for v in range(vcs)}  # the flit held valid on inject[v]
-        quiet = 0
-        for cycle in range(max_cycles):
-            # Drive: local injection (valid holds until accepted).
-            for v in range(vcs):
-                if current[v] is None and queues[Port.L, v] and rng.random() >= idle \
-                        and start[untag(queues[Port.L, v][0]["payload"])[0]] <= cycle:
-                    current[v] = queues[Port.L, v].pop(0)
-                    io.set(router.inject[v].payload, current[v])
-                io.set(router.inject[v].valid, current[v] is not None)
-                io.set(router.eject[v].ready, rng.random() >= eject_stall)
-            # Drive: upstream neighbours send on a VC with a credit (round-robin start).
-            sending = {}
-            for p in links:
-                first = cycle % vcs
-                for i in range(vcs):
-                    v = (first + i) % vcs
-                    if queues[p, v] and credits[p, v] and rng.random() >= idle \
-                            and start[untag(queues[p, v][0]["payload"])[0]] <= cycle:
-                        sending[p] = queues[p, v].pop(0)
-                        credits[p, v] -= 1
-                        break
-                link = router.link(p, incoming=True)
-                io.set(link.valid, p in sending)
-                if p in sending:
-                    io.set(link.flit, sending[p])
-                # Downstream neighbours: give back the credits of flits they consumed.
-                io.set(router.link(p, incoming=False).credit, give_back[p])
-            for flit in sending.values():
-                sent_at[untag(flit["payload"])[0]] = cycle
-            samples = [router.inject[v].ready for v in range(vcs)]
-            samples += [router.eject[v].valid for v in range(vcs)]
-            samples += [router.eject[v].ready for v in range(vcs)]
-            samples += [router.eject[v].payload for v in range(vcs)]
-            for p in links:
-                samples += [router.link(p, incoming=False).valid,
-                            router.link(p, incoming=False).flit,
-                            router.link(p, incoming=True).credit]
-            values = await io.tick(samples)
-            ready, values = values[:vcs], values[vcs:]
-            e_valid, e_ready, e_flit, values = (values[:vcs], values[vcs:2 * vcs],
-                                                values[2 * vcs:3 * vcs], values[3 * vcs:])
-            progress = False
-            for v in range(vcs):
-                if current[v] is not None and ready[v]:
-                    sent_at[untag(current[v]["payload"])[0]] = cycle
-                    current[v] = None
-                if e_valid[v] and e_ready[v]:
-                    board.deliver(cycle, Port.L, e_flit[v])
-                    progress = True
-                elif e_valid[v]:
-                    coverage.router_backpressure("L")
-            for i, p in enumerate(links):
-                valid, flit, credit = values[3 * i:3 * i + 3]
-                for v in range(vcs):
-                    credits[p, v] += credit >> v & 1
-                    assert credits[p, v] <= depth, f"credit overflow at {p.name} VC {v}"
-                if valid:
-                    board.deliver(cycle, p, flit)
-                    downstream[p][flit.vc].append(flit)
-                    assert len(downstream[p][flit.vc]) <= depth, \
-                        f"{p.name} VC {flit.vc} sent past its credits"
-                    progress = True
-                give_back[p] = 0
-                if any(len(queue) == depth for queue in downstream[p]):
-                    coverage.router_backpressure(p.name)
-                for v in range(vcs):
-                    if downstream[p][v] and rng.random() >= stall:
-                        downstream[p][v].pop(0)
-                        give_back[p] |= 1 << v
-            quiet = 0 if progress else quiet + 1
-            delivered = board.outstanding() == 0 and not any(queues.values()) \
-                and all(c is None for c in current.values())
-            # Done once every flit is out and every credit is back upstream.
-            if delivered and all(c == depth for c in credits.values()):
-                break
-            assert quiet < watchdog, (
-                f"credits lost: {watchdog} cycles after the last delivery the upstream "
-                f"neighbours hold {credits} of {depth} each" if delivered else
-                f"deadlock: nothing delivered for {watchdog} cycles with "
-                f"{board.outstanding()} flits outstanding (cycle {cycle})")
-        else:
-            raise AssertionError(f"not finished in {max_cycles} cycles")
+    async def drive(io):
+        result["cycles"] = await bench.run(io, max_cycles, watchdog)
         await io.ticks(2)
         result["dropped"] = io.get(router.dropped)
         result["error"] = io.get(router.error)
-        result["cycles"] = cycle
 
     if _cocotb_dut is None:
         sim = Simulator(router)
         sim.add_clock(1e-8)
 
         async def on_amaranth(ctx):
-            await bench(_AmaranthIO(ctx))
+            await drive(_AmaranthIO(ctx))
 
         sim.add_testbench(on_amaranth)
         run_amaranth(sim)
@@ -361,8 +395,8 @@ def run(packets: list[Packet], *, vcs: int = 2, depth: int = 4, seed: int = 0,
         async def on_verilator():
             io = _CocotbIO(_cocotb_dut, router)
             await io.reset()
-            await bench(io)
+            await drive(io)
 
         resume(on_verilator)()
-    board.finish()
+    bench.board.finish()
     return result

@@ -197,6 +197,60 @@ def _safe(name: str) -> str:
     return name
 
 
+def _build_options(simulator: str | None, waves: bool | None, activity: bool,
+                   threads: int) -> tuple[str, bool]:
+    """The simulator and waves of a build (from the environment unless given), its
+    options checked together."""
+    simulator = simulator or simulator_from_env()
+    if simulator not in SIMULATORS:
+        raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
+    if activity and simulator != "verilator":
+        raise ValueError("toggle counts (activity) need Verilator's SAIF trace, not "
+                         f"{simulator}")
+    if threads < 1 or (threads > 1 and simulator != "verilator"):
+        raise ValueError(f"threads must be 1, or more with Verilator, not {threads} with "
+                         f"{simulator}")
+    return simulator, waves_from_env() if waves is None else waves
+
+
+def _verilog(component, modules: dict | None) -> str:
+    """``component`` as the Verilog ``top`` module, each of ``modules`` after it."""
+    source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
+    for module_name, module in (modules or {}).items():
+        source += verilog.convert(module, name=module_name, emit_src=False)
+    return compact_memory_init(source)
+
+
+def _compile(directory: Path, source: str, simulator: str, args: list[str], waves: bool,
+             opt_fast: str | None, modules: dict | None, *, yosys_netlist: bool) -> None:
+    """Write ``source`` (and Verilator's control file) into ``directory`` and compile
+    it there (``yosys_netlist``: a netlist Yosys wrote, with its own waivers)."""
+    from cocotb_tools.runner import VerilatorControlFile
+
+    verilog_file = directory / "top.v"
+    verilog_file.write_text(source)
+    sources = [verilog_file]
+    if simulator == "verilator":
+        control = directory / "verilator.vlt"
+        extra = YOSYS_WAIVERS if yosys_netlist else ""
+        control.write_text(WAIVERS.read_text() + extra + _public_rules(source)
+                           + _opaque_port_rules(modules))
+        sources.insert(0, VerilatorControlFile(control))
+    runner = _runner(simulator)
+    print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
+    with _make_variable("OPT_FAST", opt_fast):
+        runner.build(
+            sources=sources,
+            hdl_toplevel=TOPLEVEL,
+            build_dir=directory,
+            build_args=args,
+            timescale=TIMESCALE,
+            waves=waves,
+            always=True,
+            log_file=directory / "build.log",
+        )
+
+
 def build(component, name: str, *, simulator: str | None = None,
           waves: bool | None = None, opt_fast: str | None = None,
           modules: dict | None = None, activity: bool = False,
@@ -214,19 +268,8 @@ def build(component, name: str, *, simulator: str | None = None,
     ``threads``: Verilator's ``--threads`` (the model evaluates on that many threads,
     which spin while they wait: give a threaded build cores of its own).
     """
-    simulator = simulator or simulator_from_env()
-    if simulator not in SIMULATORS:
-        raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
-    waves = waves_from_env() if waves is None else waves
-    if activity and simulator != "verilator":
-        raise ValueError("toggle counts (activity) need Verilator's SAIF trace, not "
-                         f"{simulator}")
-    if threads < 1 or (threads > 1 and simulator != "verilator"):
-        raise ValueError(f"threads must be 1, or more with Verilator, not {threads} with "
-                         f"{simulator}")
+    simulator, waves = _build_options(simulator, waves, activity, threads)
     toolchain_env(simulator)
-    from cocotb_tools.runner import VerilatorControlFile
-
     suffix = ("-activity" if activity else "-waves" if waves else "") + (
         f"-t{threads}" if threads > 1 else "")
     directory = SIM_BUILD / f"{_safe(name)}-{simulator}{suffix}"
@@ -252,13 +295,7 @@ def build(component, name: str, *, simulator: str | None = None,
             return SimBuild(name, directory, simulator, waves, stamp_file.read_text(),
                             activity)
 
-    if verilog_source is None:
-        source = verilog.convert(component, name=TOPLEVEL, emit_src=False)
-        for module_name, module in (modules or {}).items():
-            source += verilog.convert(module, name=module_name, emit_src=False)
-        source = compact_memory_init(source)
-    else:
-        source = verilog_source
+    source = verilog_source if verilog_source is not None else _verilog(component, modules)
     stamp = hashlib.sha256(
         json.dumps([source, args, opt_fast, WAIVERS.read_text(), simulator, waves]).encode()
     ).hexdigest()
@@ -272,30 +309,10 @@ def build(component, name: str, *, simulator: str | None = None,
             return SimBuild(name, directory, simulator, waves, stamp, activity)
         stamp_file.unlink(missing_ok=True)
         key_file.unlink(missing_ok=True)
-        verilog_file = directory / "top.v"
-        verilog_file.write_text(source)
         if activity:
             _write_rtlil(directory / "top.il", component, modules)
-        sources = [verilog_file]
-        if simulator == "verilator":
-            control = directory / "verilator.vlt"
-            extra = YOSYS_WAIVERS if verilog_source is not None else ""
-            control.write_text(WAIVERS.read_text() + extra + _public_rules(source)
-                               + _opaque_port_rules(modules))
-            sources.insert(0, VerilatorControlFile(control))
-        runner = _runner(simulator)
-        print(f"[serrano] building {directory.name} with {simulator} ...", file=sys.stderr)
-        with _make_variable("OPT_FAST", opt_fast):
-            runner.build(
-                sources=sources,
-                hdl_toplevel=TOPLEVEL,
-                build_dir=directory,
-                build_args=args,
-                timescale=TIMESCALE,
-                waves=waves,
-                always=True,
-                log_file=directory / "build.log",
-            )
+        _compile(directory, source, simulator, args, waves, opt_fast, modules,
+                 yosys_netlist=verilog_source is not None)
         # Written last and whole (a rename): a build stopped half way leaves no stamp, so
         # no later run takes its files as complete.
         _write_atomically(stamp_file, stamp)
