@@ -257,7 +257,13 @@ class TileModel:
 
     # --- VEC --------------------------------------------------------------------------
 
-    def _vec(self, f: dict) -> None:
+    def _check_vec(self, f: dict):
+        """Refuse a VEC the hardware would (ValueError); its vector opcode.
+
+        Every region the instruction names is checked before anything changes, used by
+        its op or not (the engine reads a, b and c on every beat), as the sequencer does:
+        a tile region is ceil(rows / N) x beats x N entries, a scalar region
+        ceil(rows / N) entries."""
         n, rows, beats = self.n, f["rows"], f["beats"]
         if rows < 1 or beats < 1:
             raise ValueError(f"VEC rows={rows} beats={beats}: each must be >= 1")
@@ -269,10 +275,6 @@ class TileModel:
         except ValueError:
             raise ValueError(f"VEC op {f['op']} is not a vector opcode") from None
         kind, dst = f["dst_kind"], f["dst"]
-        # Every region the instruction names is checked before anything changes, used by
-        # its op or not (the engine reads a, b and c on every beat), as the sequencer
-        # does: a tile region is ceil(rows / N) x beats x N entries, a scalar region
-        # ceil(rows / N) entries.
         tile_last = ceil_div(rows, n) * beats * n - 1
         scalar_last = ceil_div(rows, n) - 1
         for what in ("a", "b"):
@@ -295,6 +297,12 @@ class TileModel:
             if kind == VecDst.TILE and dst <= f["total"] + scalar_last \
                     and f["total"] <= dst + tile_last:
                 raise ValueError("VEC total entries overlap the TILE destination region")
+        return code
+
+    def _vec(self, f: dict) -> None:
+        code = self._check_vec(f)
+        n, rows, beats = self.n, f["rows"], f["beats"]
+        kind, dst = f["dst_kind"], f["dst"]
         uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
                 "c": code in _USES_C and not f["c_imm"]}
         written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -68,62 +70,82 @@ class DmaEngine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cmd = Signal(DmaArgs())
-        active = Signal()
+        st = self._state(m)
+        self._accept(m, st)
+        self._requests(m, st)
+        self._responses(m, st)
+        self._network(m, st)
+        self._advance(m, st)
+        return m
+
+    def _state(self, m: Module) -> SimpleNamespace:
+        """The command being run, its counters and the word buffer (head word first)."""
+        st = SimpleNamespace()
+        st.cmd = Signal(DmaArgs())
+        st.active = Signal()
         if self.position is None:
             own_bit = Signal(TILE_MASK_BITS)
             m.d.comb += own_bit.eq(Const(1, TILE_MASK_BITS) << self.mask_bit)
         else:
             x, y = self.position
             own_bit = tile_bit(x, y)
-        local = (cmd.tiles & own_bit).any()
-        remote = cmd.tiles & ~own_bit
-        m.d.comb += self.busy.eq(active)
+        st.local = (st.cmd.tiles & own_bit).any()
+        st.remote = st.cmd.tiles & ~own_bit
+        m.d.comb += self.busy.eq(st.active)
 
         # Reads issued, responses expected: a tag per request (1 = read, 0 = write ack).
-        m.submodules.tags = tags = fifo.SyncFIFOBuffered(width=1, depth=2 * self.BUFFER)
-        m.submodules.words = words = fifo.SyncFIFOBuffered(width=8 * self.n,
-                                                           depth=self.BUFFER)
-        to_read = Signal(13)  # words not yet requested
-        in_flight = Signal(range(self.BUFFER + 1))  # reads requested, not yet buffered
-        index = Signal(13)  # the buffered word being written/sent
-        written, sent = Signal(), Signal()  # for the head word
-        acks = Signal(13)  # write acknowledgements still to come
-        finishing = Signal()  # every word handled; waiting for acks, then done
-        done_valid = Signal()
-        arrival_valid = Signal()
-        m.d.comb += [self.done.valid.eq(done_valid), self.arrival.valid.eq(arrival_valid),
-                     self.arrival.payload.eq(cmd.remote_semaphore)]
-        with m.If(self.done.ready):
-            m.d.sync += done_valid.eq(0)
-        with m.If(self.arrival.ready):
-            m.d.sync += arrival_valid.eq(0)
+        m.submodules.tags = st.tags = fifo.SyncFIFOBuffered(width=1, depth=2 * self.BUFFER)
+        m.submodules.words = st.words = fifo.SyncFIFOBuffered(width=8 * self.n,
+                                                              depth=self.BUFFER)
+        st.to_read = Signal(13)  # words not yet requested
+        st.in_flight = Signal(range(self.BUFFER + 1))  # reads requested, not yet buffered
+        st.index = Signal(13)  # the buffered word being written/sent
+        st.written, st.sent = Signal(name="written"), Signal(name="sent")  # the head word's
+        st.acks = Signal(13)  # write acknowledgements still to come
+        st.finishing = Signal()  # every word handled; waiting for acks, then done
+        st.done_valid = Signal()
+        st.arrival_valid = Signal()
+        return st
 
-        m.d.comb += self.cmd.ready.eq(~active & ~done_valid & ~arrival_valid)
+    def _accept(self, m: Module, st: SimpleNamespace) -> None:
+        """A new command while idle and nothing is left to report."""
+        m.d.comb += [self.done.valid.eq(st.done_valid), self.arrival.valid.eq(st.arrival_valid),
+                     self.arrival.payload.eq(st.cmd.remote_semaphore)]
+        with m.If(self.done.ready):
+            m.d.sync += st.done_valid.eq(0)
+        with m.If(self.arrival.ready):
+            m.d.sync += st.arrival_valid.eq(0)
+
+        m.d.comb += self.cmd.ready.eq(~st.active & ~st.done_valid & ~st.arrival_valid)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
-            m.d.sync += [cmd.eq(p), active.eq(1), to_read.eq(p.length), index.eq(0),
-                         written.eq(0), sent.eq(0), acks.eq(0), finishing.eq(0)]
+            m.d.sync += [st.cmd.eq(p), st.active.eq(1), st.to_read.eq(p.length),
+                         st.index.eq(0), st.written.eq(0), st.sent.eq(0), st.acks.eq(0),
+                         st.finishing.eq(0)]
 
-        # Request mux: the head word's write first, else the next read.
-        head = words.r_rdy
-        want_write = active & head & local & ~written
-        room = (in_flight + words.level) < self.BUFFER
-        want_read = active & (to_read != 0) & room
+    def _requests(self, m: Module, st: SimpleNamespace) -> None:
+        """The request mux: the head word's write first, else the next read."""
+        cmd, words, tags = st.cmd, st.words, st.tags
+        st.head = head = words.r_rdy
+        want_write = st.active & head & st.local & ~st.written
+        room = (st.in_flight + words.level) < self.BUFFER
+        want_read = st.active & (st.to_read != 0) & room
         m.d.comb += self.req.payload.write.eq(want_write)
         with m.If(want_write):
-            m.d.comb += [self.req.payload.addr.eq(cmd.dst + index),
+            m.d.comb += [self.req.payload.addr.eq(cmd.dst + st.index),
                          self.req.payload.data.eq(words.r_data),
                          self.req.valid.eq(tags.w_rdy)]
         with m.Else():
-            m.d.comb += [self.req.payload.addr.eq(cmd.src + (cmd.length - to_read)),
+            m.d.comb += [self.req.payload.addr.eq(cmd.src + (cmd.length - st.to_read)),
                          self.req.valid.eq(want_read & tags.w_rdy)]
         issued = self.req.valid & self.req.ready
         m.d.comb += [tags.w_en.eq(issued), tags.w_data.eq(~want_write)]
-        read_issued = issued & ~want_write
-        write_issued = issued & want_write
+        st.read_issued = issued & ~want_write
+        st.write_issued = issued & want_write
 
-        # Responses: read data into the buffer, write acks counted.
+    def _responses(self, m: Module, st: SimpleNamespace) -> None:
+        """Read data into the buffer, write acks counted; an error status is sticky."""
+        tags, words = st.tags, st.words
         is_read = tags.r_data
         m.d.comb += [
             self.resp.ready.eq(tags.r_rdy & (~is_read | words.w_rdy)),
@@ -136,42 +158,46 @@ class DmaEngine(wiring.Component):
         with m.If(self.resp.valid & self.resp.ready & failed(self.resp.payload.status)):
             m.d.sync += self.error.eq(1)
         m.d.sync += [
-            in_flight.eq(in_flight + read_issued - read_back),
-            acks.eq(acks + write_issued - ack_back),
+            st.in_flight.eq(st.in_flight + st.read_issued - read_back),
+            st.acks.eq(st.acks + st.write_issued - ack_back),
         ]
-        with m.If(read_issued):
-            m.d.sync += to_read.eq(to_read - 1)
+        with m.If(st.read_issued):
+            m.d.sync += st.to_read.eq(st.to_read - 1)
 
-        # Network: the head word to the other tiles; a length-0 DMA sends one bare word.
-        last_word = index == cmd.length - 1
-        bare = active & (cmd.length == 0) & remote.any() & ~sent
+    def _network(self, m: Module, st: SimpleNamespace) -> None:
+        """The head word to the other tiles; a length-0 DMA sends one bare word."""
+        cmd, remote = st.cmd, st.remote
+        st.last_word = last_word = st.index == cmd.length - 1
+        bare = st.active & (cmd.length == 0) & remote.any() & ~st.sent
         net = self.net_out.payload
         m.d.comb += [
-            net.tiles.eq(remote), net.addr.eq(cmd.dst + index),
-            net.data.eq(Mux(bare, 0, words.r_data)),
+            net.tiles.eq(remote), net.addr.eq(cmd.dst + st.index),
+            net.data.eq(Mux(bare, 0, st.words.r_data)),
             net.write.eq(~bare), net.last.eq(bare | last_word), net.signal.eq(cmd.remote_signal),
             net.semaphore.eq(cmd.remote_semaphore),
-            self.net_out.valid.eq(bare | (active & head & remote.any() & ~sent)),
+            self.net_out.valid.eq(bare | (st.active & st.head & remote.any() & ~st.sent)),
         ]
         with m.If(self.net_out.valid & self.net_out.ready):
-            m.d.sync += sent.eq(1)
+            m.d.sync += st.sent.eq(1)
 
-        # The head word is finished when written (if local) and sent (if remote).
-        head_written = written | write_issued | ~local
-        head_sent = sent | (self.net_out.valid & self.net_out.ready) | ~remote.any()
-        with m.If(active & head & head_written & head_sent & ~finishing):
-            m.d.comb += words.r_en.eq(1)
-            m.d.sync += [index.eq(index + 1), written.eq(0), sent.eq(0)]
-            with m.If(last_word):
-                m.d.sync += finishing.eq(1)
-        with m.Elif(write_issued):
-            m.d.sync += written.eq(1)
-        with m.If(active & (cmd.length == 0) & ~finishing & (~remote.any() | sent)):
-            m.d.sync += finishing.eq(1)
+    def _advance(self, m: Module, st: SimpleNamespace) -> None:
+        """The head word is finished when written (if local) and sent (if remote); the
+        command when every word is and every write acknowledged: report it, and the
+        local arrival if asked."""
+        cmd, remote = st.cmd, st.remote
+        head_written = st.written | st.write_issued | ~st.local
+        head_sent = st.sent | (self.net_out.valid & self.net_out.ready) | ~remote.any()
+        with m.If(st.active & st.head & head_written & head_sent & ~st.finishing):
+            m.d.comb += st.words.r_en.eq(1)
+            m.d.sync += [st.index.eq(st.index + 1), st.written.eq(0), st.sent.eq(0)]
+            with m.If(st.last_word):
+                m.d.sync += st.finishing.eq(1)
+        with m.Elif(st.write_issued):
+            m.d.sync += st.written.eq(1)
+        with m.If(st.active & (cmd.length == 0) & ~st.finishing & (~remote.any() | st.sent)):
+            m.d.sync += st.finishing.eq(1)
 
-        # Finished: every write acknowledged; report, and the local arrival if asked.
-        with m.If(finishing & (acks == 0)):
-            m.d.sync += [active.eq(0), finishing.eq(0), done_valid.eq(1),
+        with m.If(st.finishing & (st.acks == 0)):
+            m.d.sync += [st.active.eq(0), st.finishing.eq(0), st.done_valid.eq(1),
                          self.done.payload.eq(cmd.signal),
-                         arrival_valid.eq(local & cmd.remote_signal)]
-        return m
+                         st.arrival_valid.eq(st.local & cmd.remote_signal)]

@@ -3,6 +3,8 @@ scratchpad, results into the accumulator memory (see :class:`spec.isa.GemmArgs`)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -89,8 +91,17 @@ class OperandStreamer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n, log_n, bits = self.n, ceil_log2(self.n), self.bits
+        st = SimpleNamespace()
+        self._issue(m, st)
+        self._next_fetch(m, st)
+        self._words(m, st)
+        self._transpose(m, st)
+        return m
 
+    def _issue(self, m: Module, st: SimpleNamespace) -> None:
+        """Issue side: the current fetch's addresses (or zero words) in order, a tag per
+        word for the consume side."""
+        n, log_n = self.n, ceil_log2(self.n)
         # --- issue side: addresses (or zero words) in order ------------------------
         # Per word a tag says whether a response will come (bit 0; else the word is
         # zero) and whether a low-limb response comes with it (bit 1).
@@ -158,7 +169,16 @@ class OperandStreamer(wiring.Component):
                     m.d.sync += issuing.eq(0)
             with m.Else():
                 m.d.sync += [lane.eq(lane + 1), row.eq(row + 1), addr.eq(addr + 1)]
+        st.__dict__.update(tags=tags, descs=descs, desc_layout=desc_layout, f=f, addr=addr,
+                           chunk_base=chunk_base, row=row, lane=lane, remaining=remaining,
+                           issuing=issuing, step=step,
+                           lo_delta=lo_delta if self.limbs else None)
 
+    def _next_fetch(self, m: Module, st: SimpleNamespace) -> None:
+        """Take the next fetch (its descriptor to the consume side)."""
+        n, log_n = self.n, ceil_log2(self.n)
+        f, step, remaining, lane, issuing = st.f, st.step, st.remaining, st.lane, st.issuing
+        descs = st.descs
         # The next fetch is taken in the cycle the current one issues its last word, so
         # fetches follow each other without a bubble (these assignments win over the
         # step's above).
@@ -173,17 +193,20 @@ class OperandStreamer(wiring.Component):
             m.d.sync += [
                 f.eq(p),
                 issuing.eq(1),
-                addr.eq(p.start),
-                chunk_base.eq(p.start),
-                row.eq(p.block << log_n),
+                st.addr.eq(p.start),
+                st.chunk_base.eq(p.start),
+                st.row.eq(p.block << log_n),
                 lane.eq(0),
                 remaining.eq(Mux(p.rows, (p.k + n - 1) >> log_n, p.k)),
             ]
             if self.limbs:
-                m.d.sync += lo_delta.eq(p.start_lo - p.start)
+                m.d.sync += st.lo_delta.eq(p.start_lo - p.start)
 
-        # --- consume side ----------------------------------------------------------
-        desc = Signal(desc_layout)
+    def _words(self, m: Module, st: SimpleNamespace) -> None:
+        """Consume side: a word is complete when its responses (none for a zero word,
+        two for joined limbs) have come; its values sign-extended to ``bits``."""
+        n, bits, tags, descs = self.n, self.bits, st.tags, st.descs
+        desc = Signal(st.desc_layout)
         m.d.comb += desc.eq(descs.r_data)
         tag_resp, tag_lo = tags.r_data[0], tags.r_data[1]
         responses = [(self.resp, tag_resp)]
@@ -208,7 +231,14 @@ class OperandStreamer(wiring.Component):
                 lo = self.resp_lo.payload.data.word_select(i, 8).as_signed()
                 value = Mux(tag_lo, (hi << NUMERICS.limb_bits) + lo, hi)
             m.d.comb += word.word_select(i, bits).eq(value)
+        st.__dict__.update(desc=desc, have_word=have_word, pop_word=pop_word, word=word)
 
+    def _transpose(self, m: Module, st: SimpleNamespace) -> None:
+        """Beats out: a block-layout word passed straight through, rows-layout words
+        transposed through two buffers (filled by :meth:`_fill`) and drained a beat per
+        cycle."""
+        n, bits, desc_layout = self.n, self.bits, st.desc_layout
+        have_word, pop_word, word = st.have_word, st.pop_word, st.word
         # Transpose buffers: two chunks of N words; a chunk drains one value of every word
         # per beat (value `drain_pos`), `count` beats, the last one `final` when it ends a
         # fetch.
@@ -265,8 +295,18 @@ class OperandStreamer(wiring.Component):
                     with m.If(count[b] == 1):
                         m.d.sync += [full[b].eq(0), drain_sel.eq(~drain_sel),
                                      drain_pos.eq(0)]
+        st.__dict__.update(bufs=bufs, full=full, count=count, final=final, fill_sel=fill_sel,
+                           fill_row=fill_row, words_left=words_left, consuming=consuming,
+                           latched=latched, ending=ending)
+        self._fill(m, st)
 
-        # Fill: rows layout, N words (rows) per chunk into the free buffer.
+    def _fill(self, m: Module, st: SimpleNamespace) -> None:
+        """Rows layout: N words (rows) per chunk into the free buffer; then the next
+        descriptor."""
+        n, descs, desc, have_word, word = self.n, st.descs, st.desc, st.have_word, st.word
+        bufs, full, count, final, fill_sel = st.bufs, st.full, st.count, st.final, st.fill_sel
+        fill_row, words_left, consuming = st.fill_row, st.words_left, st.consuming
+        latched, ending, pop_word = st.latched, st.ending, st.pop_word
         rows_mode = consuming & latched.rows
         free = ~full.bit_select(fill_sel, 1)
         with m.If(rows_mode & free & have_word):
@@ -297,8 +337,6 @@ class OperandStreamer(wiring.Component):
             m.d.comb += descs.r_en.eq(1)
             m.d.sync += [consuming.eq(1), latched.eq(desc), words_left.eq(desc.k),
                          fill_row.eq(0)]
-        return m
-
 
 
 class GemmEngine(wiring.Component):
@@ -361,7 +399,7 @@ class GemmEngine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n, log_n = self.n, ceil_log2(self.n)
+        n = self.n
         m.submodules.core = core = TensorCore(n, a_bits=NUMERICS.joined_operand_bits)
         m.submodules.fetch_a = fetch_a = OperandStreamer(n, self.addr_bits, limbs=True)
         m.submodules.fetch_b = fetch_b = OperandStreamer(n, self.addr_bits)
@@ -381,7 +419,19 @@ class GemmEngine(wiring.Component):
         })
         m.submodules.wbq = wbq = fifo.SyncFIFOBuffered(width=wb_layout.size, depth=2)
 
-        # --- feeder: one A fetch and one B fetch per output tile ---------------------
+        cmdq, feeding, setup = self._feeder(m, fetch_a, fetch_b, wbq, wb_layout)
+        self._writeback(m, core, wbq, wb_layout)
+        m.d.comb += [self.busy.eq(cmdq.r_rdy | feeding | setup | wbq.r_rdy),
+                     self.beat.eq(core.a.valid & core.a.ready)]
+        with m.If(core.error | fetch_a.error | fetch_b.error):
+            m.d.sync += self.error.eq(1)
+        return m
+
+    def _feeder(self, m: Module, fetch_a, fetch_b, wbq, wb_layout):
+        """Commands from their queue; per output tile one A fetch and one B fetch; per
+        command its writeback entry. Returns the command queue and the ``feeding`` and
+        ``setup`` states (for ``busy``)."""
+        n, log_n = self.n, ceil_log2(self.n)
         cmd = Signal(GemmArgs())
         row_tiles, col_tiles = Signal(DIM_BITS), Signal(DIM_BITS)
         # First word of the current A and B blocks: running sums, advanced by k (block
@@ -453,8 +503,12 @@ class GemmEngine(wiring.Component):
                 m.d.sync += a_sent.eq(1)
             with m.If(b_now):
                 m.d.sync += b_sent.eq(1)
+        return cmdq, feeding, setup
 
-        # --- writeback: rows into consecutive entries ------------------------------
+    def _writeback(self, m: Module, core, wbq, wb_layout) -> None:
+        """Result rows into consecutive accumulator entries (added to the shifted old
+        value when accumulating), then the GEMM's done."""
+        n = self.n
         wb = Signal(wb_layout)
         m.d.comb += wb.eq(wbq.r_data)
         row_count = Signal(2 * DIM_BITS + 1)
@@ -494,9 +548,3 @@ class GemmEngine(wiring.Component):
                 m.d.comb += wbq.r_en.eq(1)
                 m.d.sync += [row_count.eq(0), done_valid.eq(1),
                              self.done.payload.eq(wb.signal)]
-
-        m.d.comb += [self.busy.eq(cmdq.r_rdy | feeding | setup | wbq.r_rdy),
-                     self.beat.eq(core.a.valid & core.a.ready)]
-        with m.If(core.error | fetch_a.error | fetch_b.error):
-            m.d.sync += self.error.eq(1)
-        return m

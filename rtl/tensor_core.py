@@ -118,14 +118,20 @@ class TensorCore(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n = self.n
-        acc_shape = signed(NUMERICS.acc_bits)
-
-        # --- operand intake: pairing, tile spacing and result-room reservation -------
-        # One extra FIFO slot covers the cycle an entry spends moving to its output register.
         m.submodules.results = results = fifo.SyncFIFOBuffered(
-            width=ResultRow(n).size, depth=self.result_depth + 1
+            width=ResultRow(self.n).size, depth=self.result_depth + 1
         )
+        take, take_last = self._intake(m)
+        shadow, row_done = self._array(m, *self._skew(m, take, take_last))
+        self._drain(m, results, shadow, row_done)
+        return m
+
+    def _intake(self, m: Module) -> tuple[Signal, Signal]:
+        """Operand intake: A and B beats paired, tiles spaced N cycles apart, room for a
+        tile's N result rows reserved before its last beat is taken (one extra FIFO slot
+        covers the cycle an entry spends moving to its output register). Returns the
+        ``take`` and ``take & last`` strobes."""
+        n = self.n
         credits = Signal(range(self.result_depth + 1), init=self.result_depth)
         since_last = Signal(range(n + 1), init=n)  # cycles since the last `last` beat, max n
 
@@ -150,7 +156,12 @@ class TensorCore(wiring.Component):
         with m.Elif(since_last != n):
             m.d.sync += since_last.eq(since_last + 1)
 
-        # --- input skew: row i of A and column j of B enter i (resp. j) cycles late ----
+        return take, take_last
+
+    def _skew(self, m: Module, take: Signal, take_last: Signal) -> tuple[list, ...]:
+        """Input skew: row i of A and column j of B enter i (resp. j) cycles late."""
+        n = self.n
+
         def delayed(value, cycles, name):
             for stage in range(cycles):
                 reg = Signal.like(value, name=f"{name}_d{stage}")
@@ -162,8 +173,14 @@ class TensorCore(wiring.Component):
         row_valid = [delayed(take, i, f"skew_v{i}") for i in range(n)]
         row_last = [delayed(take_last, i, f"skew_l{i}") for i in range(n)]
         col_b = [delayed(self.b.payload.data[j], j, f"skew_b{j}") for j in range(n)]
+        return row_a, row_valid, row_last, col_b
 
-        # --- the array --------------------------------------------------------------
+    def _array(self, m: Module, row_a, row_valid, row_last, col_b) -> tuple[list, list]:
+        """The N x N processing elements: operands pass right (A) and down (B); each PE
+        multiplies in registers of its own and accumulates; the last beat moves its sum
+        to a shadow register. Returns the shadows and each row's done strobe."""
+        n = self.n
+        acc_shape = signed(NUMERICS.acc_bits)
         operand = signed(NUMERICS.operand_bits)
         a_operand = signed(self.a_bits)
         a_reg = [[Signal(a_operand, name=f"a_{i}_{j}") for j in range(n)] for i in range(n)]
@@ -216,8 +233,11 @@ class TensorCore(wiring.Component):
                     m.d.sync += acc.eq(total)
                 if j == n - 1:
                     m.d.sync += row_done[i].eq(p_last)
+        return shadow, row_done
 
-        # --- drain: row i is complete the cycle after PE (i, N-1) finishes ----------
+    def _drain(self, m: Module, results, shadow: list, row_done: list) -> None:
+        """Row i is complete the cycle after PE (i, N-1) finishes: into the result FIFO."""
+        n = self.n
         push = Signal()
         push_row = Signal(ResultRow(n))
         m.d.sync += push.eq(0)
@@ -235,5 +255,4 @@ class TensorCore(wiring.Component):
             self.c.payload.eq(results.r_data),
             results.r_en.eq(self.c.ready),
         ]
-        return m
 

@@ -550,6 +550,21 @@ def _run_steps(
     say: Progress,
 ) -> None:
     """The tool steps of :func:`run_flow`, adding to ``metrics`` as each one finishes."""
+    gen_seconds = _generic_step(name, rtlil_path, workdir, metrics, timeout, say)
+    ecp5, overflow = _ecp5_step(name, rtlil_path, workdir, metrics, timeout, say)
+    metrics["flow_yosys_seconds"] = round(gen_seconds + ecp5["seconds"], 2)
+    if not pnr:
+        return
+    if overflow:
+        say(f"{name}: does not fit the LFE5U-85F ({', '.join(overflow)}); nextpnr skipped")
+        return
+    _pnr_step(name, ecp5["netlist"], workdir, metrics, freq_mhz, seeds, timeout, say)
+
+
+def _generic_step(name: str, rtlil_path: Path, workdir: Path, metrics: Metrics,
+                  timeout: float | None, say: Progress) -> float:
+    """Yosys's generic synthesis: cells, flip-flops, transistors, memory bits. Its
+    seconds."""
     say(f"{name}: yosys synth (generic gates) ...")
     gen = synth_generic(rtlil_path, name, workdir, timeout=timeout)
     ffs = sum(n for t, n in gen["cells_by_type"].items() if "DFF" in t or "DLATCH" in t)
@@ -565,7 +580,13 @@ def _run_steps(
         f"{gen['memory_bits']} memory bits, "
         f"~{gen['transistors']} transistors{bound}"
     )
+    return gen["seconds"]
 
+
+def _ecp5_step(name: str, rtlil_path: Path, workdir: Path, metrics: Metrics,
+               timeout: float | None, say: Progress) -> tuple[dict, list[str]]:
+    """Yosys's ECP5 synthesis (abc9, else abc): the cells by kind and whether they fit
+    the 85F. The synthesis result and what overflows the device."""
     say(f"{name}: yosys synth_ecp5 ...")
     try:
         ecp5 = synth_ecp5(rtlil_path, name, workdir, timeout=timeout)
@@ -585,23 +606,24 @@ def _run_steps(
     metrics["ecp5_cells"] = ecp5["cells"]
     overflow = ecp5_overflow(by_type)
     metrics["ecp5_fits"] = 0 if overflow else 1
-    metrics["flow_yosys_seconds"] = round(gen["seconds"] + ecp5["seconds"], 2)
     say(
         f"{name}: yosys synth_ecp5 {ecp5['seconds']:.1f} s: {metrics['ecp5_lut4']} LUT4, "
         f"{metrics['ecp5_ccu2c']} CCU2C, {metrics['ecp5_ff']} FF, "
         f"{metrics['ecp5_mult18']} MULT18, {metrics['ecp5_ebr']} EBR"
     )
-    if not pnr:
-        return
-    if overflow:
-        say(f"{name}: does not fit the LFE5U-85F ({', '.join(overflow)}); nextpnr skipped")
-        return
+    return ecp5, overflow
 
+
+def _pnr_step(name: str, netlist, workdir: Path, metrics: Metrics, freq_mhz: float,
+              seeds: int, timeout: float | None, say: Progress) -> None:
+    """nextpnr-ecp5 over ``seeds`` placement seeds: the best seed's Fmax and
+    utilisation (its files under the single-seed names), the worst seed's Fmax, the
+    critical path."""
     runs = []
     for seed in range(PNR_SEED, PNR_SEED + seeds):
         say(f"{name}: nextpnr-ecp5 at {freq_mhz:g} MHz, seed {seed} (the slow step) ...")
         runs.append(place_route_ecp5(
-            ecp5["netlist"], workdir, freq_mhz=freq_mhz, seed=seed,
+            netlist, workdir, freq_mhz=freq_mhz, seed=seed,
             stem="pnr" if seeds == 1 else f"pnr_seed{seed}", timeout=timeout,
         ))
         say(f"{name}: nextpnr-ecp5 seed {seed} {runs[-1]['seconds']:.1f} s: "
