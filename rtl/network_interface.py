@@ -226,66 +226,79 @@ class NetworkInterface(wiring.Component):
     def _ingress(self, m: Module):
         """Flits into packets; returns the flag that a complete packet waits or is being
         delivered (the words of an open one wait for its next flit: they change nothing)."""
-        cfg, n, mp = self.config, self.n, self.max_packet
+        mp = self.max_packet
         desc_layout = data.StructLayout({
             "addr": unsigned(ADDR_BITS), "count": range(mp + 1), "good": 1,
             "write": 1, "signal": 1, "semaphore": unsigned(4),
         })
         words, descs, orphans = [], [], []
-        for v in range(cfg.vcs):
-            eject = self.eject[v]
-            flit, payload = eject.payload, NetPayload(n)(eject.payload.payload)
-            word_q = fifo.SyncFIFOBuffered(width=8 * n, depth=2 * mp)
-            desc_q = fifo.SyncFIFOBuffered(width=desc_layout.size, depth=2 * mp)
-            m.submodules[f"words{v}"], m.submodules[f"descs{v}"] = word_q, desc_q
+        for v in range(self.config.vcs):
+            word_q, desc_q, orphan = self._assemble(m, v, desc_layout)
             words.append(word_q)
             descs.append(desc_q)
+            orphans.append(orphan)
+        return self._deliver(m, words, descs, orphans, desc_layout)
 
-            open_ = Signal(name=f"vc{v}_open")  # a packet's head arrived, not its tail
-            addr = Signal(ADDR_BITS, name=f"vc{v}_addr")
-            stored = Signal(range(mp + 1), name=f"vc{v}_stored")  # its words in word_q
-            bad = Signal(name=f"vc{v}_bad")
-            write = Signal(name=f"vc{v}_write")
+    def _assemble(self, m: Module, v: int, desc_layout):
+        """VC ``v``'s flits into its word and descriptor queues, a descriptor per packet
+        (good or not: a head inside an open packet, an unknown kind, too many words, a
+        write past the scratchpad); returns the queues and the strobe of a flit that
+        belongs to no packet."""
+        n, mp = self.n, self.max_packet
+        eject = self.eject[v]
+        flit, payload = eject.payload, NetPayload(n)(eject.payload.payload)
+        word_q = fifo.SyncFIFOBuffered(width=8 * n, depth=2 * mp)
+        desc_q = fifo.SyncFIFOBuffered(width=desc_layout.size, depth=2 * mp)
+        m.submodules[f"words{v}"], m.submodules[f"descs{v}"] = word_q, desc_q
 
-            head_in_open = eject.valid & flit.head & open_
-            fresh = flit.head  # this flit opens a packet (open ones were closed first)
-            kind_write = payload.kind == PacketKind.WRITE
-            kind_known = kind_write | (payload.kind == PacketKind.SIGNAL)
-            p_write = Mux(fresh, kind_write, write)
-            p_stored = Mux(fresh, 0, stored)
-            p_addr = Mux(fresh, payload.addr, addr)
-            p_bad = Mux(fresh, ~kind_known, bad)
-            in_packet = fresh | open_
-            store = in_packet & p_write & (p_stored != mp)
-            overflow = in_packet & p_write & (p_stored == mp)
-            count = p_stored + store
-            # A SIGNAL packet is one flit; a WRITE packet stays inside the scratchpad.
-            bad_now = (p_bad | overflow | (~p_write & ~(fresh & flit.tail))
-                       | (p_write & (p_addr + count > self.spad_words)))
+        open_ = Signal(name=f"vc{v}_open")  # a packet's head arrived, not its tail
+        addr = Signal(ADDR_BITS, name=f"vc{v}_addr")
+        stored = Signal(range(mp + 1), name=f"vc{v}_stored")  # its words in word_q
+        bad = Signal(name=f"vc{v}_bad")
+        write = Signal(name=f"vc{v}_write")
 
-            desc = Signal(desc_layout, name=f"vc{v}_desc")
-            m.d.comb += [
-                eject.ready.eq(~head_in_open & word_q.w_rdy & desc_q.w_rdy),
-                word_q.w_data.eq(payload.data),
-                desc_q.w_data.eq(desc),
-            ]
-            take = eject.valid & eject.ready
-            with m.If(head_in_open & desc_q.w_rdy):  # the open packet had no tail: malformed
-                m.d.comb += [desc.addr.eq(addr), desc.count.eq(stored), desc.good.eq(0),
-                             desc.write.eq(write), desc_q.w_en.eq(1)]
-                m.d.sync += open_.eq(0)
-            with m.Elif(take & in_packet):
-                m.d.comb += word_q.w_en.eq(store)
-                m.d.sync += [addr.eq(p_addr), stored.eq(count), bad.eq(bad_now),
-                             write.eq(p_write), open_.eq(~flit.tail)]
-                with m.If(flit.tail):
-                    m.d.comb += [desc.addr.eq(p_addr), desc.count.eq(count),
-                                 desc.good.eq(~bad_now), desc.write.eq(p_write),
-                                 desc.signal.eq(payload.signal),
-                                 desc.semaphore.eq(payload.semaphore), desc_q.w_en.eq(1)]
-            orphans.append(take & ~in_packet & flit.tail)  # the router drops these already
+        head_in_open = eject.valid & flit.head & open_
+        fresh = flit.head  # this flit opens a packet (open ones were closed first)
+        kind_write = payload.kind == PacketKind.WRITE
+        kind_known = kind_write | (payload.kind == PacketKind.SIGNAL)
+        p_write = Mux(fresh, kind_write, write)
+        p_stored = Mux(fresh, 0, stored)
+        p_addr = Mux(fresh, payload.addr, addr)
+        p_bad = Mux(fresh, ~kind_known, bad)
+        in_packet = fresh | open_
+        store = in_packet & p_write & (p_stored != mp)
+        overflow = in_packet & p_write & (p_stored == mp)
+        count = p_stored + store
+        # A SIGNAL packet is one flit; a WRITE packet stays inside the scratchpad.
+        bad_now = (p_bad | overflow | (~p_write & ~(fresh & flit.tail))
+                   | (p_write & (p_addr + count > self.spad_words)))
 
-        # Deliver complete packets one at a time, round-robin over the VCs.
+        desc = Signal(desc_layout, name=f"vc{v}_desc")
+        m.d.comb += [
+            eject.ready.eq(~head_in_open & word_q.w_rdy & desc_q.w_rdy),
+            word_q.w_data.eq(payload.data),
+            desc_q.w_data.eq(desc),
+        ]
+        take = eject.valid & eject.ready
+        with m.If(head_in_open & desc_q.w_rdy):  # the open packet had no tail: malformed
+            m.d.comb += [desc.addr.eq(addr), desc.count.eq(stored), desc.good.eq(0),
+                         desc.write.eq(write), desc_q.w_en.eq(1)]
+            m.d.sync += open_.eq(0)
+        with m.Elif(take & in_packet):
+            m.d.comb += word_q.w_en.eq(store)
+            m.d.sync += [addr.eq(p_addr), stored.eq(count), bad.eq(bad_now),
+                         write.eq(p_write), open_.eq(~flit.tail)]
+            with m.If(flit.tail):
+                m.d.comb += [desc.addr.eq(p_addr), desc.count.eq(count),
+                             desc.good.eq(~bad_now), desc.write.eq(p_write),
+                             desc.signal.eq(payload.signal),
+                             desc.semaphore.eq(payload.semaphore), desc_q.w_en.eq(1)]
+        return word_q, desc_q, take & ~in_packet & flit.tail  # the router drops orphans
+
+    def _deliver(self, m: Module, words: list, descs: list, orphans: list, desc_layout):
+        """Complete packets to the tile one at a time, round-robin over the VCs; the
+        received and dropped counters. Returns the flag that a packet waits."""
+        cfg, n, mp = self.config, self.n, self.max_packet
         cur = Signal(range(cfg.vcs))
         busy = Signal()
         index = Signal(range(mp + 1))

@@ -4,6 +4,7 @@ control over virtual channels, multicast along the XY tree."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from amaranth import Array, C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
@@ -374,12 +375,23 @@ class Router(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.config
-        vcs, depth, here = cfg.vcs, cfg.depth, (self.x, self.y)
-        ports = list(Port)
+        st = SimpleNamespace()
+        self._inputs(m, st)
+        self._output_state(m, st)
+        self._allocate(m, st)
+        self._crossbar(m, st)
+        self._free_slots(m, st)
+        self._drops(m, st)
+        self.probe.update(credit=st.credit, busy=st.busy, out_src=st.out_src,
+                          discard=st.discard, is_open=st.is_open, open_route=st.open_route,
+                          pending=st.pending, inputs=st.bufs, ejects=st.ejects)
+        return m
 
-        # --- input buffers, one per (input port, VC); the route is computed on the way in,
-        # and a flit that cannot be routed never takes a slot.
+    def _inputs(self, m: Module, st: SimpleNamespace) -> None:
+        """Input buffers, one per (input port, VC); the route is computed on the way in,
+        and a flit that cannot be routed never takes a slot."""
+        cfg, ports = self.config, list(Port)
+        vcs, depth = cfg.vcs, cfg.depth
         bufs = [[self._input_buffer(m, f"in{p.name}_vc{v}", self.outputs_of[p])
                  for v in range(vcs)] for p in ports]
         # Per input VC: a packet is open (head in, tail not yet), and the route its
@@ -427,8 +439,13 @@ class Router(wiring.Component):
                         m.d.comb += [discard[p][v].eq(1), drop_event[p][v].eq(1)]
                         m.d.sync += [is_open[p][v].eq(flit.head & ~flit.tail),
                                      open_route[p][v].eq(0)]
+        st.__dict__.update(bufs=bufs, is_open=is_open, open_route=open_route,
+                           discard=discard, drop_event=drop_event)
 
-        # --- output state: credits (links) or ejection buffer room (local), VC holders ---
+    def _output_state(self, m: Module, st: SimpleNamespace) -> None:
+        """Output state: credits (links) or ejection buffer room (local), VC holders."""
+        cfg, ports = self.config, list(Port)
+        vcs, depth = cfg.vcs, cfg.depth
         credit = {o: [Signal(range(depth + 1), init=depth, name=f"credit_{o.name}{v}")
                       for v in range(vcs)] for o in LINK_PORTS}
         busy = [[Signal(name=f"busy_{o.name}{v}") for v in range(vcs)] for o in ports]
@@ -437,8 +454,13 @@ class Router(wiring.Component):
         has_credit = [[(ejects[v]["count"] != depth) if o is Port.L
                        else (credit[o][v] != 0) | self.link(o, incoming=False).credit[v]
                        for v in range(vcs)] for o in ports]
+        st.__dict__.update(credit=credit, busy=busy, ejects=ejects, has_credit=has_credit)
 
-        # --- switch allocation: separable, input first, one round. Output o is open to
+    def _allocate(self, m: Module, st: SimpleNamespace) -> None:
+        """Switch allocation: separable, input first, one round (the comment below)."""
+        ports, vcs = list(Port), self.config.vcs
+        bufs, busy, has_credit = st.bufs, st.busy, st.has_credit
+        # Output o is open to
         # input VC (p, v) when the oldest flit there has a credit and, if it starts a
         # packet, the output's VC is free (the other flits follow their head: the flits one
         # input VC sends through one output leave in order, and a flit that arrives inside
@@ -477,7 +499,14 @@ class Router(wiring.Component):
             m.d.comb += [grant[o, p, v].eq(win)
                          for (p, v), win in zip(inputs_of[o], wins, strict=True)]
             arbiter.advance(wins)
+        st.__dict__.update(sources=sources, inputs_of=inputs_of, grant=grant, built=built)
 
+    def _crossbar(self, m: Module, st: SimpleNamespace) -> None:
+        """The granted flits through the crossbar to the links (registered) and the
+        ejection buffers; output VC holders and link credits follow the grants."""
+        cfg, vcs, here = self.config, self.config.vcs, (self.x, self.y)
+        bufs, busy, credit, ejects = st.bufs, st.busy, st.credit, st.ejects
+        sources, inputs_of, grant, built = st.sources, st.inputs_of, st.grant, st.built
         out_valid = {o: Signal(name=f"out_valid_{o.name}") for o in LINK_PORTS}
         out_flit = {o: Signal(cfg.flit, name=f"out_flit_{o.name}") for o in LINK_PORTS}
         out_src = {o: Signal(range(len(sources)), name=f"out_src_{o.name}") for o in LINK_PORTS}
@@ -524,9 +553,15 @@ class Router(wiring.Component):
             e, eject = ejects[v], self.eject[v]
             m.d.comb += [eject.valid.eq(e["count"] != 0), eject.payload.eq(e["r_data"]),
                          e["r_en"].eq(eject.valid & eject.ready)]
+        st.__dict__.update(out_valid=out_valid, out_src=out_src)
 
-        # --- granted outputs leave their slots; freed slots become credits, one per cycle
-        # per VC on the link (the rest wait in ``pending``).
+    def _free_slots(self, m: Module, st: SimpleNamespace) -> None:
+        """Granted flits leave their slots; freed slots become credits, one per cycle per
+        VC on the link (the rest wait in ``pending``); ``holding``."""
+        cfg, ports = self.config, list(Port)
+        vcs, depth = cfg.vcs, cfg.depth
+        bufs, grant, discard, ejects = st.bufs, st.grant, st.discard, st.ejects
+        out_valid, built = st.out_valid, st.built
         pending = [[Signal(range(depth + 1), name=f"pending_{p.name}{v}") for v in range(vcs)]
                    for p in ports]
         for p in ports:
@@ -549,16 +584,14 @@ class Router(wiring.Component):
             *[out_valid[o] for o in built if o is not Port.L],
             *[self.link(p, incoming=True).credit[v] | (pending[p][v] != 0)
               for p in LINK_PORTS for v in range(vcs)]).any())
+        st.pending = pending
 
-        # --- drop counter ------------------------------------------------------------------
+    def _drops(self, m: Module, st: SimpleNamespace) -> None:
+        """The saturating drop counter and the sticky error."""
+        ports, vcs, drop_event = list(Port), self.config.vcs, st.drop_event
         limit = (1 << COUNTER_BITS) - 1
         total = sum(drop_event[p][v] for p in ports for v in range(vcs))
         m.d.sync += self.dropped.eq(Mux(self.dropped + total >= limit, limit,
                                         self.dropped + total))
         with m.If(total != 0):
             m.d.sync += self.error.eq(1)
-
-        self.probe.update(credit=credit, busy=busy, out_src=out_src, discard=discard,
-                          is_open=is_open, open_route=open_route, pending=pending,
-                          inputs=bufs, ejects=ejects)
-        return m
