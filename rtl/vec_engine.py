@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import (
     Array,
     Cat,
@@ -207,8 +209,22 @@ class VecEngine(wiring.Component):
         else:
             m.submodules.unit = unit
         ops, results = unit.ops, unit.results
+        st = SimpleNamespace()
+        st.__dict__.update(flights=flights, log_f=log_f, log_n=log_n, n=n, ops=ops,
+                           results=results)
+        self._intake(m, st)
+        self._in_flight(m, st)
+        self._issue(m, st)
+        self._lane_bounds(m, st)
+        self._stage1(m, st)
+        self._write_back(m, st)
+        self._row_totals(m, st)
+        self._completion(m, st)
+        return m
 
-        # --- intake: the command queue, the pending command, its accumulator ranges ---
+    def _intake(self, m: Module, st: SimpleNamespace) -> None:
+        """Intake: the command queue, the pending command, its accumulator ranges."""
+        log_n, n = st.log_n, st.n
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=VecArgs().size,
                                                            depth=self.queue)
         m.d.comb += [self.cmd.ready.eq(queue.w_rdy), queue.w_en.eq(self.cmd.valid),
@@ -255,11 +271,16 @@ class VecEngine(wiring.Component):
                       to_entries),
             range_reg("total", cmd.total, blocks, cmd.total_write),
         ]
+        st.__dict__.update(load=load, pend=pend, pend_reads=pend_reads, pend_valid=pend_valid,
+                           pend_writes=pend_writes, queue=queue, start=start)
 
-        # --- in-flight instructions: a ring of records, started .. done in order -------
-        # tail: the next record to start; wptr: the next to write back; dptr: the oldest
-        # (next done). fin: its writes are finished (1 for a free record); acked: and its
-        # scratchpad writes acknowledged (its done beat may go).
+    def _in_flight(self, m: Module, st: SimpleNamespace) -> None:
+        """In-flight instructions: a ring of records, started .. done in order. tail: the
+        next record to start; wptr: the next to write back; dptr: the oldest (next done).
+        fin: its writes are finished (1 for a free record); acked: and its scratchpad
+        writes acknowledged (its done beat may go)."""
+        flights, load, log_f, pend_reads = st.flights, st.load, st.log_f, st.pend_reads
+        pend_valid, start = st.pend_valid, st.start
         tail, wptr, dptr = (Signal(log_f, name=x) for x in ("tail", "wptr", "dptr"))
         count = Signal(range(flights + 1))  # records started, not yet done
         queued = Signal(range(flights + 1))  # records started, not yet written back
@@ -286,8 +307,15 @@ class VecEngine(wiring.Component):
         m.d.sync += [blocked.eq(hazard), checked.eq(pend_valid & ~start & ~load)]
         # Nothing unfinished in flight: no hazard, no need to wait for the verdict.
         quiet = fin.all()
+        st.__dict__.update(acked=acked, blocked=blocked, checked=checked, count=count, dptr=dptr,
+                           fin=fin, flight=flight, flight_writes=flight_writes, queued=queued,
+                           quiet=quiet, remaining=remaining, tail=tail, wptr=wptr)
 
-        # --- issue: stage 0 (counters, read addresses) -> stage 1 (operands) -> ops --
+    def _issue(self, m: Module, st: SimpleNamespace) -> None:
+        """Issue: stage 0 (counters, read addresses) -> stage 1 (operands) -> ops."""
+        blocked, checked, count, flights = st.blocked, st.checked, st.count, st.flights
+        log_n, n, ops, pend, pend_valid = st.log_n, st.n, st.ops, st.pend, st.pend_valid
+        quiet, start = st.quiet, st.start
         ins = Signal(VecArgs(), name="ins")
         s0_valid, s1_valid = Signal(), Signal()
         s0_go, s0_last = Signal(), Signal()
@@ -342,9 +370,13 @@ class VecEngine(wiring.Component):
             m.d.sync += s0_valid.eq(1)
         with m.Elif(s0_last):
             m.d.sync += s0_valid.eq(0)
+        st.__dict__.update(ins=ins, rd=rd, s0_go=s0_go, s1_valid=s1_valid, walker=walker)
 
-        # Lane bounds relative to this beat: lane i is enabled iff lo_j <= i < hi_j
-        # (lo_j = lo + r·causal - j·N); stepped, so the mask is compares with constants.
+    def _lane_bounds(self, m: Module, st: SimpleNamespace) -> None:
+        """Lane bounds relative to this beat: lane i is enabled iff lo_j <= i < hi_j (lo_j = lo
+        + r·causal - j·N); stepped, so the mask is compares with constants."""
+        ins, log_n, n, pend, rd, s0_go = st.ins, st.log_n, st.n, st.pend, st.rd, st.s0_go
+        start, = st.start
         lo_r, hi_r = Signal(signed(BOUND_WORK_BITS)), Signal(signed(BOUND_WORK_BITS))
         lo_j, hi_j = Signal(signed(BOUND_WORK_BITS)), Signal(signed(BOUND_WORK_BITS))
         slot_r = Signal(COUNT_FIELD_BITS)
@@ -372,7 +404,16 @@ class VecEngine(wiring.Component):
         s1 = {name: Signal(range(self.acc_depth), name=f"s1_{name}_addr") for name in s0_addr}
         s1_lane, s1_first, s1_mask = Signal(log_n), Signal(), Signal(n)
         s1_slot = Signal(COUNT_FIELD_BITS)
-        # The op's fields travel with the beat: stage 0 may hold the next instruction.
+        st.__dict__.update(mask=mask, s0_addr=s0_addr, s1=s1, s1_first=s1_first, s1_lane=s1_lane,
+                           s1_mask=s1_mask, s1_slot=s1_slot, slot_r=slot_r)
+
+    def _stage1(self, m: Module, st: SimpleNamespace) -> None:
+        """The op's fields travel with the beat: stage 0 may hold the next instruction."""
+        fin, flight, flight_writes, flights = st.fin, st.flight, st.flight_writes, st.flights
+        ins, mask, n, ops, pend = st.ins, st.mask, st.n, st.ops, st.pend
+        pend_writes, rd, s0_addr, s0_go, s1 = st.pend_writes, st.rd, st.s0_addr, st.s0_go, st.s1
+        s1_first, s1_lane, s1_mask, s1_slot = st.s1_first, st.s1_lane, st.s1_mask, st.s1_slot
+        s1_valid, slot_r, start, tail = st.s1_valid, st.slot_r, st.start, st.tail
         s1_ins = Signal(VecArgs(), name="s1_ins")
         with m.If(s0_go):
             m.d.sync += [s1_valid.eq(1), s1_lane.eq(rd["lane"]), s1_first.eq(rd["j"] == 0),
@@ -412,9 +453,12 @@ class VecEngine(wiring.Component):
                     m.d.sync += [x.eq(v) for x, v in zip(
                         flight_writes[i], (*pend_writes[0], *pend_writes[1]), strict=True)]
 
-        # --- write-back: one result -> a data write and/or the row total ------------
-        # wins: the instruction being written back (loaded from its record when the
-        # previous one has written its last result); w_index: its record.
+    def _write_back(self, m: Module, st: SimpleNamespace) -> None:
+        """Write-back: one result -> a data write and/or the row total. wins: the
+        instruction being written back (loaded from its record when the previous one has
+        written its last result); w_index: its record."""
+        flight, log_f, n, queued, results = st.flight, st.log_f, st.n, st.queued, st.results
+        start, walker, wptr = st.start, st.walker, st.wptr
         wins = Signal(_Flight(), name="wins")
         w_busy = Signal()
         w_index = Signal(log_f)
@@ -445,10 +489,18 @@ class VecEngine(wiring.Component):
         to_spad = kind == VecDst.SPAD
         lane_bit = Signal(n)
         m.d.comb += [lane_bit[i].eq(wr["lane"] == i) for i in range(n)]
-        # Row totals are gathered into one entry's lanes (N rows share a total entry)
-        # and written together, so a row end costs no extra acc_w cycle: the buffer is
-        # flushed after the last row of a block of N rows (or the instruction), ahead
-        # of the next data write (of this instruction or the next).
+        st.__dict__.update(kind=kind, lane_bit=lane_bit, res=res, spad_ptr=spad_ptr, to_acc=to_acc,
+                           to_spad=to_spad, w_index=w_index, w_last=w_last, wins=wins, wr=wr,
+                           wr_go=wr_go)
+
+    def _row_totals(self, m: Module, st: SimpleNamespace) -> None:
+        """Row totals are gathered into one entry's lanes (N rows share a total entry) and
+        written together, so a row end costs no extra acc_w cycle: the buffer is flushed
+        after the last row of a block of N rows (or the instruction), ahead of the next data
+        write (of this instruction or the next)."""
+        kind, lane_bit, n, res, results = st.kind, st.lane_bit, st.n, st.res, st.results
+        spad_ptr, to_acc, to_spad, wins, wr = st.spad_ptr, st.to_acc, st.to_spad, st.wins, st.wr
+        wr_go, = st.wr_go
         tot_data = Signal(Entry(n), name="tot_data")
         tot_lanes = Signal(n, name="tot_lanes")
         tot_addr = Signal(range(self.acc_depth), name="tot_addr")
@@ -492,8 +544,14 @@ class VecEngine(wiring.Component):
                          flush.eq((wr["lane"] == n - 1) | wr["last_row"])]
         with m.Elif(flush_fire):
             m.d.sync += [flush.eq(0), tot_lanes.eq(0)]
+        st.__dict__.update(flush_fire=flush_fire, row_total=row_total)
 
-        # --- completion: writes finished, scratchpad writes acknowledged, in order ----
+    def _completion(self, m: Module, st: SimpleNamespace) -> None:
+        """Completion: writes finished, scratchpad writes acknowledged, in order."""
+        acked, count, dptr, fin, flight = st.acked, st.count, st.dptr, st.fin, st.flight
+        flights, flush_fire, log_f, pend_valid = st.flights, st.flush_fire, st.log_f, st.pend_valid
+        queue, remaining, row_total, start = st.queue, st.remaining, st.row_total, st.start
+        w_index, w_last = st.w_index, st.w_last
         outstanding = Signal(2 * COUNT_FIELD_BITS + 1)
         outstanding_next = Signal.like(outstanding)
         req_fire = self.spad_req.valid & self.spad_req.ready
@@ -535,4 +593,3 @@ class VecEngine(wiring.Component):
             m.d.sync += dptr.eq(dptr + 1)
         m.d.sync += count.eq(count + start - done_fire)
         m.d.comb += self.busy.eq((queue.level != 0) | pend_valid | (count != 0))
-        return m

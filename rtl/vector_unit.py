@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, fifo, memory, stream, wiring
@@ -197,8 +199,25 @@ class VectorUnit(wiring.Component):
         n, nums = self.n, NUMERICS
         op_layout = VectorOp(n, self.slots)
         lane = signed(LANE_BITS)
+        st = SimpleNamespace()
+        st.__dict__.update(lane=lane, n=n, nums=nums, op_layout=op_layout)
+        self._intake(m, st)
+        self._stage0(m, st)
+        self._silu_table(m, st)
+        self._reciprocal(m, st)
+        self._stages_1_2(m, st)
+        self._stages_3_4(m, st)
+        self._sort_beat(m, st)
+        self._stages_5_6(m, st)
+        self._reduce(m, st)
+        self._list_compare(m, st)
+        self._last_stage(m, st)
+        self._merge(m, st)
+        return m
 
-        # --- intake: result-room credits and the reciprocal interlock --------------
+    def _intake(self, m: Module, st: SimpleNamespace) -> None:
+        """Intake: result-room credits and the reciprocal interlock."""
+        n = st.n
         m.submodules.fifo = results = fifo.SyncFIFOBuffered(
             width=VectorResult(n).size, depth=self.result_depth + 1)
         credits = Signal(range(self.result_depth + 1), init=self.result_depth)
@@ -220,8 +239,11 @@ class VectorUnit(wiring.Component):
         m.d.comb += topk_wait.eq(last_topk & offered_topk & ~offered.first)
         popped = self.results.valid & self.results.ready
         m.d.sync += credits.eq(credits - take + popped)
+        st.__dict__.update(credits=credits, recip_busy=recip_busy, results=results, take=take)
 
-        # --- stage 0: the taken op --------------------------------------------------
+    def _stage0(self, m: Module, st: SimpleNamespace) -> None:
+        """Stage 0: the taken op."""
+        op_layout, take = st.op_layout, st.take
         p0 = Signal(op_layout, name="p0")
         v0 = Signal(name="v0")
         m.d.sync += v0.eq(take)
@@ -237,8 +259,11 @@ class VectorUnit(wiring.Component):
             m.d.sync += [p.eq(payload), v.eq(valid)]
             valids.append(v)
             return p, v
+        st.__dict__.update(carry=carry, p0=p0, v0=v0, valids=valids)
 
-        # --- SiLU table: one copy per lane (N read ports), written by SILU_LOAD ------
+    def _silu_table(self, m: Module, st: SimpleNamespace) -> None:
+        """SiLU table: one copy per lane (N read ports), written by SILU_LOAD."""
+        n, nums, p0, v0 = st.n, st.nums, st.p0, st.v0
         silu_rd = []
         load = v0 & (p0.opcode == VectorOpcode.SILU_LOAD)
         op_bits = nums.operand_bits
@@ -254,8 +279,11 @@ class VectorUnit(wiring.Component):
                 rd.addr.eq(p0.a[i][:op_bits] ^ (1 << (op_bits - 1))),  # code + 128
             ]
             silu_rd.append(rd.data)
+        st.__dict__.update(silu_rd=silu_rd)
 
-        # --- reciprocal pipeline on c (RECIP only): result into the slot registers ----
+    def _reciprocal(self, m: Module, st: SimpleNamespace) -> None:
+        """Reciprocal pipeline on c (RECIP only): result into the slot registers."""
+        nums, p0, recip_busy, v0 = st.nums, st.p0, st.recip_busy, st.v0
         b_bits, s_bits = nums.recip_bits, nums.recip_seed_bits
         rv = [v0 & (p0.opcode == VectorOpcode.RECIP)]
         l_val = p0.c[:nums.attn_sum_bits]
@@ -314,8 +342,12 @@ class VectorUnit(wiring.Component):
         # stage-2 read sees the new value; other ops, RECIPs too, pass.
         m.d.comb += recip_busy.eq(busy)
         assert len(rv) - 1 == self.recip_latency, (len(rv), self.recip_latency)
+        st.__dict__.update(b_bits=b_bits, recip_e=recip_e, recip_y=recip_y, rv=rv)
 
-        # --- stage 1: exp argument, SiLU read ----------------------------------------
+    def _stages_1_2(self, m: Module, st: SimpleNamespace) -> None:
+        """Stage 1: exp argument, SiLU read."""
+        carry, n, nums, p0, recip_e = st.carry, st.n, st.nums, st.p0, st.recip_e
+        recip_y, silu_rd, v0 = st.recip_y, st.silu_rd, st.v0
         p1, v1 = carry(p0, v0, 1)
         d1 = []
         for i in range(n):
@@ -347,8 +379,14 @@ class VectorUnit(wiring.Component):
         silu2 = [_reg(m, silu_rd[i], f"silu2_{i}") for i in range(n)]
         y2 = _reg(m, recip_y[p1.slot], "div_y")
         e2 = _reg(m, recip_e[p1.slot], "div_e")
+        st.__dict__.update(e2=e2, exp_hi=exp_hi, exp_lo=exp_lo, exp_s=exp_s, p2=p2, pre=pre,
+                           silu2=silu2, t_bits=t_bits, v2=v2, y2=y2)
 
-        # --- stage 3: multiplier operands A (signed), K (unsigned), shift s ----------
+    def _stages_3_4(self, m: Module, st: SimpleNamespace) -> None:
+        """Stage 3: multiplier operands A (signed), K (unsigned), shift s."""
+        b_bits, carry, e2, exp_hi, exp_lo = st.b_bits, st.carry, st.e2, st.exp_hi, st.exp_lo
+        exp_s, n, nums, p2, pre, silu2 = st.exp_s, st.n, st.nums, st.p2, st.pre, st.silu2
+        t_bits, v2, y2 = st.t_bits, st.v2, st.y2
         p3, v3 = carry(p2, v2, 3)
         k_bits = max(nums.requant_mult_bits, t_bits, b_bits + 1, nums.exp_table_frac_bits + 2)
         op2 = p2.opcode
@@ -385,12 +423,15 @@ class VectorUnit(wiring.Component):
         prod = [_reg(m, mul_a[i] * mul_k[i], f"prod{i}", shape=signed(prod_bits))
                 for i in range(n)]
         s4 = [_reg(m, mul_s[i], f"s4_{i}") for i in range(n)]
+        st.__dict__.update(p4=p4, prod=prod, prod_bits=prod_bits, s4=s4, v4=v4)
 
-        # --- top-k, beside stages 5 and 6: sort the beat's lanes (largest first) ------
-        # An entry is (valid, value, index); the order is valid first, then larger value,
-        # then the entry folded first: within a beat, the lower lane. Stage 5: pairwise
-        # compares; stage 6: each lane's rank, and the lanes of rank r < M placed in
-        # position r (ranks are distinct: a total order).
+    def _sort_beat(self, m: Module, st: SimpleNamespace) -> None:
+        """Top-k, beside stages 5 and 6: sort the beat's lanes (largest first). An entry is
+        (valid, value, index); the order is valid first, then larger value, then the entry
+        folded first: within a beat, the lower lane. Stage 5: pairwise compares; stage 6:
+        each lane's rank, and the lanes of rank r < M placed in position r (ranks are
+        distinct: a total order)."""
+        lane, n, p4 = st.lane, st.n, st.p4
         k_list, idx_bits = self.max_top_k, TOPK_INDEX_BITS
         m_beat = min(n, k_list)
         lane_val = [_reg(m, p4.a[i], f"topk_val5_{i}") for i in range(n)]
@@ -419,8 +460,13 @@ class VectorUnit(wiring.Component):
             sorted_val.append(_reg(m, val.as_signed(), f"topk_sval{r}", shape=lane))
             sorted_idx.append(_reg(m, idx, f"topk_sidx{r}", shape=unsigned(idx_bits)))
             sorted_ok.append(_reg(m, ok, f"topk_sok{r}", shape=1))
+        st.__dict__.update(idx_bits=idx_bits, k_list=k_list, m_beat=m_beat, sorted_idx=sorted_idx,
+                           sorted_ok=sorted_ok, sorted_val=sorted_val)
 
-        # --- stage 5: round half up and shift (right for s > 0, left for s < 0) ------
+    def _stages_5_6(self, m: Module, st: SimpleNamespace) -> None:
+        """Stage 5: round half up and shift (right for s > 0, left for s < 0)"""
+        carry, lane, n, nums, p4, prod = st.carry, st.lane, st.n, st.nums, st.p4, st.prod
+        prod_bits, s4, v4 = st.prod_bits, st.s4, st.v4
         p5, v5 = carry(p4, v4, 5)
         max_left = nums.logit_max_left_shift
         wide = signed(prod_bits + max_left)
@@ -458,17 +504,26 @@ class VectorUnit(wiring.Component):
             with m.Else():
                 pass
             lanes6.append(_reg(m, Mux(p5.mask[i], out, 0), f"lane{i}"))
+        st.__dict__.update(lanes6=lanes6, p6=p6, v6=v6)
 
-        # --- reduction tree over the enabled lanes: max or sum, registered every 2 levels
+    def _reduce(self, m: Module, st: SimpleNamespace) -> None:
+        """Reduction tree over the enabled lanes: max or sum, registered every 2 levels."""
+        lanes6, n, p6 = st.lanes6, st.n, st.p6
         is_max = Signal()
         m.d.comb += is_max.eq((p6.opcode == VectorOpcode.MAX) | (p6.opcode == VectorOpcode.LOGIT))
         lowest = -(1 << (LANE_BITS - 1))
         level = [Mux(p6.mask[i], lanes6[i], Mux(is_max, lowest, 0)) for i in range(n)]
-        # --- top-k: the list L (K entries), compared with the sorted beat B ------------
-        # before[i][j] = B_j sorts before L_i: valid, and a larger value (on equal values
-        # the list's entry came first). Computed with the last tree stage, one cycle before
-        # the list update (the intake keeps a list-reading top-k beat a cycle behind the
-        # previous top-k beat), and registered with the list as read then.
+        st.__dict__.update(is_max=is_max, level=level)
+
+    def _list_compare(self, m: Module, st: SimpleNamespace) -> None:
+        """Top-k: the list L (K entries), compared with the sorted beat B. before[i][j] = B_j
+        sorts before L_i: valid, and a larger value (on equal values the list's entry came
+        first). Computed with the last tree stage, one cycle before the list update (the
+        intake keeps a list-reading top-k beat a cycle behind the previous top-k beat), and
+        registered with the list as read then."""
+        carry, idx_bits, is_max, k_list = st.carry, st.idx_bits, st.is_max, st.k_list
+        lane, lanes6, level, m_beat, p6 = st.lane, st.lanes6, st.level, st.m_beat, st.p6
+        sorted_idx, sorted_ok, sorted_val, v6 = st.sorted_idx, st.sorted_ok, st.sorted_val, st.v6
         list_val = [Signal(lane, name=f"topk_val{e}") for e in range(k_list)]
         list_idx = [Signal(unsigned(idx_bits), name=f"topk_idx{e}") for e in range(k_list)]
         list_ok = [Signal(name=f"topk_ok{e}") for e in range(k_list)]
@@ -504,8 +559,14 @@ class VectorUnit(wiring.Component):
                 sorted_ok = [_reg(m, x, f"topk_sok{stage}_{j}") for j, x in enumerate(sorted_ok)]
                 max_t = _reg(m, max_t, f"max{stage}")
         folded = level[0]
+        st.__dict__.update(before=before, data_t=data_t, folded=folded, list_idx=list_idx,
+                           list_ok=list_ok, list_val=list_val, max_t=max_t, old_idx=old_idx,
+                           old_ok=old_ok, old_val=old_val, p_t=p_t, sorted_idx=sorted_idx,
+                           sorted_ok=sorted_ok, sorted_val=sorted_val, v_t=v_t)
 
-        # --- last stage: the slot's running total, and the result ---------------------
+    def _last_stage(self, m: Module, st: SimpleNamespace) -> None:
+        """Last stage: the slot's running total, and the result."""
+        folded, lane, max_t, p_t, v_t = st.folded, st.lane, st.max_t, st.p_t, st.v_t
         totals = Array(Signal(lane, name=f"total_slot{s}") for s in range(self.slots))
         base = Mux(p_t.first, Mux(max_t, p_t.c, 0), totals[p_t.slot])
         new_total = Signal(lane)
@@ -522,12 +583,20 @@ class VectorUnit(wiring.Component):
         for s in range(self.slots):
             with m.If(v_t & reduces & (p_t.slot == s)):
                 m.d.sync += totals[s].eq(new_total)
+        st.__dict__.update(total_out=total_out)
 
-        # --- top-k: merge the sorted beat B (M entries) into the list L (K entries) --
-        # Both lists are sorted, so before[i][j] is monotone in i and j, and an entry's
-        # rank in the union is its position plus the number of entries of the other list
-        # before it: L_i lands at r = i + #{j: before[i][j]}, B_j at r = j + #{i: not
-        # before[i][j]}. Position r < K takes the one entry of rank r.
+    def _merge(self, m: Module, st: SimpleNamespace) -> None:
+        """Top-k: merge the sorted beat B (M entries) into the list L (K entries) -- Both lists
+        are sorted, so before[i][j] is monotone in i and j, and an entry's rank in the union
+        is its position plus the number of entries of the other list before it: L_i lands at
+        r = i + #{j: before[i][j]}, B_j at r = j + #{i: not before[i][j]}. Position r < K
+        takes the one entry of rank r."""
+        before, credits, data_t, idx_bits = st.before, st.credits, st.data_t, st.idx_bits
+        k_list, lane, list_idx, list_ok = st.k_list, st.lane, st.list_idx, st.list_ok
+        list_val, m_beat, n, old_idx, old_ok = st.list_val, st.m_beat, st.n, st.old_idx, st.old_ok
+        old_val, p_t, results, rv = st.old_val, st.p_t, st.results, st.rv
+        sorted_idx, sorted_ok, sorted_val = st.sorted_idx, st.sorted_ok, st.sorted_val
+        total_out, v_t, valids = st.total_out, st.v_t, st.valids
         new_val, new_idx, new_ok = [], [], []
         for r in range(k_list):
             val, idx, ok = Const(0, unsigned(LANE_BITS)), Const(0, unsigned(idx_bits)), Const(0)
@@ -574,4 +643,3 @@ class VectorUnit(wiring.Component):
             self.results.payload.eq(results.r_data),
             results.r_en.eq(self.results.ready),
         ]
-        return m
