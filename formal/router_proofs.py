@@ -35,6 +35,7 @@ flit carries its payload).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from amaranth import Cat, Module, Mux, ResetSignal, Signal
 from amaranth.hdl import Assert, Assume, Cover, Fragment
@@ -294,9 +295,16 @@ class RouterHarness(wiring.Component):
         for v in range(vcs):
             m.d.comb += Assert(~(self.eject[v].valid
                                  & (self.eject[v].payload.payload == payload)))
+        st = SimpleNamespace()
+        st.__dict__.update(arrive=arrive, depth=depth, left=left, payload=payload, probe=probe,
+                           route=route, tracked=tracked, tslot=tslot, tvc=tvc, vcs=vcs)
+        self._delivery_invariants(m, st)
 
-        # Invariants for induction: where the tracked flit is, and that it is the only
-        # flit with its payload anywhere in the router.
+    def _delivery_invariants(self, m: Module, st: SimpleNamespace) -> None:
+        """Invariants for induction: where the tracked flit is, and that it is the only flit
+        with its payload anywhere in the router."""
+        arrive, depth, left, payload, probe = st.arrive, st.depth, st.left, st.payload, st.probe
+        route, tracked, tslot, tvc, vcs = st.route, st.tracked, st.tslot, st.tvc, st.vcs
         m.d.comb += [Assert(~left | tracked), Assert(~arrive | left),
                      Assert(~tracked | Cat(*[route == 1 << o for o in LINK_PORTS
                                               if o is not Port.W]).any())]

@@ -29,6 +29,7 @@ polynomial 0x07 over the channel byte and the value bytes):
 
 import enum
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import wiring
@@ -145,8 +146,18 @@ class UartBridge(wiring.Component):
         error_events = Signal(3)  # a UART error, a refused frame, a dropped frame
         total = sum(error_events[i] for i in range(3))
         m.d.sync += errors.eq(Mux(errors + total > 255, 255, errors + total))
+        st = SimpleNamespace()
+        st.__dict__.update(dut=dut, error_events=error_events, errors=errors, peek=peek, poke=poke,
+                           rx=rx, tx=tx, width=width)
+        self._inputs(m, st)
+        self._receive(m, st)
+        self._parser(m, st)
+        self._send(m, st)
+        return m
 
-        # Poke: the component's other inputs, held.
+    def _inputs(self, m: Module, st: SimpleNamespace) -> None:
+        """Poke: the component's other inputs, held."""
+        dut, poke = st.dut, st.poke
         poked = Signal(max(1, poke.bits))
         offset = 0
         for name, w in poke.members:
@@ -166,8 +177,11 @@ class UartBridge(wiring.Component):
                 with m.If(port.ready):
                     m.d.sync += valid.eq(0)
                 held[c.name] = (valid, payload, port)
+        st.__dict__.update(held=held, poked=poked)
 
-        # --- receive: parse host frames ----------------------------------------------
+    def _receive(self, m: Module, st: SimpleNamespace) -> None:
+        """Receive: parse host frames."""
+        error_events, rx, width = st.error_events, st.rx, st.width
         buffer = Signal(width)
         channel = Signal(8)
         count = Signal(range(width // 8 + 1))
@@ -193,7 +207,14 @@ class UartBridge(wiring.Component):
             m.d.sync += [reply.eq(2), nak_code.eq(code)]
             m.d.comb += error_events[1].eq(1)
             m.next = "IDLE"
+        st.__dict__.update(buffer=buffer, byte=byte, channel=channel, count=count, crc=crc,
+                           got=got, idle=idle, nak_code=nak_code, nbytes_of=nbytes_of,
+                           refuse=refuse, reply=reply)
 
+    def _parser(self, m: Module, st: SimpleNamespace) -> None:
+        buffer, byte, channel, count, crc = st.buffer, st.byte, st.channel, st.count, st.crc
+        error_events, got, held, idle = st.error_events, st.got, st.held, st.idle
+        nbytes_of, poked, refuse, reply, rx = st.nbytes_of, st.poked, st.refuse, st.reply, st.rx
         expected = nbytes_of(channel)
         timed_out = Signal()
         m.d.comb += timed_out.eq(idle == FRAME_TIMEOUT_BYTES * 10 * self.divisor)
@@ -262,7 +283,10 @@ class UartBridge(wiring.Component):
         with m.If(parser.ongoing("DROP")):
             m.d.sync += idle.eq(0)
 
-        # --- send: replies, peeks and the out streams' beats --------------------------
+    def _send(self, m: Module, st: SimpleNamespace) -> None:
+        """Send: replies, peeks and the out streams' beats."""
+        dut, errors, nak_code, peek, reply = st.dut, st.errors, st.nak_code, st.peek, st.reply
+        tx, width = st.tx, st.width
         frame = Signal(width)
         frame_channel = Signal(8)
         frame_bytes = Signal(range(width // 8 + 1))
@@ -318,4 +342,3 @@ class UartBridge(wiring.Component):
                 m.d.comb += [tx.data.valid.eq(1), tx.data.payload.eq(tx_crc)]
                 with m.If(tx.data.ready):
                     m.next = "IDLE"
-        return m

@@ -33,6 +33,7 @@ network), ``delivered`` (request packets whose tail arrived), ``delivered_flits`
 from __future__ import annotations
 
 import enum as py_enum
+from types import SimpleNamespace
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
@@ -172,8 +173,16 @@ class TrafficBench(wiring.Component):
         x, y = node % k, node // k
         rnd = self._random(m, node)
         generate = (self.phase != 0) & (rnd[:16] < self.rate)
+        st = SimpleNamespace()
+        st.__dict__.update(adds=adds, cfg=cfg, generate=generate, k=k, node=node, rnd=rnd,
+                           sink=sink, x=x, y=y)
+        self._destinations(m, st)
+        self._inject(m, st)
 
-        # Destinations of this cycle's draw, per pattern.
+    def _destinations(self, m: Module, st: SimpleNamespace) -> None:
+        """Destinations of this cycle's draw, per pattern."""
+        adds, generate, k, node, rnd, x = st.adds, st.generate, st.k, st.node, st.rnd, st.x
+        y = st.y
         uniform = self._uniform_other(m, node, rnd[16:24], f"n{node}_uniform")
         second = self._uniform_other(m, node, rnd[24:32], f"n{node}_second")
         fixed = {}
@@ -213,9 +222,13 @@ class TrafficBench(wiring.Component):
         adds["refused"].append((born_now & ~q.w_rdy) + (born_now & ~q.w_rdy & moe))
         adds["tagged_born"].append((born_now & q.w_rdy & (self.phase == 2))
                                    + (born_now & q.w_rdy & (self.phase == 2) & moe))
+        st.__dict__.update(entry=entry, q=q)
 
-        # Injection: responses first (one flit on the response class), else the head of
-        # the queue (`length` flits, twice for a MoE token).
+    def _inject(self, m: Module, st: SimpleNamespace) -> None:
+        """Injection: responses first (one flit on the response class), else the head of the
+        queue (`length` flits, twice for a MoE token)."""
+        adds, cfg, entry, k, node, q = st.adds, st.cfg, st.entry, st.k, st.node, st.q
+        sink = st.sink
         resp_q = sink["responses"]
         head = Signal(entry, name=f"n{node}_head")
         m.d.comb += head.eq(q.r_data)
