@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
-from spec.isa import Opcode, VecDst, encode, tile_bit
+from spec.isa import Opcode, VecDst, encode, tile_bit, tile_index
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "expected_error", "fitting_program", "gemm", "semaphore_overflow",
-           "semaphore_programs", "vec"]
+           "expected_error", "fitting_program", "gemm", "high_bit_instructions",
+           "semaphore_overflow", "semaphore_programs", "vec"]
 
 HALT = encode(Opcode.HALT)
 
@@ -201,8 +201,11 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
 def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
     """For every semaphore s: a SIGNAL, a GEMM, a VEC and a DMA each counting on s (the
     DMA to tile ``own`` also raising its arrival on s), then a WAIT for the exact total
-    (the program halts) or for one more (it never does): (s, program, halts). Together
-    they check every semaphore's counter against each source of increments."""
+    (the program halts) or for one more (it never does): (s, program, halts). After the
+    exact WAIT every other semaphore is SIGNALled up to its largest count: one stray
+    increment of it would overflow (SEMAPHORE_OVERFLOW). Together they check every
+    semaphore's counter against each source of increments, and that no increment lands
+    on another semaphore."""
     out = []
     for s in range(SEMAPHORE_COUNT):
         signal = {"signal": {"enable": 1, "semaphore": s}}
@@ -211,7 +214,35 @@ def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
         body = [encode(Opcode.SIGNAL, semaphore=s, count=count), gemm(**signal),
                 vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
         total = count + 4
-        for wait, halts in ((total, True), (total + 1, False)):
-            out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=wait), HALT],
-                        halts))
+        fill = [encode(Opcode.SIGNAL, semaphore=t, count=(1 << 16) - 1)
+                for t in range(SEMAPHORE_COUNT) if t != s]
+        out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total), *fill, HALT],
+                    True))
+        out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total + 1), HALT],
+                    False))
+    return out
+
+
+def high_bit_instructions(s: Sizes, n: int, own: int) -> list[tuple]:
+    """GEMM shapes and DMA lengths with one high bit set (256 .. 2048: the upper bits
+    of the sequencer's size arithmetic) and a DMA to each tile-mask bit outside the
+    mesh alone, as (opcode, fields, word, expected ErrorCode name) like
+    :func:`boundary_instructions`."""
+    out = []
+    base = {"m": 8, "k": 8, "p": 8, "a_rows": 0, "b_rows": 0, "a_limbs": 0, "a": 0,
+            "b": 0, "a_lo": 0, "c": 0}
+    for dim in ("m", "k", "p"):
+        for bit in (8, 9, 10, 11):
+            f = base | {dim: 1 << bit}
+            out.append((Opcode.GEMM, f, encode(Opcode.GEMM, **f),
+                        expected_error(Opcode.GEMM, f, s, n)))
+    for bit in (8, 9, 10, 11):
+        f = {"length": 1 << bit, "src": 0, "dst": 0, "tiles": own}
+        out.append((Opcode.DMA, f, encode(Opcode.DMA, **f), expected_error(Opcode.DMA, f, s, n)))
+    columns, rows = s.mesh
+    inside = {tile_index(x, y) for y in range(rows) for x in range(columns)}
+    for bit in range(64):
+        if bit not in inside:
+            f = {"length": 1, "src": 0, "dst": 0, "tiles": 1 << bit}
+            out.append((Opcode.DMA, f, encode(Opcode.DMA, **f), "BAD_TILE"))
     return out

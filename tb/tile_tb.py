@@ -25,6 +25,7 @@ from sim.sequencer_cases import (
     boundary_instructions,
     fitting_program,
     gemm,
+    high_bit_instructions,
     semaphore_overflow,
     semaphore_programs,
     vec,
@@ -285,7 +286,8 @@ async def tile_programs(dut):
             assert not driver.halted(), f"semaphore {s} passed a WAIT for more than it has"
             await driver.reset()
     rng = np.random.default_rng(p.get("seed", 1))
-    for opcode, fields, word, error in boundary_instructions(sizes, config.n, 1, rng, 150):
+    for opcode, fields, word, error in (boundary_instructions(sizes, config.n, 1, rng, 150)
+                                        + high_bit_instructions(sizes, config.n, 1)):
         await driver.load([word, HALT], {}, [])
         run = await driver.execute(20_000)
         got = (run.error.name, run.pc if error != "NONE" else 0)

@@ -19,6 +19,7 @@ from sim.sequencer_cases import (
     dma,
     fitting_program,
     gemm,
+    high_bit_instructions,
     semaphore_overflow,
     vec,
 )
@@ -294,7 +295,8 @@ def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
     the others with the error docs/isa.md names."""
     rng = np.random.default_rng(7)
     wrong = []
-    for opcode, fields, word, error in boundary_instructions(SIZES, 8, 1, rng, 120):
+    for opcode, fields, word, error in (boundary_instructions(SIZES, 8, 1, rng, 120)
+                                        + high_bit_instructions(SIZES, 8, 1)):
         trace = run([word, HALT])
         got = trace["status"]["error"].name
         if got != error:
