@@ -149,10 +149,8 @@ class UartBridge(wiring.Component):
         st = SimpleNamespace()
         st.__dict__.update(dut=dut, error_events=error_events, errors=errors, peek=peek, poke=poke,
                            rx=rx, tx=tx, width=width)
-        self._inputs(m, st)
-        self._receive(m, st)
-        self._parser(m, st)
-        self._send(m, st)
+        for stage in (self._inputs, self._receive, self._parser, self._send):
+            stage(m, st)
         return m
 
     def _inputs(self, m: Module, st: SimpleNamespace) -> None:

@@ -71,11 +71,8 @@ class DmaEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         st = self._state(m)
-        self._accept(m, st)
-        self._requests(m, st)
-        self._responses(m, st)
-        self._network(m, st)
-        self._advance(m, st)
+        for stage in (self._accept, self._requests, self._responses, self._network, self._advance):
+            stage(m, st)
         return m
 
     def _state(self, m: Module) -> SimpleNamespace:

@@ -92,10 +92,8 @@ class OperandStreamer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         st = SimpleNamespace()
-        self._issue(m, st)
-        self._next_fetch(m, st)
-        self._words(m, st)
-        self._transpose(m, st)
+        for stage in (self._issue, self._next_fetch, self._words, self._transpose):
+            stage(m, st)
         return m
 
     def _issue(self, m: Module, st: SimpleNamespace) -> None:

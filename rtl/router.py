@@ -376,12 +376,9 @@ class Router(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         st = SimpleNamespace()
-        self._inputs(m, st)
-        self._output_state(m, st)
-        self._allocate(m, st)
-        self._crossbar(m, st)
-        self._free_slots(m, st)
-        self._drops(m, st)
+        for stage in (self._inputs, self._output_state, self._allocate, self._crossbar,
+                      self._free_slots, self._drops):
+            stage(m, st)
         self.probe.update(credit=st.credit, busy=st.busy, out_src=st.out_src,
                           discard=st.discard, is_open=st.is_open, open_route=st.open_route,
                           pending=st.pending, inputs=st.bufs, ejects=st.ejects)

@@ -389,28 +389,20 @@ class Scratchpad(wiring.Component):
         select, syndrome) -> s3 (correct) -> its response FIFO. Returns the port's
         (corrected, uncorrectable) read events."""
         code = self.code
-        s1_valid = Signal(name=f"{name}_s1_valid")
-        s1_read = Signal(name=f"{name}_s1_read")
-        s1_write = Signal(name=f"{name}_s1_write")
-        s1_bank = Signal(range(self.banks), name=f"{name}_s1_bank")
-        s1_status = Signal(Status(), name=f"{name}_s1_status")
-        m.d.sync += [
-            s1_valid.eq(accept),
-            s1_read.eq(accept & f["needs_bank"] & ~f["write"]),
-            s1_write.eq(f["write"]),
-            s1_bank.eq(f["bank"]),
-            s1_status.eq(f["status"]),
-        ]
 
-        s2_valid = Signal(name=f"{name}_s2_valid")
-        s2_read = Signal(name=f"{name}_s2_read")
-        s2_write = Signal(name=f"{name}_s2_write")
-        s2_bank = Signal(range(self.banks), name=f"{name}_s2_bank")
-        s2_status = Signal(Status(), name=f"{name}_s2_status")
-        m.d.sync += [
-            s2_valid.eq(s1_valid), s2_read.eq(s1_read), s2_write.eq(s1_write),
-            s2_bank.eq(s1_bank), s2_status.eq(s1_status),
-        ]
+        def stage(tag: str, valid, read, write, bank, status) -> tuple[Signal, ...]:
+            """Registers of pipeline stage ``tag`` loaded from the stage before."""
+            regs = (Signal(name=f"{name}_{tag}_valid"), Signal(name=f"{name}_{tag}_read"),
+                    Signal(name=f"{name}_{tag}_write"),
+                    Signal(range(self.banks), name=f"{name}_{tag}_bank"),
+                    Signal(Status(), name=f"{name}_{tag}_status"))
+            m.d.sync += [r.eq(v) for r, v in zip(regs, (valid, read, write, bank, status),
+                                                 strict=True)]
+            return regs
+
+        s1 = stage("s1", accept, accept & f["needs_bank"] & ~f["write"], f["write"],
+                   f["bank"], f["status"])
+        s2_valid, s2_read, s2_write, s2_bank, s2_status = stage("s2", *s1)
         word = Signal(code.code_bits, name=f"{name}_s2_word")
         m.d.comb += word.eq(_lookup(bank_words, s2_bank))
         syn, parity = _ecc.syndrome(code, word)

@@ -212,14 +212,9 @@ class VecEngine(wiring.Component):
         st = SimpleNamespace()
         st.__dict__.update(flights=flights, log_f=log_f, log_n=log_n, n=n, ops=ops,
                            results=results)
-        self._intake(m, st)
-        self._in_flight(m, st)
-        self._issue(m, st)
-        self._lane_bounds(m, st)
-        self._stage1(m, st)
-        self._write_back(m, st)
-        self._row_totals(m, st)
-        self._completion(m, st)
+        for stage in (self._intake, self._in_flight, self._issue, self._lane_bounds, self._stage1,
+                      self._write_back, self._row_totals, self._completion):
+            stage(m, st)
         return m
 
     def _intake(self, m: Module, st: SimpleNamespace) -> None:

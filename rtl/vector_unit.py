@@ -201,18 +201,10 @@ class VectorUnit(wiring.Component):
         lane = signed(LANE_BITS)
         st = SimpleNamespace()
         st.__dict__.update(lane=lane, n=n, nums=nums, op_layout=op_layout)
-        self._intake(m, st)
-        self._stage0(m, st)
-        self._silu_table(m, st)
-        self._reciprocal(m, st)
-        self._stages_1_2(m, st)
-        self._stages_3_4(m, st)
-        self._sort_beat(m, st)
-        self._stages_5_6(m, st)
-        self._reduce(m, st)
-        self._list_compare(m, st)
-        self._last_stage(m, st)
-        self._merge(m, st)
+        for stage in (self._intake, self._stage0, self._silu_table, self._reciprocal,
+                      self._stages_1_2, self._stages_3_4, self._sort_beat, self._stages_5_6,
+                      self._reduce, self._list_compare, self._last_stage, self._merge):
+            stage(m, st)
         return m
 
     def _intake(self, m: Module, st: SimpleNamespace) -> None:
