@@ -3,11 +3,13 @@ decoder layer (gpt-oss miniature, 2 x 2, N = 8, batch 2, prefill 32, one decode 
 contexts 256/200, local placement), on the fault-injection build (:mod:`sim.faults`).
 
 Single-bit faults at a rate of 0.005 per word a round reads, before every round: how many
-were injected (each in a word read afterwards) and the share that survived (the round
-finished with every output bit-exact and the tile's scratchpad corrected at least one
-read per fault). Double-bit faults at 1e-3 per word, one run per seed of five: the share
-detected (the run stopped with the uncorrectable-ECC error at the round holding them,
-never a wrong output passed on). ``--quick``: the tiny miniature at higher rates.
+were injected (each in a word read afterwards) and the share that survived: their round
+finished with every output bit-exact, the tile's scratchpad corrected at least one read
+per fault, and each fault was still in its word afterwards (a round where any of that
+fails stops the run, and its faults count as injected, not survived). Double-bit faults
+at 1e-3 per word, one run per seed of five: the share detected (the run stopped with the
+uncorrectable-ECC error at the round holding them, never a wrong output passed on).
+``--quick``: the tiny miniature at higher rates.
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ def sim(args: argparse.Namespace) -> int:
     if args.fault_seed is not None and args.inject_faults is None:
         print("serrano sim: --fault-seed needs --inject-faults", file=sys.stderr)
         return 2
-    faults = args.inject_faults and replace(args.inject_faults, seed=args.fault_seed or 1)
+    faults = args.inject_faults and replace(
+        args.inject_faults, seed=1 if args.fault_seed is None else args.fault_seed)
     try:
         cfg, config, rounds = _compile_layer(args)
     except ValueError as error:

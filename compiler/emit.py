@@ -161,7 +161,9 @@ class Regions:
         self.memory, self.owner, self.banks, self.per_tile = memory, owner, banks, per_tile
         self.uses: list[tuple[str, int]] = []
         self.used = 0  # words or entries taken, bank padding included
-        self.end = min((lo for lo, _ in self.free), default=0)  # past the highest region
+        # Past the highest region taken: the first range's start while none is (an empty
+        # range included: a region then fits nowhere, but the end is still its start).
+        self.end = min((lo for lo, _ in free), default=0)
 
     def take(self, size: int, what: str, bank: int | None = None) -> int:
         """The base of a new region of ``size`` for ``what``."""

@@ -22,13 +22,16 @@ corrected or uncorrectable already would be refused) and writes each back with i
 mask: the stored codeword is then the good one with one or two bits inverted, a word at
 rest in the SRAM hit by a particle. The log keeps (round, tile, address, bits, cycle).
 After the round, each tile's ECC counters (``rtl.chip.EccCounters``) must show at least
-one corrected read per single fault in its words and one uncorrectable read per double;
-an uncorrectable read stops the run with a named error (:class:`UncorrectableError`),
-never a wrong output passed on, and the tile's doubles count as *detected*. A finished
-round's faulty words are read once more (they must still hold their fault: nothing wrote
-them) and written back clean, a scrubber's work, so the next round starts from good
-words; its single faults count as *corrected* (the caller has checked its outputs
-bit-exact first).
+one corrected read per single fault in its words and one uncorrectable read per double
+(the counters count reads, not words: that each fault is read rests on the programs'
+static reads, and the read-back below finds each still in place). An uncorrectable read
+stops the run with a named error, never a wrong output passed on, and the tile's
+doubles count as *detected*. A finished round's faulty words are read once more (they
+must still hold their fault: nothing wrote them) and written back clean, a scrubber's
+work, so the next round starts from good words; its single faults count as *corrected*
+(the caller has checked its outputs bit-exact first). Whatever does not add up stops the
+run with its reason (:meth:`FaultInjector.check_round`), the faults of that round
+counted as neither.
 """
 
 from __future__ import annotations
@@ -42,11 +45,7 @@ from compiler.hazards import accesses
 from golden.ecc import Secded
 from spec.isa import MASK_COLUMNS, Opcode, decode
 
-__all__ = ["FaultInjector", "FaultPlan", "UncorrectableError", "round_targets"]
-
-
-class UncorrectableError(Exception):
-    """A tile read a word with a double-bit fault: the run stops here."""
+__all__ = ["FaultInjector", "FaultPlan", "round_targets"]
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,9 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
             if op == Opcode.DMA:
                 mask = fields["tiles"]
                 for bit in range(mask.bit_length()):
-                    if mask >> bit & 1:
-                        dest = bit // MASK_COLUMNS * k + bit % MASK_COLUMNS
-                        writes.setdefault(dest, set()).update(put)
+                    x, y = bit % MASK_COLUMNS, bit // MASK_COLUMNS
+                    if mask >> bit & 1 and x < k and y < k:  # (the chip refuses others)
+                        writes.setdefault(y * k + x, set()).update(put)
             else:
                 writes[tile] |= {a for a in put if a < 1 << 20}
     return {t: sorted(reads[t] - writes[t]) for t in loads}
@@ -175,12 +174,14 @@ class FaultInjector:
             self.pending = []
         self._before = driver.ecc_counters()
 
-    def check_round(self, driver, index: int) -> None:
-        """After round ``index`` halted: the ECC counters against the faults. Raises
-        :class:`UncorrectableError` when a tile read a double-bit fault, AssertionError
-        when the counters do not account for the faults."""
+    def check_round(self, driver, index: int) -> str | None:
+        """After round ``index`` halted: the ECC counters against the faults. Returns
+        why the run stops here, if it does: a tile read a double-bit fault (the named
+        uncorrectable-ECC error; its doubles count as detected), or the counters do not
+        account for the round's faults (its faults count as neither corrected nor
+        detected)."""
         after = driver.ecc_counters()
-        detected = []
+        detected, problems = [], []
         for tile, (corrected, uncorrectable) in after.items():
             was = self._before[tile]
             reads = corrected - was[0], uncorrectable - was[1]
@@ -194,47 +195,55 @@ class FaultInjector:
             entry["double"] += double
             entry["corrected_reads"] += reads[0]
             entry["uncorrectable_reads"] += reads[1]
+            where = f"tile {tile}"
             if max(after[tile]) == (1 << 16) - 1:
-                raise AssertionError(f"round {index}: tile {tile}'s ECC counters saturated; "
-                                     "use a lower fault rate")
+                problems.append(f"{where}'s ECC counters saturated (use a lower fault rate)")
             if reads[0] < single:
-                raise AssertionError(
-                    f"round {index}: tile {tile} holds {single} single-bit faults in words "
-                    f"its program reads, but its scratchpad corrected only {reads[0]} reads")
+                problems.append(f"{where} holds {single} single-bit faults in words its "
+                                f"program reads, but its scratchpad corrected {reads[0]} reads")
             if reads[1] < double:
-                raise AssertionError(
-                    f"round {index}: tile {tile} holds {double} double-bit faults in words "
-                    f"its program reads, but its scratchpad flagged only {reads[1]} reads")
-            if reads[1] and not double:
-                raise AssertionError(f"round {index}: tile {tile} flagged {reads[1]} "
-                                     "uncorrectable reads with no double-bit fault injected")
-            if double:
+                problems.append(f"{where} holds {double} double-bit faults in words its "
+                                f"program reads, but its scratchpad flagged {reads[1]} reads")
+            elif double:
                 entry["detected"] += double
-                detected.append(f"tile {tile} ({double} double-bit fault{'s' * (double > 1)}, "
+                detected.append(f"{where} ({double} double-bit fault{'s' * (double > 1)}, "
                                 f"{reads[1]} uncorrectable reads)")
+            if reads[1] and not double:
+                problems.append(f"{where} flagged {reads[1]} uncorrectable reads with no "
+                                "double-bit fault injected")
+        if problems:
+            return self.stop(f"round {index}: the ECC counters do not account for the "
+                             f"faults: {'; '.join(problems)}")
         if detected:
-            self.stopped = (f"uncorrectable ECC error in round {index}: "
-                            + ", ".join(detected) + "; the run stops before using the round's "
-                            "outputs")
-            raise UncorrectableError(self.stopped)
+            return self.stop(f"uncorrectable ECC error in round {index}: "
+                             + ", ".join(detected) + "; the run stops before using the "
+                             "round's outputs")
+        return None
 
-    async def scrub(self, driver, index: int) -> None:
+    def stop(self, reason: str) -> str:
+        """The run stops here for ``reason`` (the report's ``stopped``)."""
+        self.stopped = reason
+        return reason
+
+    async def scrub(self, driver, index: int) -> str | None:
         """After round ``index``'s outputs matched golden: every faulty word must still
-        hold its fault (read back corrected, its data intact); then it is written clean."""
+        hold its fault (read back corrected, its data intact; else the run stops, the
+        reason returned); then it is written clean and its fault counts as corrected."""
         if not self.pending:
-            return
+            return None
         got = await driver.host([{"tile": f.tile, "addr": f.address, "write": 0, "data": 0}
                                  for f in self.pending])
         for fault, response in zip(self.pending, got, strict=True):
             if not response.status.corrected or int(response.data) != fault.data:
-                raise AssertionError(f"round {index}: tile {fault.tile} word {fault.address} "
-                                     f"lost its fault (bits {fault.bits}) during the round")
+                return self.stop(f"round {index}: tile {fault.tile} word {fault.address} "
+                                 f"lost its fault (bits {fault.bits}) during the round")
         await driver.host_clean([{"tile": f.tile, "addr": f.address, "write": 1,
                                   "data": f.data} for f in self.pending])
         for fault in self.pending:
             self.tiles[fault.tile]["corrected"] += 1
         self.survived += len(self.pending)
         self.pending = []
+        return None
 
     def summary(self) -> dict:
         """The JSON record: plan, totals, per-tile counts and the log."""

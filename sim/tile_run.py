@@ -44,7 +44,7 @@ def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) ->
                              1056 if cfg.page_size >= n else 64)
     return TileConfig.for_kv_cache(cfg.head_dim, cfg.v_head_dim, cfg.page_size, n=n,
                                    rows=rows, max_context=max_context,
-                                   working_words=WORKING_WORDS)
+                                   working_words=WORKING_WORDS, every_page=True)
 
 
 def tile_from_config(config: TileConfig, *, fault_injection: bool = False) -> Tile:

@@ -176,16 +176,22 @@ class TileConfig:
     @classmethod
     def for_kv_cache(cls, head_dim: int, v_head_dim: int, page_size: int, *, n: int,
                      rows: int, max_context: int, working_words: int,
-                     program_depth: int = 4096) -> TileConfig:
+                     program_depth: int = 4096, every_page: bool = False) -> TileConfig:
         """The design point of a tile that keeps KV pages for ``rows`` block-table rows of
         ``max_context`` tokens each beside ``working_words`` of other data: the scratchpad
-        the next power of two that holds both, at most 2**16 words (then fewer pages, at
-        least one per row; a ValueError when not even that fits). Every design point of
+        the next power of two that holds both, at most 2**16 words. Past that, fewer
+        pages (at least one per row; rows then share the pages), or with ``every_page``
+        a ValueError, as when not even one page per row fits. Every design point of
         ``sim.tile_run`` and ``sim.chip_run`` is sized here."""
         pages = ceil_div(max_context, page_size)
         page_words = page_size * next_pow2(ceil_div(max(head_dim, v_head_dim), n))
         spad = min(next_pow2(rows * pages * page_words + working_words), 1 << ADDR_BITS)
         num_pages = min(rows * pages, (spad - working_words) // page_words)
+        if every_page and num_pages < rows * pages:
+            raise ValueError(f"{rows} KV caches of {max_context} tokens ({rows * pages} "
+                             f"pages of {page_words} words) and {working_words} working "
+                             f"words do not fit a scratchpad of at most {1 << ADDR_BITS} "
+                             "words")
         if num_pages < rows:
             raise ValueError(f"a {spad}-word scratchpad holds only {max(num_pages, 0)} KV "
                              f"pages of {page_words} words beside the {working_words} "

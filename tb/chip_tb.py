@@ -12,7 +12,7 @@ from rtl.sequencer import ErrorCode
 from sim import coverage
 from sim.chip_driver import ChipDriver
 from sim.chip_run import chip_from_config, chip_from_json, harness_depths
-from sim.faults import FaultInjector, FaultPlan, UncorrectableError
+from sim.faults import FaultInjector, FaultPlan
 from sim.runner import parameters, report
 from spec.isa import Opcode, decode, encode
 
@@ -119,18 +119,21 @@ async def chip_layer(dut):
         longest = max(len(ld.instructions) for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
                                      + 20_000)
-        if faults:
-            try:
-                faults.check_round(driver, index)
-            except UncorrectableError:
-                report(passed=False, rounds=out, faults=faults.summary())
-                return
+        if faults and faults.check_round(driver, index):
+            report(passed=False, rounds=out, faults=faults.summary())
+            return
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
-        await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)
-        if faults:
-            await faults.scrub(driver, index)
+        try:
+            await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)
+        except AssertionError as wrong:
+            if not faults:
+                raise
+            faults.stop(f"under single-bit faults, {wrong}")
+        if faults and (faults.stopped or await faults.scrub(driver, index)):
+            report(passed=False, rounds=out, faults=faults.summary())
+            return
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))

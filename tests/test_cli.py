@@ -70,6 +70,22 @@ def test_chip_sim_refuses_bad_options(option, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_fault_seed_zero_is_kept(monkeypatch, capsys):
+    """--fault-seed 0 is a seed like any other (not the default 1)."""
+    import sim.chip_run
+
+    seen = {}
+
+    def simulate_layer(*args, **kwargs):
+        seen["faults"] = kwargs["faults"]
+        raise ValueError("not simulated here")
+
+    monkeypatch.setattr(sim.chip_run, "simulate_layer", simulate_layer)
+    assert main(["sim", "--workload", "tiny", "--batch", "1", "--prefill", "3", "--context",
+                 "8", "--steps", "1", "--inject-faults", "0.1", "--fault-seed", "0"]) == 1
+    assert seen["faults"].seed == 0
+
+
 def test_a_fault_seed_without_faults_is_refused(capsys):
     assert main(["sim", "--workload", "tiny", "--fault-seed", "3"]) == 2
     assert "--fault-seed needs --inject-faults" in capsys.readouterr().err
@@ -157,6 +173,13 @@ def test_tile_refuses_a_context_beyond_its_max_context(capsys):
     assert main(["tile", "--workload", "tiny", "--max-context", "16", "--prefill", "4",
                  "--context", "20", "--steps", "1"]) == 2
     assert "a context of 21 tokens does not fit the KV cache" in capsys.readouterr().err
+
+
+def test_tile_refuses_a_max_context_no_scratchpad_holds(capsys):
+    """gpt-oss's 4 KV caches of 4096 tokens need more than the 2**16-word scratchpad:
+    refused as such, not sized down to fewer pages."""
+    assert main(["tile", "--max-context", "4096", "--prefill", "4"]) == 2
+    assert "do not fit a scratchpad of at most 65536 words" in capsys.readouterr().err
 
 
 def test_tile_defaults_to_the_workloads_last_layer(monkeypatch, capsys):

@@ -63,3 +63,50 @@ def test_faults_are_drawn_per_target_word_with_distinct_bits():
     assert all(b[0] != b[1] and max(b) < 72 for _, _, b in doubles)
     again = FaultInjector(FaultPlan(0.2, 0.1, seed=3), 2, 8).choose(loads)
     assert again == chosen
+
+
+class _Counters:
+    """A driver whose tiles' ECC counters read ``after`` (corrected, uncorrectable)."""
+
+    def __init__(self, after):
+        self.after = after
+
+    def ecc_counters(self):
+        return self.after
+
+
+def _injected(faults):
+    from sim.faults import _Fault
+
+    injector = FaultInjector(FaultPlan(0.1, 0.1), 2, 8)
+    injector.pending = [_Fault(0, tile, address, bits, 100, 0)
+                        for tile, address, bits in faults]
+    injector.log += injector.pending
+    injector._before = {0: (5, 0), 1: (7, 0)}
+    return injector
+
+
+def test_counters_that_do_not_account_for_the_faults_stop_the_run():
+    """Two single faults on tile 0 but one corrected read: the run stops with the
+    reason, and the round's faults count as neither corrected nor detected."""
+    injector = _injected([(0, 10, (3,)), (0, 11, (70,))])
+    reason = injector.check_round(_Counters({0: (6, 0), 1: (7, 0)}), 4)
+    assert reason.startswith("round 4: the ECC counters do not account for the faults: "
+                             "tile 0 holds 2 single-bit faults")
+    summary = injector.summary()
+    assert summary["stopped"] == reason
+    assert (summary["single_injected"], summary["single_survived"]) == (2, 0)
+    assert summary["tiles"]["0"]["corrected"] == 0
+
+
+def test_a_double_read_back_stops_the_run_as_detected():
+    injector = _injected([(1, 10, (3, 9)), (0, 12, (5,))])
+    reason = injector.check_round(_Counters({0: (6, 0), 1: (7, 2)}), 2)
+    assert reason == ("uncorrectable ECC error in round 2: tile 1 (1 double-bit fault, 2 "
+                      "uncorrectable reads); the run stops before using the round's outputs")
+    summary = injector.summary()
+    assert (summary["double_injected"], summary["double_detected"]) == (1, 1)
+    # An uncorrectable read with no double there is an accounting failure, not a detection.
+    injector = _injected([(0, 12, (5,))])
+    assert "flagged 1 uncorrectable reads with no double-bit fault" in injector.check_round(
+        _Counters({0: (6, 1), 1: (7, 0)}), 0)

@@ -34,7 +34,8 @@ HEADLINES = [
     ("accuracy__chip__moe_cosine_min", "MoE outputs against float64, worst cosine"),
     ("tensor_core__utilisation__n8_k64n", "tensor core utilisation, N = 8, long K"),
     ("reliability__single_bit_faults_injected", "single-bit faults injected into stored "
-                                                "words the chip reads, `make sim`'s layer"),
+                                                "words the chip reads, the default layer "
+                                                "with one decode step"),
     ("reliability__single_bit_faults_survived_share", "share of them corrected, outputs "
                                                       "bit-exact"),
     ("reliability__double_bit_faults_detected_share", "double-bit faults detected, the run "
