@@ -190,6 +190,7 @@ async def tile_network(dut):
     assert got == words, [hex(w) for w in got]
     await _signal_only_dmas(driver, own, other)
     await _long_dma_under_backpressure(driver, own, other)
+    await _local_dma_beside_a_gemm(driver, own)
     report(passed=True)
 
 
@@ -240,6 +241,27 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
                     for i in range(count)], "the network words differ"
     got, _ = await driver.read([dst + i for i in range(count)])
     assert got == words, "the local copy differs"
+
+
+async def _local_dma_beside_a_gemm(driver: TileDriver, own: int) -> None:
+    """A local DMA while a GEMM streams its operands from the same banks: the DMA's
+    reads and writes wait their turns at the banks, and every word still lands."""
+    count, src, dst = 256, 0, 3000
+    rng = np.random.default_rng(9)
+    words = {a: int(w) for a, w in enumerate(rng.integers(0, 1 << 62, 1024 + 256))}
+    await driver.load([
+        gemm(a=0, b=1024, c=0, m=8, k=256, p=8, signal={"enable": 1, "semaphore": 0}),
+        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own,
+               signal={"enable": 1, "semaphore": 1}),
+        encode(Opcode.WAIT, semaphore=0, count=1),
+        encode(Opcode.WAIT, semaphore=1, count=1),
+        encode(Opcode.HALT),
+    ], words, [])
+    run = await driver.execute(20_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert run.counters["gemm"] + run.counters["gemm_vec"] > 0
+    got, _ = await driver.read([dst + i for i in range(count)])
+    assert got == [words[src + i] for i in range(count)], "the DMA's copy differs"
 
 
 @cocotb.test()
