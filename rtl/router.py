@@ -80,6 +80,22 @@ def _or_tree(values: list):
     return values[0]
 
 
+def _oldest_per_output(m: Module, name: str, slots: list, is_older) -> tuple[list, list]:
+    """Per output: the oldest slot whose route still needs it (one-hot over slots) and
+    whether that flit starts its packet."""
+    depth = len(slots)
+    oldest, start_for = [], []
+    for o in Port:
+        pick = Signal(depth, name=f"{name}_oldest_{o.name}")
+        m.d.comb += pick.eq(Cat(*[
+            slots[i].route[o] & ~Cat(*[slots[j].route[o] & is_older(j, i)
+                                      for j in range(depth) if j != i]).any()
+            for i in range(depth)]))
+        oldest.append(pick)
+        start_for.append((pick & Cat(*[s.start for s in slots])).any())
+    return oldest, start_for
+
+
 class Router(wiring.Component):
     """A five-port mesh router (local, N, E, S, W) at position (``x``, ``y``) of a
     ``k`` x ``k`` mesh.
@@ -326,15 +342,7 @@ class Router(wiring.Component):
         m.d.comb += w_sel.eq(free & (~free + 1)[:depth])
         w_en = Signal(name=f"{name}_w_en")
         w_data = Signal(entry, name=f"{name}_w_data")
-        oldest, start_for = [], []
-        for o in Port:
-            pick = Signal(depth, name=f"{name}_oldest_{o.name}")
-            m.d.comb += pick.eq(Cat(*[
-                slots[i].route[o] & ~Cat(*[slots[j].route[o] & is_older(j, i)
-                                          for j in range(depth) if j != i]).any()
-                for i in range(depth)]))
-            oldest.append(pick)
-            start_for.append((pick & Cat(*[s.start for s in slots])).any())
+        oldest, start_for = _oldest_per_output(m, name, slots, is_older)
         # The read ports: port r reads the oldest flit bound for the output ``offer[r]``
         # (one-hot or none: the output it offers a flit to this cycle).
         offer, flit_for = [], []

@@ -295,35 +295,42 @@ class Sequencer(wiring.Component):
                 m.next = "EXECUTE"
                 stop_on_overflow()
             with m.State("EXECUTE"):
-                with m.Switch(opcode):
-                    with m.Case(Opcode.NOP):
-                        advance()
-                    with m.Case(Opcode.HALT):
-                        m.d.sync += status.running.eq(0)
-                        m.next = "DRAIN"
-                    with m.Case(Opcode.GEMM):
-                        dispatch(self.gemm, (checks.gemm_ok_shape, ErrorCode.BAD_SHAPE),
-                                 (checks.gemm_ok_bounds, ErrorCode.BAD_ADDRESS))
-                    with m.Case(Opcode.VEC):
-                        dispatch(self.vec, (checks.vec_ok_shape, ErrorCode.BAD_SHAPE),
-                                 (checks.vec_ok_bounds, ErrorCode.BAD_ADDRESS))
-                    with m.Case(Opcode.DMA):
-                        dispatch(self.dma, (checks.dma_ok_bounds, ErrorCode.BAD_ADDRESS),
-                                 (checks.dma_ok_tiles, ErrorCode.BAD_TILE))
-                    with m.Case(Opcode.WAIT):
-                        with m.If(sem.wait_ready):
-                            m.d.comb += sem.wait_done.eq(1)
-                            advance()
-                    with m.Case(Opcode.SIGNAL):
-                        m.d.comb += sem.signal_now.eq(1)
-                        advance()
-                    with m.Default():
-                        fail(ErrorCode.ILLEGAL_OPCODE)
+                self._execute(m, opcode, sem, checks, fail, advance, dispatch)
                 stop_on_overflow()
             with m.State("DRAIN"):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
+
+
+    def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch) -> None:
+        """EXECUTE: per opcode, advance, stop, dispatch to an engine (or stop with the
+        first failed check's error), or wait for or add to a semaphore."""
+        status = self.status
+        with m.Switch(opcode):
+            with m.Case(Opcode.NOP):
+                advance()
+            with m.Case(Opcode.HALT):
+                m.d.sync += status.running.eq(0)
+                m.next = "DRAIN"
+            with m.Case(Opcode.GEMM):
+                dispatch(self.gemm, (checks.gemm_ok_shape, ErrorCode.BAD_SHAPE),
+                         (checks.gemm_ok_bounds, ErrorCode.BAD_ADDRESS))
+            with m.Case(Opcode.VEC):
+                dispatch(self.vec, (checks.vec_ok_shape, ErrorCode.BAD_SHAPE),
+                         (checks.vec_ok_bounds, ErrorCode.BAD_ADDRESS))
+            with m.Case(Opcode.DMA):
+                dispatch(self.dma, (checks.dma_ok_bounds, ErrorCode.BAD_ADDRESS),
+                         (checks.dma_ok_tiles, ErrorCode.BAD_TILE))
+            with m.Case(Opcode.WAIT):
+                with m.If(sem.wait_ready):
+                    m.d.comb += sem.wait_done.eq(1)
+                    advance()
+            with m.Case(Opcode.SIGNAL):
+                m.d.comb += sem.signal_now.eq(1)
+                advance()
+            with m.Default():
+                fail(ErrorCode.ILLEGAL_OPCODE)
 
 
 class _Checks:
