@@ -264,6 +264,18 @@ async def _local_dma_beside_a_gemm(driver: TileDriver, own: int) -> None:
     assert got == [words[src + i] for i in range(count)], "the DMA's copy differs"
 
 
+async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
+    """Five GEMMs dispatched (one running, the others queued: up to five outstanding)
+    and a HALT with no WAIT: the tile reports halted only once all of them are done,
+    so its counters hold every GEMM's beats."""
+    gemms, k = 5, 256
+    await driver.load([gemm(a=0, b=1024, c=8 * i, m=8, k=k, p=8) for i in range(gemms)]
+                      + [HALT], {}, [])
+    run = await driver.execute(40_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert run.counters["tc_beats"] == gemms * k, run.counters
+
+
 @cocotb.test()
 async def tile_programs(dut):
     """The sequencer's checks on the RTL tile: every bad instruction stops the program
@@ -307,6 +319,7 @@ async def tile_programs(dut):
             await ClockCycles(dut.clk, 3_000)
             assert not driver.halted(), f"semaphore {s} passed a WAIT for more than it has"
             await driver.reset()
+    await _halt_waits_for_every_engine_operation(driver)
     rng = np.random.default_rng(p.get("seed", 1))
     for opcode, fields, word, error in (boundary_instructions(sizes, config.n, 1, rng, 150)
                                         + high_bit_instructions(sizes, config.n, 1)):
