@@ -14,6 +14,7 @@ uncorrectable-ECC error at the round holding them, never a wrong output passed o
 
 from __future__ import annotations
 
+from compiler.chip import layer_rounds
 from sim.chip_run import chip_config, simulate_layer
 from sim.faults import FaultPlan
 
@@ -31,6 +32,8 @@ def run(quick: bool) -> dict:
     config = chip_config(workload, k=2, n=8)
     layer = dict(batch=2, prefill=32 if not quick else 3, context=256 if not quick else 8,
                  steps=1, placement="local")
+    # Compiled once: every run below simulates the same rounds.
+    layer["rounds"] = layer_rounds(config, workload, 1, **layer)
     faults = simulate_layer(config, workload, 1, **layer,
                             faults=FaultPlan(single, seed=1))["faults"]
     injected, survived = faults["single_injected"], faults["single_survived"]

@@ -172,13 +172,7 @@ async def tile_network(dut):
     assert run.counters["dma"] > 0
 
     other, far = tile_bit(1, 0), 300
-    await driver.load([
-        encode(Opcode.DMA, src=src, dst=far, length=count, tiles=own | other,
-               signal={"enable": 1, "semaphore": 2}, remote_signal=1, remote_semaphore=5),
-        encode(Opcode.WAIT, semaphore=2, count=1),
-        encode(Opcode.WAIT, semaphore=5, count=1),
-        encode(Opcode.HALT),
-    ], {}, [])
+    await driver.load(_dma_and_wait(src, far, count, own | other, 5), {}, [])
     sent = await driver.go_and_receive(count)
     run = await driver.wait_halt(10_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
@@ -192,6 +186,17 @@ async def tile_network(dut):
     await _long_dma_under_backpressure(driver, own, other)
     await _local_dma_beside_a_gemm(driver, own)
     report(passed=True)
+
+
+def _dma_and_wait(src: int, dst: int, count: int, tiles: int, arrival: int) -> list[int]:
+    """A DMA signalling semaphore 2 here and ``arrival`` where it lands, then WAITs for
+    both and HALT."""
+    return [encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=tiles,
+                   signal={"enable": 1, "semaphore": 2}, remote_signal=1,
+                   remote_semaphore=arrival),
+            encode(Opcode.WAIT, semaphore=2, count=1),
+            encode(Opcode.WAIT, semaphore=arrival, count=1),
+            encode(Opcode.HALT)]
 
 
 def _fields(word) -> dict:
@@ -224,13 +229,8 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
     count, src, dst = 300, 1000, 2000
     rng = np.random.default_rng(5)
     words = [int(w) for w in rng.integers(0, 1 << 62, count)]
-    await driver.load([
-        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own | other,
-               signal={"enable": 1, "semaphore": 2}, remote_signal=1, remote_semaphore=3),
-        encode(Opcode.WAIT, semaphore=2, count=1),
-        encode(Opcode.WAIT, semaphore=3, count=1),
-        encode(Opcode.HALT),
-    ], {src + i: w for i, w in enumerate(words)}, [])
+    await driver.load(_dma_and_wait(src, dst, count, own | other, 3),
+                      {src + i: w for i, w in enumerate(words)}, [])
     driver.set_traffic(0.0, 0.5, 7)
     sent = [_fields(w) for w in await driver.go_and_receive(count)]
     run = await driver.wait_halt(20_000)
