@@ -10,8 +10,8 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.scratchpad import Request, Response, failed
-from spec.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs, tile_bit
-from spec.params import check_array_size, check_coord, check_int
+from spec.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs, mesh_mask, tile_bit
+from spec.params import check_array_size, check_coord, check_grid, check_int
 
 __all__ = ["DmaEngine", "NetWord"]
 
@@ -42,18 +42,21 @@ class DmaEngine(wiring.Component):
 
     ``position`` = (x, y) of the tile, or None: then the port ``mask_bit`` gives the
     tile's bit of a tile mask (y * 8 + x), so one design serves every tile of a chip.
+    ``mesh`` = (columns, rows): a command's tile-mask bits of tiles outside it are
+    dropped (the sequencer refuses such a DMA before it gets here).
     """
 
     #: Words read ahead of their write/send.
     BUFFER = 8
 
     def __init__(self, n: int = 8, position: tuple[int, int] | None = (0, 0),
-                 addr_bits: int = 16):
+                 addr_bits: int = 16, mesh: tuple[int, int] = (8, 8)):
         check_array_size("n", n)
         check_int("addr_bits", addr_bits, 1, ADDR_BITS)
+        mesh = check_grid("mesh", mesh, 8)
         if position is not None:
-            position = check_coord("tile position", position, (8, 8))
-        self.n, self.position, self.addr_bits = n, position, addr_bits
+            position = check_coord("tile position", position, mesh)
+        self.n, self.position, self.addr_bits, self.mesh = n, position, addr_bits, mesh
         ports = {}
         if position is None:  # the tile's mask bit (y * 8 + x) arrives on a port
             ports["mask_bit"] = In(range(TILE_MASK_BITS))
@@ -116,7 +119,8 @@ class DmaEngine(wiring.Component):
         m.d.comb += self.cmd.ready.eq(~st.active & ~st.done_valid & ~st.arrival_valid)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
-            m.d.sync += [st.cmd.eq(p), st.active.eq(1), st.to_read.eq(p.length),
+            m.d.sync += [st.cmd.eq(p), st.cmd.tiles.eq(p.tiles & mesh_mask(self.mesh)),
+                         st.active.eq(1), st.to_read.eq(p.length),
                          st.index.eq(0), st.written.eq(0), st.sent.eq(0), st.acks.eq(0),
                          st.finishing.eq(0)]
 

@@ -22,7 +22,7 @@ from spec.isa import (
     Opcode,
     VecArgs,
     VecDst,
-    tile_bit,
+    mesh_mask,
 )
 from spec.params import check_array_size, check_grid, check_int
 
@@ -137,8 +137,7 @@ class Sequencer(wiring.Component):
     @property
     def valid_tiles(self) -> int:
         """The tile mask bits that name tiles of the mesh (``spec.isa.tile_bit``)."""
-        columns, rows = self.mesh
-        return sum(tile_bit(x, y) for y in range(rows) for x in range(columns))
+        return mesh_mask(self.mesh)
 
     def elaborate(self, platform):
         m = Module()
@@ -162,16 +161,18 @@ class Sequencer(wiring.Component):
 
     def _program_memory(self, m: Module):
         """The instruction memory, written from ``program`` while not running; its read
-        port and the instruction being executed (registered out of the memory)."""
+        port and the instruction being executed (registered out of the memory). It keeps
+        the bits an instruction uses (``INSTRUCTION.size``); a word's reserved high bits
+        are not stored."""
         m.submodules.imem = imem = memory.Memory(
-            shape=INSTRUCTION_BITS, depth=self.program_depth, init=[]
+            shape=INSTRUCTION.size, depth=self.program_depth, init=[]
         )
         write = imem.write_port()
         fetch = imem.read_port()
         m.d.comb += [
             self.program.ready.eq(~self.status.running),
             write.addr.eq(self.program.payload.address),
-            write.data.eq(self.program.payload.word),
+            write.data.eq(self.program.payload.word[:INSTRUCTION.size]),
             write.en.eq(self.program.valid & self.program.ready),
         ]
         return fetch, Signal(INSTRUCTION)
@@ -283,7 +284,7 @@ class Sequencer(wiring.Component):
                 m.next = "LATCH"
                 stop_on_overflow()
             with m.State("LATCH"):
-                m.d.sync += instruction.eq(fetch.data[: INSTRUCTION.size])
+                m.d.sync += instruction.eq(fetch.data)
                 m.next = "MEASURE"
                 stop_on_overflow()
             with m.State("MEASURE"):

@@ -124,7 +124,7 @@ class Tile(wiring.Component):
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
         m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
                                                    gate_unit_clock=self.sim_gating)
-        m.submodules.dma = dma = DmaEngine(n, position=self.position)
+        m.submodules.dma = dma = DmaEngine(n, position=self.position, mesh=self.mesh)
         if self.position is None:
             m.d.comb += dma.mask_bit.eq(self.mask_bit)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
-from spec.isa import Opcode, VecDst, encode, tile_bit, tile_index
+from spec.isa import Opcode, VecDst, encode, mesh_mask, tile_bit, tile_index
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "expected_error", "fitting_program", "gemm", "high_bit_instructions",
@@ -140,8 +140,7 @@ def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
         return "NONE" if ok else "BAD_ADDRESS"
     if not (fits(f["src"], f["length"], words) and fits(f["dst"], f["length"], words)):
         return "BAD_ADDRESS"
-    columns, rows = s.mesh
-    inside = sum(tile_bit(x, y) for y in range(rows) for x in range(columns))
+    inside = mesh_mask(s.mesh)
     return "NONE" if f["tiles"] and not f["tiles"] & ~inside else "BAD_TILE"
 
 
@@ -202,10 +201,11 @@ def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
     """For every semaphore s: a SIGNAL, a GEMM, a VEC and a DMA each counting on s (the
     DMA to tile ``own`` also raising its arrival on s), then a WAIT for the exact total
     (the program halts) or for one more (it never does): (s, program, halts). After the
-    exact WAIT every other semaphore is SIGNALled up to its largest count: one stray
-    increment of it would overflow (SEMAPHORE_OVERFLOW). Together they check every
-    semaphore's counter against each source of increments, and that no increment lands
-    on another semaphore."""
+    exact WAIT every semaphore, s too, is SIGNALled up to its largest count: one stray
+    increment of another, or anything the WAIT left on s, would overflow
+    (SEMAPHORE_OVERFLOW). Together they check every semaphore's counter against each
+    source of increments, WAIT's subtraction, and that no increment lands on another
+    semaphore."""
     out = []
     for s in range(SEMAPHORE_COUNT):
         signal = {"signal": {"enable": 1, "semaphore": s}}
@@ -215,7 +215,7 @@ def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
                 vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
         total = count + 4
         fill = [encode(Opcode.SIGNAL, semaphore=t, count=(1 << 16) - 1)
-                for t in range(SEMAPHORE_COUNT) if t != s]
+                for t in range(SEMAPHORE_COUNT)]
         out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total), *fill, HALT],
                     True))
         out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total + 1), HALT],

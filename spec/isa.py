@@ -21,7 +21,7 @@ from amaranth.lib import data, enum
 __all__ = [
     "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "SEMAPHORES", "SIGNAL",
     "DmaArgs", "GemmArgs", "Opcode", "VecArgs", "VecDst", "VecPack", "WaitArgs", "decode",
-    "encode",
+    "encode", "mesh_mask", "tile_bit", "tile_index",
 ]
 
 #: Width of an instruction word.
@@ -59,6 +59,12 @@ def tile_index(x: int, y: int) -> int:
 def tile_bit(x: int, y: int) -> int:
     """The tile mask naming tile (x, y) alone."""
     return 1 << tile_index(x, y)
+
+
+def mesh_mask(mesh: tuple[int, int]) -> int:
+    """The tile mask naming every tile of a (columns, rows) mesh."""
+    columns, rows = mesh
+    return sum(tile_bit(x, y) for y in range(rows) for x in range(columns))
 
 
 class Opcode(enum.Enum, shape=4):

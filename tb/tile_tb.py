@@ -267,13 +267,23 @@ async def _local_dma_beside_a_gemm(driver: TileDriver, own: int) -> None:
 async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
     """Five GEMMs dispatched (one running, the others queued: up to five outstanding)
     and a HALT with no WAIT: the tile reports halted only once all of them are done,
-    so its counters hold every GEMM's beats."""
+    so its counters hold every GEMM's beats. Five VECs the same way: the program with
+    no WAIT takes as long as the one that WAITs for all five, less the WAIT's own few
+    cycles (one VEC takes about 35)."""
     gemms, k = 5, 256
     await driver.load([gemm(a=0, b=1024, c=8 * i, m=8, k=k, p=8) for i in range(gemms)]
                       + [HALT], {}, [])
     run = await driver.execute(40_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
     assert run.counters["tc_beats"] == gemms * k, run.counters
+    vecs = [vec(beats=4, signal={"enable": 1, "semaphore": 2})] * 5
+    cycles = []
+    for ending in ([HALT], [encode(Opcode.WAIT, semaphore=2, count=len(vecs)), HALT]):
+        await driver.load(vecs + ending, {}, [])
+        run = await driver.execute(40_000)
+        assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+        cycles.append(run.counters["cycles"])
+    assert cycles[0] >= cycles[1] - 10, f"HALT after {len(vecs)} VECs: {cycles}"
 
 
 @cocotb.test()
@@ -321,7 +331,7 @@ async def tile_programs(dut):
             await driver.reset()
     await _halt_waits_for_every_engine_operation(driver)
     rng = np.random.default_rng(p.get("seed", 1))
-    for opcode, fields, word, error in (boundary_instructions(sizes, config.n, 1, rng, 150)
+    for opcode, fields, word, error in (boundary_instructions(sizes, config.n, 1, rng, 400)
                                         + high_bit_instructions(sizes, config.n, 1)):
         await driver.load([word, HALT], {}, [])
         run = await driver.execute(20_000)
