@@ -35,6 +35,13 @@ def simulate_program(n: int, kind: str, *, slots: int = 4, seed: int = 1, count:
                seed=seed, params=params, tag=f"{kind}-c{count}-i{idle}-s{stall}")
 
 
+def full_rate_span(beats: int) -> float:
+    """The most cycles an attention program of ``beats`` beats may span, first op in to
+    last result out, with no idle input and no stalled output: one op per cycle, apart
+    from the RECIP interlock of each row."""
+    return beats * 1.25 + 40
+
+
 #: (name, kind, count, idle, stall): the program kinds of the suite.
 PROGRAM_CASES = [
     ("random", "random", 600, 0.0, 0.0),

@@ -110,6 +110,13 @@ async def tile_faults(dut):
     assert int(dut.uncorrectable_count.value) >= 1
     _, responses = await driver.read([bad])
     assert responses[0].status.uncorrectable and int(responses[0].data) == 0
+    #    The DMA engine raises its own flag when it copies such a word.
+    await driver.reset()
+    await driver.load([encode(Opcode.DMA, src=bad, dst=bad + 1, length=1, tiles=1),
+                       encode(Opcode.HALT)], {bad: program.spad_writes[bad]}, [],
+                      flips={bad: 0b11})
+    run = await driver.execute(10_000)
+    assert run.engine_error == 0b100, f"engine error flags {run.engine_error:#05b}"
 
     # 3. A region past the end of the scratchpad: the program stops with BAD_ADDRESS at
     #    that instruction, nothing after it runs.

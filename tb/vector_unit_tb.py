@@ -29,6 +29,7 @@ from rtl.vector_unit import (
 from sim import coverage
 from sim.harness_driver import HarnessDriver
 from sim.runner import parameters, report
+from sim.vector_unit_run import full_rate_span
 from spec.numerics import NUMERICS
 
 OP = VectorOpcode
@@ -392,7 +393,8 @@ async def program_matches_golden(dut):
 @cocotb.test()
 async def programs_match_golden(dut):
     """Several programs in one simulation (``cases``: kind, count, idle, stall, seed and
-    a name), a reset before each: every one bit-exact against golden."""
+    a name), a reset before each: every one bit-exact against golden, and attention
+    rows with neither idle input nor stalls at full rate (``full_rate_span``)."""
     p = parameters()
     n, slots = p["n"], p["slots"]
     tb = VectorUnitTB(dut, n, slots)
@@ -406,6 +408,10 @@ async def programs_match_golden(dut):
         try:
             _, data, total = await tb.run(program, case["seed"])
             check(data, total, program, n, slots, finals, golden)
+            if case["kind"] == "attention" and case["idle"] == case["stall"] == 0:
+                span = tb.harness.counter("results_last") - tb.harness.counter("ops_first") + 1
+                assert span <= full_rate_span(len(program)), \
+                    f"{len(program)} beats spanned {span} cycles"
         except AssertionError as failure:
             raise AssertionError(f"case {case['name']} (seed {case['seed']}): "
                                  f"{failure}") from None

@@ -53,8 +53,41 @@ def test_mutate_table_lists_blocks_and_survivors():
     assert "`python -m verif.mutate` on 2026-12-04" in table
 
 
+def test_synth_table_rows_say_fmax_fit_and_mapping(tmp_path):
+    def metrics_of(design, **values):
+        return {f"synth__{design}__{k}": v for k, v in values.items()}
+    metrics = {**metrics_of("tensor_core_n4", generic_cells=100, ecp5_lut4=584, ecp5_ff=9,
+                            ecp5_abc9=1, ecp5_fits=1, ecp5_fmax_mhz=133.94,
+                            ecp5_fmax_target_mhz=100.0),
+               **metrics_of("sequencer", ecp5_lut4=2624, ecp5_abc9=0, ecp5_fits=1,
+                            ecp5_fmax_mhz=90.0, ecp5_fmax_target_mhz=100.0),
+               **metrics_of("tile", ecp5_lut4=69557, ecp5_abc9=1, ecp5_fits=0),
+               **metrics_of("scratchpad", ecp5_lut4=3983, ecp5_abc9=1, ecp5_fits=1)}
+    origin = {"synth__tensor_core_n4__ecp5_lut4": {"command": "python -m synth",
+                                                   "date": "2026-12-05"}}
+    (tmp_path / "tensor_core_n4").mkdir()
+    (tmp_path / "tensor_core_n4" / "critical_path.txt").write_text(
+        "critical path posedge clk -> posedge clk: 10.00 ns (logic 2.50 ns in 3 stages, "
+        "routing 7.50 ns)\n  from a.Q\n  to   b.CE\n  through (source lines, in path "
+        "order):\n    /somewhere/else/rtl/tensor_core.py:12\n"
+        "    /somewhere/else/rtl/tensor_core.py:40\n")
+    table = results.synth_table(metrics, origin, tmp_path)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines()}
+    assert "| `tensor_core_n4` | 100 | 584 | n/a | 9 |" in table
+    assert ("133.9 (target 100, met) | `rtl/tensor_core.py:12` → `rtl/tensor_core.py:40`, "
+            "10.0 ns (75% routing) | 2026-12-05, `python -m synth` |") in rows["| `tensor_core_n4`"]
+    assert "not kept" in rows["| `sequencer` \\*"]  # placed, but its path file is gone
+    assert "90.0 (target 100, **missed**)" in rows["| `sequencer` \\*"]
+    assert "does not fit the 85F" in rows["| `tile`"]
+    assert "not placed and routed (target 100)" in rows["| `scratchpad`"]
+    assert "not recorded" in rows["| `tile`"]
+    assert "mapped with Yosys's `abc`" in table
+    assert "tensor_core_n8" not in table  # no figures, no row
+
+
 def test_the_documents_carry_the_markers():
     readme = (results.ROOT / "README.md").read_text()
     docs = (results.ROOT / "docs" / "results.md").read_text()
     assert "<!-- results:headline -->" in readme
     assert "<!-- results:bench -->" in docs and "<!-- results:mutate -->" in docs
+    assert "<!-- results:synth -->" in docs

@@ -6,7 +6,7 @@ and says which command measured its figures and when (``spec.provenance``). A ta
 whose report is missing is left as it is, and the run says so: a fresh clone keeps the
 committed figures until it measures its own.
 
-    make bench && make mutate && make results    # then commit README.md and docs/
+    make bench && make mutate && make synth && make results  # then commit README.md, docs/
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from pathlib import Path
 
 from bench import MODULES
 from spec import provenance
+from synth import DESIGNS, metric_name
+from synth.designs import PNR_TARGET_MHZ
+from synth.flow import DEFAULT_FREQ_MHZ
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -123,6 +126,73 @@ def mutate_table(report: dict, origin: dict) -> str:
     return "\n".join(lines)
 
 
+#: The synthesis table's columns: (metric of build/synth.json, heading).
+SYNTH_COLUMNS = [("generic_cells", "generic cells"), ("ecp5_lut4", "LUT4"),
+                 ("ecp5_ccu2c", "CCU2C"), ("ecp5_ff", "FF"), ("ecp5_mult18", "MULT18X18D"),
+                 ("ecp5_ebr", "EBR"), ("ecp5_dpr16x4", "DPR16X4")]
+
+
+def _fmax(design: str, metrics: dict) -> str:
+    """Fmax against the target it was placed at, or why there is none."""
+    def get(metric):
+        return metrics.get(metric_name(design, metric))
+    fmax, target = get("ecp5_fmax_mhz"), get("ecp5_fmax_target_mhz")
+    if fmax is not None:
+        verdict = "met" if fmax >= target else "**missed**"
+        return f"{fmax:.1f} (target {target:g}, {verdict})"
+    if get("ecp5_fits") == 0:
+        return "does not fit the 85F"
+    target = PNR_TARGET_MHZ.get(design, DEFAULT_FREQ_MHZ)
+    return f"not placed and routed (target {target:g})"
+
+
+def critical_path(text: str) -> str:
+    """The delay, its routing share and the first and last source lines of a
+    ``critical_path.txt`` (``synth.flow.format_critical_path``); "" if it has none."""
+    head = re.search(r": ([\d.]+) ns \(logic .*routing ([\d.]+) ns\)", text)
+    if head is None:
+        return ""
+    delay, routing = float(head.group(1)), float(head.group(2))
+    sources = [re.sub(r"^.*?/(?=(rtl|sim|synth)/)", "", line.strip())
+               for line in text.split("through (source lines, in path order):")[-1]
+               .splitlines()[1:] if line.strip()] if "through" in text else []
+    where = f"`{sources[0]}` → `{sources[-1]}`, " if sources else ""
+    return f"{where}{delay:.1f} ns ({routing / delay:.0%} routing)"
+
+
+def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth") -> str:
+    """One row per registered design with figures: Yosys's cells, the ECP5 mapping,
+    nextpnr's Fmax and critical path (``paths``/<design>/critical_path.txt), with the
+    command and date that measured the row."""
+    heads = " | ".join(h for _, h in SYNTH_COLUMNS)
+    lines = [f"| design | {heads} | Fmax (MHz) | critical path | measured |",
+             "|---|" + "---:|" * len(SYNTH_COLUMNS) + "---|---|---|"]
+    mapped_with_abc = False
+    for design in DESIGNS:
+        values = [metrics.get(metric_name(design, m)) for m, _ in SYNTH_COLUMNS]
+        if all(v is None for v in values):
+            continue
+        name = f"`{design}`"
+        if metrics.get(metric_name(design, "ecp5_abc9")) == 0:
+            name += " \\*"
+            mapped_with_abc = True
+        entry = origin.get(metric_name(design, "ecp5_lut4")) \
+            or origin.get(metric_name(design, "generic_cells"))
+        when = f"{entry['date']}, `{entry['command']}`" if entry else "not recorded"
+        cells = " | ".join(_shown(v) for v in values)
+        path = ""
+        if metrics.get(metric_name(design, "ecp5_fmax_mhz")) is not None:
+            try:
+                path = critical_path((paths / design / "critical_path.txt").read_text())
+            except OSError:
+                path = "not kept"
+        lines.append(f"| {name} | {cells} | {_fmax(design, metrics)} | {path} | {when} |")
+    if mapped_with_abc:
+        lines += ["", "\\* mapped with Yosys's `abc` instead of `abc9`, which failed on this "
+                  "netlist: its LUT4 count is not comparable with the others'."]
+    return "\n".join(lines)
+
+
 def render() -> dict[str, str | None]:
     """Each generated section's text (None: its report is missing)."""
     sections: dict[str, str | None] = {}
@@ -131,6 +201,8 @@ def render() -> dict[str, str | None]:
     sections["headline"] = headline_table(*bench) if bench else None
     mutate = _load("mutate")
     sections["mutate"] = mutate_table(*mutate) if mutate else None
+    synth = _load("synth")
+    sections["synth"] = synth_table(*synth) if synth else None
     return sections
 
 
