@@ -10,7 +10,15 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl.scratchpad import Request, Response, failed
-from spec.isa import ADDR_BITS, SIGNAL, TILE_MASK_BITS, DmaArgs, mesh_mask, tile_bit
+from spec.isa import (
+    ADDR_BITS,
+    MAX_DMA_LENGTH,
+    SIGNAL,
+    TILE_MASK_BITS,
+    DmaArgs,
+    mesh_mask,
+    tile_bit,
+)
 from spec.params import check_array_size, check_coord, check_grid, check_int
 
 __all__ = ["DmaEngine", "NetWord"]
@@ -97,11 +105,12 @@ class DmaEngine(wiring.Component):
         m.submodules.tags = st.tags = fifo.SyncFIFOBuffered(width=1, depth=2 * self.BUFFER)
         m.submodules.words = st.words = fifo.SyncFIFOBuffered(width=8 * self.n,
                                                               depth=self.BUFFER)
-        st.to_read = Signal(13)  # words not yet requested
+        st.to_read = Signal(range(MAX_DMA_LENGTH + 1))  # words not yet requested
         st.in_flight = Signal(range(self.BUFFER + 1))  # reads requested, not yet buffered
-        st.index = Signal(13)  # the buffered word being written/sent
+        st.index = Signal(range(MAX_DMA_LENGTH + 1))  # the buffered word being written/sent
         st.written, st.sent = Signal(name="written"), Signal(name="sent")  # the head word's
-        st.acks = Signal(13)  # write acknowledgements still to come
+        # Write acknowledgements still to come (each write holds a tag until its ack).
+        st.acks = Signal(range(2 * self.BUFFER + 1))
         st.finishing = Signal()  # every word handled; waiting for acks, then done
         st.done_valid = Signal()
         st.arrival_valid = Signal()

@@ -213,21 +213,25 @@ def _fields(word) -> dict:
 
 async def _signal_only_dmas(driver: TileDriver, own: int, other: int) -> None:
     """Length 0: to this tile, only the arrival; to another, one bare word (no write,
-    last, the signal)."""
+    last, the signal). Length 1 to another tile alone: one data word, not a bare one."""
     await driver.load([
         encode(Opcode.DMA, src=0, dst=0, length=0, tiles=own,
                signal={"enable": 1, "semaphore": 1}, remote_signal=1, remote_semaphore=6),
         encode(Opcode.WAIT, semaphore=6, count=1),
         encode(Opcode.DMA, src=0, dst=77, length=0, tiles=other,
                signal={"enable": 1, "semaphore": 1}, remote_signal=1, remote_semaphore=9),
-        encode(Opcode.WAIT, semaphore=1, count=2),
+        encode(Opcode.DMA, src=40, dst=78, length=1, tiles=other,
+               signal={"enable": 1, "semaphore": 1}, remote_signal=1, remote_semaphore=8),
+        encode(Opcode.WAIT, semaphore=1, count=3),
         encode(Opcode.HALT),
-    ], {}, [])
-    bare = [_fields(w) for w in await driver.go_and_receive(1)]
+    ], {40: 0x5A5A}, [])
+    sent = [_fields(w) for w in await driver.go_and_receive(2)]
     run = await driver.wait_halt(10_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
-    assert bare == [{"tiles": other, "addr": 77, "data": 0, "write": 0, "last": 1,
-                     "signal": 1, "semaphore": 9}], bare
+    assert sent == [{"tiles": other, "addr": 77, "data": 0, "write": 0, "last": 1,
+                     "signal": 1, "semaphore": 9},
+                    {"tiles": other, "addr": 78, "data": 0x5A5A, "write": 1, "last": 1,
+                     "signal": 1, "semaphore": 8}], sent
 
 
 async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int) -> None:
