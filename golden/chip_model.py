@@ -136,7 +136,8 @@ class ChipModel:
         executed (HALT included). ValueError on a deadlock, or after ``max_turns`` turns.
         """
         progs = self._programs(programs)
-        pcs = [0] * len(self.tiles)
+        for tile in self.tiles:
+            tile.start()
         active = [bool(p) for p in progs]
         executed = [0] * len(self.tiles)
         turns = 0
@@ -148,22 +149,21 @@ class ChipModel:
             for i, tile in enumerate(self.tiles):
                 if not active[i]:
                     continue
-                opcode, fields = progs[i][pcs[i]]
+                opcode, fields = progs[i][tile.pc]
                 if tile.would_block(opcode, fields):
                     continue
                 running = tile.step(opcode, fields)
                 progressed = True
-                pcs[i] += 1
                 executed[i] += 1
-                if not running or pcs[i] == len(progs[i]):
+                if not running or not 0 <= tile.pc < len(progs[i]):
                     active[i] = False
             if not progressed:
                 blocked = []
                 for i, tile in enumerate(self.tiles):
                     if active[i]:
-                        f = progs[i][pcs[i]][1]
+                        f = progs[i][tile.pc][1]
                         sem = f.get("semaphore", 0)
-                        blocked.append(f"tile ({i % self.k}, {i // self.k}) pc {pcs[i]} WAIT "
+                        blocked.append(f"tile ({i % self.k}, {i // self.k}) pc {tile.pc} WAIT "
                                        f"semaphore {sem} count {f.get('count', 0)} (holds "
                                        f"{tile.semaphores[sem]})")
                 raise ValueError("deadlock: every running tile waits: " + "; ".join(blocked))

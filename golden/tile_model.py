@@ -1,12 +1,13 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
-:class:`TileModel` executes decoded instructions one after another — GEMM, VEC, DMA,
-WAIT/SIGNAL, NOP, HALT, with the semantics of the docstrings in ``spec/isa.py``
-(``GemmArgs``, ``VecArgs``, ``DmaArgs``, ``WaitArgs``) — on a scratchpad, an accumulator
-memory, the vector unit's slot state (:class:`golden.vector_model.VectorUnitModel`) and
-the semaphores. An instruction is ``(opcode_name, fields)``, what ``spec.isa.decode``
-returns with ``opcode.name`` for the enum (an enum with a ``name`` is accepted too);
-missing fields are 0, as ``spec.isa.encode`` makes them. No Amaranth here.
+:class:`TileModel` executes decoded instructions from pc 0 — GEMM, VEC, DMA,
+WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOOP, SKIP and WITH,
+with the semantics of the docstrings in ``spec/isa.py`` — on a scratchpad, an
+accumulator memory, the vector unit's slot state
+(:class:`golden.vector_model.VectorUnitModel`), the semaphores and the registers. An
+instruction is ``(opcode_name, fields)``, what ``spec.isa.decode`` returns with
+``opcode.name`` for the enum (an enum with a ``name`` is accepted too); missing fields
+are 0, as ``spec.isa.encode`` makes them.
 
 Every engine operation finishes before the next instruction starts, so the model is the
 order-of-program meaning; the hardware must give the same memories and semaphores
@@ -15,7 +16,9 @@ whenever the program synchronises as the ISA requires (WAIT before using a resul
 Widths: scratchpad words hold ``n`` int8 lanes (lane i = bits 8i..8i+7); accumulator
 lanes are signed ``LANE_BITS`` = 48 bits and wrap; GEMM sums wrap at int32
 (``NUMERICS.acc_bits``, :func:`golden.gemm.wrap`) before they are sign-extended to 48.
-Anything the hardware would refuse or that would deadlock raises ``ValueError``.
+Anything the hardware would refuse or that would deadlock raises ``ValueError``; what
+the sequencer stops with an error code of its own raises :class:`ProgramError`, which
+names the code.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ import numpy as np
 from golden.gemm import wrap
 from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
 from spec.config import ceil_div
-from spec.isa import tile_bit
+from spec.isa import REG_BITS, REGISTERS, WITH_FIELDS, WITH_SLOTS, field_width, tile_bit
 from spec.numerics import NUMERICS
 
 __all__ = [
-    "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "TileModel", "VecDst", "VecPack",
-    "lanes_word", "word_lanes",
+    "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "ProgramError", "TileModel", "VecDst",
+    "VecPack", "lanes_word", "word_lanes",
 ]
 
 #: Width of an accumulator address field (``spec.isa.ACC_ADDR_BITS``; a test checks it).
@@ -48,7 +51,24 @@ FIELDS = {
             "shift", "sat", "lo", "hi", "causal"),
     "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore"),
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
+    "SET": ("rd", "value"), "ADD": ("rd", "ra", "imm"),
+    "LOOP": ("counter", "limit", "target", "bound"), "SKIP": ("ra", "rb", "target"),
+    "WITH": tuple(f"{kind}{i}" for i in range(WITH_SLOTS) for kind in ("field", "reg")),
 }
+
+#: Per opcode name, the fields WITH may add to (field number = position + 1) and
+#: their widths.
+_WITH = {op.name: {name: field_width(op, name) for name in names}
+         for op, names in WITH_FIELDS.items()}
+
+
+class ProgramError(ValueError):
+    """A program the sequencer stops with an error code: ``code`` is the
+    ``rtl.sequencer.ErrorCode`` name (``BAD_REGISTER``, ``LOOP_BOUND``)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
 
 
 class VecDst:
@@ -93,9 +113,11 @@ class TileModel:
     copy).
 
     State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
-    48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` (list of
-    ints), ``halted``, and ``done`` = the ``signal`` field of every finished engine
-    operation, per engine (``{"GEMM": [...], "VEC": [...], "DMA": [...]}``, in order).
+    48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` and
+    ``registers`` (lists of ints), ``pc``, ``halted``, ``issued`` (every engine
+    operation with the fields it ran with), and ``done`` = the ``signal`` field of every
+    finished engine operation, per engine (``{"GEMM": [...], "VEC": [...], "DMA":
+    [...]}``, in order).
     """
 
     def __init__(self, n: int = 8, spad_words: int = 4096, acc_depth: int = 256,
@@ -115,8 +137,13 @@ class TileModel:
         self.acc = np.zeros((acc_depth, n), np.int64)
         self.vector = VectorUnitModel(n, slots, max_top_k)
         self.semaphores = [0] * SEMAPHORES
+        self.registers = [0] * REGISTERS
+        self.pc = 0
+        self._with: list[tuple[int, int]] = []  # a WITH's (field number, register) pairs
         self.halted = False
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
+        #: Every GEMM, VEC and DMA run, as (opcode name, fields with WITH's registers added).
+        self.issued: list[tuple[str, dict]] = []
         #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
         #: the DMA's fields and the source words (``golden.chip_model.ChipModel`` sets it).
         #: None: such a DMA raises NotImplementedError (one tile, no network).
@@ -124,39 +151,44 @@ class TileModel:
 
     # --- running ----------------------------------------------------------------------
 
-    def run(self, instructions) -> int:
-        """Execute ``(opcode_name, fields)`` instructions in order until HALT or the end;
-        returns how many were executed (HALT included)."""
-        for count, (opcode, fields) in enumerate(instructions, 1):
-            if not self.step(opcode, fields):
+    def start(self) -> None:
+        """What the sequencer's ``start`` does to the model: pc 0, registers 0, no WITH
+        pending (the memories and semaphores are kept)."""
+        self.pc, self.registers, self._with = 0, [0] * REGISTERS, []
+
+    def run(self, instructions, max_steps: int = 1_000_000) -> int:
+        """Execute ``(opcode_name, fields)`` instructions from pc 0 until HALT or the pc
+        leaves the program; returns how many were executed (HALT included). ValueError
+        after ``max_steps`` instructions."""
+        self.start()
+        for count in range(1, max_steps + 1):
+            if not 0 <= self.pc < len(instructions):
+                return count - 1
+            if not self.step(*instructions[self.pc]):
                 return count
-        return len(instructions)
+        raise ValueError(f"the program did not halt within {max_steps} instructions")
 
     def would_block(self, opcode, fields: dict | None = None) -> bool:
         """True if ``step`` of this instruction would have to wait: a WAIT whose semaphore
         holds less than its count (nothing changes; a chip model retries it later)."""
         if getattr(opcode, "name", opcode) != "WAIT":
             return False
-        fields = fields or {}
-        sem, count = fields.get("semaphore", 0), fields.get("count", 0)
-        self._check_semaphore(sem)
-        return self.semaphores[sem] < count
+        f = self._fields("WAIT", fields, consume=False)
+        self._check_semaphore(f["semaphore"])
+        return self.semaphores[f["semaphore"]] < f["count"]
 
     def step(self, opcode, fields: dict | None = None) -> bool:
-        """Execute one instruction; False after HALT."""
+        """Execute the instruction at ``pc`` and move ``pc`` on; False after HALT."""
         name = getattr(opcode, "name", opcode)
         if name not in FIELDS:
             raise ValueError(f"unknown opcode {opcode!r}")
-        fields = dict(fields or {})
-        unknown = set(fields) - set(FIELDS[name])
-        if unknown:
-            raise ValueError(f"{name} has no field(s) {sorted(unknown)}")
-        f = {key: fields.get(key, 0) for key in FIELDS[name]}
-        if "signal" in f:
-            f["signal"] = {"enable": 0, "semaphore": 0, **(f["signal"] or {})}
+        f = self._fields(name, fields)
         if name == "HALT":
             self.halted = True
             return False
+        next_pc = self._scalar(name, f)
+        if name in self.done:
+            self.issued.append((name, f))
         if name == "GEMM":
             self._gemm(f)
         elif name == "VEC":
@@ -176,7 +208,72 @@ class TileModel:
             self.done[name].append(f["signal"])
             if f["signal"]["enable"]:
                 self._add(f["signal"]["semaphore"], 1, f"{name} signal")
+        self.pc = next_pc
         return True
+
+    def _fields(self, name: str, fields: dict | None, consume: bool = True) -> dict:
+        """Every field of the instruction (missing ones 0), with a pending WITH's
+        registers added (``consume``: the WITH is used up)."""
+        fields = dict(fields or {})
+        unknown = set(fields) - set(FIELDS[name])
+        if unknown:
+            raise ValueError(f"{name} has no field(s) {sorted(unknown)}")
+        f = {key: fields.get(key, 0) for key in FIELDS[name]}
+        if "signal" in f:
+            f["signal"] = {"enable": 0, "semaphore": 0, **(f["signal"] or {})}
+        pending = self._with
+        if consume:
+            self._with = []
+        if not pending:
+            return f
+        widths = _WITH.get(name)
+        if widths is None:
+            raise ProgramError("BAD_REGISTER", f"WITH before {name}, which takes none")
+        names = list(widths)
+        for number, reg in pending:
+            if number > len(names):
+                raise ProgramError("BAD_REGISTER", f"WITH field {number}: {name} has "
+                                                   f"{len(names)}")
+            field, value = names[number - 1], self.registers[reg]
+            if field == "tiles":
+                if value >= 64:
+                    raise ProgramError("BAD_REGISTER", f"tile index r{reg} = {value}")
+                f["tiles"] |= 1 << value
+            else:
+                f[field] += value
+        for field, width in widths.items():
+            if field != "tiles" and f[field] >= 1 << width:
+                raise ProgramError("BAD_REGISTER", f"{name} {field} = {f[field]} does not "
+                                                   f"fit {width} bits")
+        return f
+
+    def _scalar(self, name: str, f: dict) -> int:
+        """The register instructions; the next pc of any instruction."""
+        regs, top = self.registers, 1 << REG_BITS
+        if name == "SET":
+            regs[f["rd"]] = f["value"]
+        elif name == "ADD":
+            value = regs[f["ra"]] + f["imm"]
+            if not 0 <= value < top:
+                raise ProgramError("BAD_REGISTER", f"ADD gives {value}")
+            regs[f["rd"]] = value
+        elif name == "LOOP":
+            limit, count = regs[f["limit"]], regs[f["counter"]] + 1
+            if limit > f["bound"]:
+                raise ProgramError("LOOP_BOUND", f"limit r{f['limit']} = {limit} is above "
+                                                 f"the bound {f['bound']}")
+            if count >= top:
+                raise ProgramError("BAD_REGISTER", f"LOOP counter r{f['counter']} passes "
+                                                   f"{top - 1}")
+            regs[f["counter"]] = count
+            if count < limit:
+                return f["target"]
+        elif name == "SKIP" and regs[f["ra"]] >= regs[f["rb"]]:
+            return f["target"]
+        elif name == "WITH":
+            self._with = [(f[f"field{i}"], f[f"reg{i}"]) for i in range(WITH_SLOTS)
+                          if f[f"field{i}"]]
+        return self.pc + 1
 
     def _check_semaphore(self, sem: int) -> None:
         if not 0 <= sem < SEMAPHORES:

@@ -4,24 +4,30 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from spec.isa import (
     ACC_ADDR_BITS,
+    ARGS_OF,
     COUNT_BITS,
     INSTRUCTION,
     INSTRUCTION_BITS,
+    REG_BITS,
+    REGISTERS,
     SEMAPHORES,
     SIGNAL,
     TILE_MASK_BITS,
+    WITH_FIELDS,
+    WITH_SLOTS,
     DmaArgs,
     GemmArgs,
     Opcode,
     VecArgs,
     VecDst,
+    WithArgs,
     mesh_mask,
 )
 from spec.params import check_array_size, check_grid, check_int
@@ -29,16 +35,18 @@ from spec.params import check_array_size, check_grid, check_int
 __all__ = ["ErrorCode", "Sequencer", "SequencerStatus"]
 
 
-class ErrorCode(enum.Enum, shape=3):
+class ErrorCode(enum.Enum, shape=4):
     """Why the sequencer stopped early (``NONE`` after a clean HALT)."""
 
     NONE = 0
-    ILLEGAL_OPCODE = 1  # opcode 0 or 8-15
+    ILLEGAL_OPCODE = 1  # opcode 0 or 13-15
     BAD_ADDRESS = 2  # a region runs past the end of the scratchpad
     BAD_SHAPE = 3  # a GEMM with m, k or p = 0; a VEC with no rows or beats, or past the slots
     BAD_TILE = 4  # a DMA to no tile, or to a tile outside the mesh
     SEMAPHORE_OVERFLOW = 5  # a semaphore counter would pass 2**16 - 1
-    PC_OVERFLOW = 6  # the program ran off the end of the instruction memory
+    PC_OVERFLOW = 6  # the program ran off the end of its memory, or branched past it
+    BAD_REGISTER = 7  # a register value that does not fit where it goes (ADD, LOOP, WITH)
+    LOOP_BOUND = 8  # a LOOP's limit register above the LOOP's bound
 
 
 class SequencerStatus(data.StructLayout):
@@ -145,7 +153,8 @@ class Sequencer(wiring.Component):
         idle = self._outstanding(m)
         sem = self._semaphores(m, instruction.args.wait)
         checks = _Checks(self, m, instruction.args)
-        self._control(m, fetch, instruction, idle, sem, checks)
+        regs = Array(Signal(REG_BITS, name=f"r{i}") for i in range(REGISTERS))
+        self._control(m, fetch, instruction, idle, sem, checks, regs)
         # A semaphore that would overflow keeps its value and stops the program (after
         # the control's assignments, so this error wins).
         with m.If(sem.overflowed):
@@ -239,11 +248,14 @@ class Sequencer(wiring.Component):
         m.d.sync += sem.wait_ready.eq(self.semaphores[wait.semaphore] >= wait.count)
         return sem
 
-    def _control(self, m: Module, fetch, instruction, idle, sem, checks) -> None:
-        """FETCH, LATCH, MEASURE, CHECK, EXECUTE (dispatch, or stop with an error), and
-        DRAIN until every dispatched operation has finished."""
+    def _control(self, m: Module, fetch, instruction, idle, sem, checks, regs) -> None:
+        """FETCH, LATCH (adding a WITH's registers to the instruction's fields), MEASURE,
+        CHECK, EXECUTE (dispatch, or stop with an error), and DRAIN until every
+        dispatched operation has finished."""
         status, opcode = self.status, instruction.opcode
         last_pc = self.program_depth - 1
+        with_args = Signal(WithArgs())  # the last WITH's slots, for the next instruction
+        with_bad = Signal()  # those slots do not apply to the latched instruction
 
         def fail(code):
             m.d.sync += [status.error.eq(code), status.running.eq(0)]
@@ -256,6 +268,13 @@ class Sequencer(wiring.Component):
                 m.next = "DRAIN"
             with m.Else():
                 m.d.sync += status.pc.eq(status.pc + 1)
+                m.next = "FETCH"
+
+        def jump(target):
+            with m.If(target > last_pc):
+                fail(ErrorCode.PC_OVERFLOW)
+            with m.Else():
+                m.d.sync += status.pc.eq(target)
                 m.next = "FETCH"
 
         def stop_on_overflow():  # last in every running state, so it wins
@@ -278,13 +297,15 @@ class Sequencer(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [status.pc.eq(0), status.running.eq(1), status.halted.eq(0),
-                                 status.error.eq(ErrorCode.NONE)]
+                                 status.error.eq(ErrorCode.NONE), with_args.eq(0),
+                                 *(r.eq(0) for r in regs)]
                     m.next = "FETCH"
             with m.State("FETCH"):  # the memory reads status.pc
                 m.next = "LATCH"
                 stop_on_overflow()
             with m.State("LATCH"):
-                m.d.sync += instruction.eq(fetch.data)
+                patched, bad = _with_registers(m, fetch.data, with_args, regs)
+                m.d.sync += [instruction.eq(patched), with_bad.eq(bad), with_args.eq(0)]
                 m.next = "MEASURE"
                 stop_on_overflow()
             with m.State("MEASURE"):
@@ -296,7 +317,12 @@ class Sequencer(wiring.Component):
                 m.next = "EXECUTE"
                 stop_on_overflow()
             with m.State("EXECUTE"):
-                self._execute(m, opcode, sem, checks, fail, advance, dispatch)
+                with m.If(with_bad):
+                    fail(ErrorCode.BAD_REGISTER)
+                with m.Else():
+                    self._execute(m, opcode, sem, checks, fail, advance, dispatch,
+                                  lambda: _scalar_cases(m, instruction.args, regs, with_args,
+                                                        fail, advance, jump))
                 stop_on_overflow()
             with m.State("DRAIN"):
                 with m.If(idle):
@@ -304,9 +330,11 @@ class Sequencer(wiring.Component):
                     m.next = "IDLE"
 
 
-    def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch) -> None:
+    def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch,
+                 scalar_cases) -> None:
         """EXECUTE: per opcode, advance, stop, dispatch to an engine (or stop with the
-        first failed check's error), or wait for or add to a semaphore."""
+        first failed check's error), wait for or add to a semaphore, or work on the
+        registers (``scalar_cases``)."""
         status = self.status
         with m.Switch(opcode):
             with m.Case(Opcode.NOP):
@@ -330,8 +358,88 @@ class Sequencer(wiring.Component):
             with m.Case(Opcode.SIGNAL):
                 m.d.comb += sem.signal_now.eq(1)
                 advance()
+            scalar_cases()
             with m.Default():
                 fail(ErrorCode.ILLEGAL_OPCODE)
+
+
+def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump) -> None:
+    """EXECUTE's cases of the register instructions (``spec.isa``: SET, ADD, LOOP,
+    SKIP, WITH); a register keeps its value when its instruction fails."""
+    top = 1 << REG_BITS
+    with m.Case(Opcode.SET):
+        m.d.sync += regs[args.set.rd].eq(args.set.value)
+        advance()
+    with m.Case(Opcode.ADD):
+        total = Signal(signed(REG_BITS + 2), name="add_total")
+        m.d.comb += total.eq(regs[args.add.ra] + args.add.imm)
+        with m.If((total < 0) | (total >= top)):
+            fail(ErrorCode.BAD_REGISTER)
+        with m.Else():
+            m.d.sync += regs[args.add.rd].eq(total)
+            advance()
+    with m.Case(Opcode.LOOP):
+        loop = args.loop
+        count, limit = Signal(REG_BITS + 1, name="loop_count"), Signal(REG_BITS, name="loop_limit")
+        m.d.comb += [count.eq(regs[loop.counter] + 1), limit.eq(regs[loop.limit])]
+        with m.If(limit > loop.bound):
+            fail(ErrorCode.LOOP_BOUND)
+        with m.Elif(count >= top):
+            fail(ErrorCode.BAD_REGISTER)
+        with m.Else():
+            m.d.sync += regs[loop.counter].eq(count)
+            with m.If(count < limit):
+                jump(loop.target)
+            with m.Else():
+                advance()
+    with m.Case(Opcode.SKIP):
+        with m.If(regs[args.skip.ra] >= regs[args.skip.rb]):
+            jump(args.skip.target)
+        with m.Else():
+            advance()
+    with m.Case(Opcode.WITH):
+        m.d.sync += with_args.eq(args.with_)
+        advance()
+
+
+def _with_registers(m: Module, word, with_args, regs) -> tuple[Signal, Signal]:
+    """The instruction in ``word`` with the registers of ``with_args`` added to its
+    fields (``spec.isa.WithArgs``), and whether they do not apply: a field code the
+    opcode lacks, a sum past its field, a tile index past the mask, or an opcode WITH
+    cannot change."""
+    raw = Signal(INSTRUCTION, name="raw_instruction")
+    patched = Signal(INSTRUCTION, name="patched_instruction")
+    bad = Signal(name="with_bad_now")
+    m.d.comb += [raw.eq(word), patched.eq(raw)]
+    slots = [(with_args[f"field{i}"], regs[with_args[f"reg{i}"]]) for i in range(WITH_SLOTS)]
+    used = Signal(name="with_used")
+    m.d.comb += used.eq(Cat(*(code != 0 for code, _ in slots)).any())
+    with m.Switch(raw.opcode):
+        for opcode, names in WITH_FIELDS.items():
+            with m.Case(opcode):
+                fields = raw.args[ARGS_OF[opcode]]
+                out = patched.args[ARGS_OF[opcode]]
+                problems = [code > len(names) for code, _ in slots]
+                for number, name in enumerate(names, 1):
+                    field = Value.cast(fields[name])
+                    width = len(field)
+                    hits = [Mux(code == number, value, 0) for code, value in slots]
+                    if name == "tiles":  # a tile index: its bit joins the mask
+                        mask = field
+                        for code, value in slots:
+                            problems.append((code == number) & (value >= TILE_MASK_BITS))
+                            mask = mask | Mux(code == number,
+                                              Const(1, TILE_MASK_BITS) << value[:6], 0)
+                        m.d.comb += out[name].eq(mask)
+                        continue
+                    total = Signal(max(width, REG_BITS) + 2, name=f"with_{ARGS_OF[opcode]}_{name}")
+                    m.d.comb += [total.eq(field + sum(hits)),
+                                 out[name].eq(total[:width])]
+                    problems.append(total >> width != 0)
+                m.d.comb += bad.eq(Cat(*problems).any())
+        with m.Default():
+            m.d.comb += bad.eq(used)
+    return patched, bad
 
 
 class _Checks:

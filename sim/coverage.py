@@ -38,6 +38,7 @@ from pathlib import Path
 from cocotb_coverage.coverage import CoverPoint, coverage_db
 
 from rtl.sequencer import ErrorCode
+from spec.isa import Opcode
 
 #: Directory the processes of a regression export their counts to.
 ENV = "SERRANO_COVERAGE_DIR"
@@ -95,7 +96,7 @@ def scratchpad_status(kind: str, flag: str) -> None:
 
 # --- sequencer -------------------------------------------------------------------------
 
-OPCODES = ("HALT", "NOP", "GEMM", "VEC", "DMA", "WAIT", "SIGNAL")
+OPCODES = tuple(op.name for op in Opcode)
 ERRORS = tuple(e.name for e in ErrorCode if e is not ErrorCode.NONE)
 #: The memories each engine reads and writes (compiler.hazards.accesses): a GEMM reads
 #: scratchpad operands (and its accumulator entries when accumulating) and writes

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
-from spec.isa import Opcode, VecDst, encode, mesh_mask, tile_bit, tile_index
+from spec.isa import WITH_FIELDS, Opcode, VecDst, encode, mesh_mask, tile_bit, tile_index
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "expected_error", "fitting_program", "gemm", "high_bit_instructions",
-           "semaphore_overflow", "semaphore_programs", "vec"]
+           "expected_error", "fitting_program", "gemm", "high_bit_instructions", "op",
+           "register_errors", "register_programs", "semaphore_overflow",
+           "semaphore_programs", "vec", "with_"]
 
 HALT = encode(Opcode.HALT)
 
@@ -246,3 +247,120 @@ def high_bit_instructions(s: Sizes, n: int, own: int) -> list[tuple]:
             f = {"length": 1, "src": 0, "dst": 0, "tiles": 1 << bit}
             out.append((Opcode.DMA, f, encode(Opcode.DMA, **f), "BAD_TILE"))
     return out
+
+
+# --- register programs ----------------------------------------------------------------
+
+
+def op(opcode: Opcode, **fields) -> int:
+    return encode(opcode, **fields)
+
+
+def with_(*pairs: tuple[int, int]) -> int:
+    """WITH adding register ``reg`` to field number ``field`` for each (field, reg)."""
+    fields = {}
+    for i, (field, reg) in enumerate(pairs):
+        fields |= {f"field{i}": field, f"reg{i}": reg}
+    return encode(Opcode.WITH, **fields)
+
+
+def _field(opcode: Opcode, name: str) -> int:
+    return WITH_FIELDS[opcode].index(name) + 1
+
+
+def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
+    """(what, program) of programs that follow registers: a loop whose GEMMs, VECs and
+    DMAs step their addresses by a register, nested loops, a loop SKIPped when its trip
+    count is 0, WAIT and SIGNAL counts and a DMA's tile from registers. DMAs go to the
+    tile of index ``own_index`` (``spec.isa.tile_index``) only."""
+    g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
+    loop = [
+        op(Opcode.SET, rd=1, value=3),  # limit
+        op(Opcode.SET, rd=4, value=own_index),
+        # body (pc 2): three operations at addresses r3 words on, then r3 += 16
+        with_((_field(g, "a"), 3), (_field(g, "c"), 2), (_field(g, "m"), 2)),
+        gemm(signal={"enable": 1, "semaphore": 0}),
+        with_((_field(v, "dst"), 3), (_field(v, "rows"), 2), (_field(v, "a"), 2)),
+        vec(rows=4, signal={"enable": 1, "semaphore": 0}),
+        with_((_field(d, "src"), 3), (_field(d, "dst"), 3), (_field(d, "tiles"), 4)),
+        dma(tiles=0, dst=256, signal={"enable": 1, "semaphore": 0}),
+        op(Opcode.ADD, rd=3, ra=3, imm=16),
+        op(Opcode.LOOP, counter=2, limit=1, target=2, bound=4),
+        op(Opcode.SET, rd=5, value=9),
+        with_((_field(Opcode.WAIT, "count"), 5)),
+        op(Opcode.WAIT, semaphore=0, count=0),
+        with_((_field(Opcode.SIGNAL, "count"), 3)),
+        op(Opcode.SIGNAL, semaphore=6, count=1),
+        op(Opcode.WAIT, semaphore=6, count=49), HALT,
+    ]
+    nested = [
+        op(Opcode.SET, rd=1, value=2), op(Opcode.SET, rd=2, value=3),
+        op(Opcode.SET, rd=3, value=0),  # the outer counter
+        op(Opcode.SET, rd=4, value=0),  # pc 3: the inner counter
+        with_((_field(g, "c"), 5), (_field(g, "b"), 6)),  # pc 4
+        gemm(),
+        op(Opcode.ADD, rd=5, ra=5, imm=8),
+        op(Opcode.LOOP, counter=4, limit=2, target=4, bound=3),
+        op(Opcode.ADD, rd=6, ra=6, imm=64),
+        op(Opcode.LOOP, counter=3, limit=1, target=3, bound=2), HALT,
+    ]
+    zero_trip = [
+        op(Opcode.SET, rd=1, value=0),
+        op(Opcode.SKIP, ra=2, rb=1, target=5),  # r2 = 0 >= r1 = 0: skip the loop
+        gemm(), op(Opcode.LOOP, counter=2, limit=1, target=2, bound=1), vec(),
+        op(Opcode.SET, rd=1, value=1),
+        op(Opcode.SKIP, ra=2, rb=1, target=9),  # 0 >= 1: no skip
+        gemm(m=1), op(Opcode.LOOP, counter=2, limit=1, target=7, bound=1), HALT,
+    ]
+    return [("a loop stepping every engine's addresses", loop),
+            ("nested loops", nested),
+            ("a loop skipped when it runs zero times", zero_trip)]
+
+
+def register_errors(s: Sizes, depth: int) -> list[tuple[str, list[int], str, int]]:
+    """(what, program, the ErrorCode name it stops with, the pc it stops at) for each
+    way a register program goes wrong; ``depth`` = the program memory's words."""
+    g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
+    top = (1 << 16) - 1
+    outside = next(i for i in range(64) if not mesh_mask(s.mesh) >> i & 1)
+    return [
+        ("ADD below 0", [op(Opcode.ADD, rd=1, ra=1, imm=-1), HALT], "BAD_REGISTER", 0),
+        ("ADD past 2**16 - 1", [op(Opcode.SET, rd=1, value=top),
+                                op(Opcode.ADD, rd=2, ra=1, imm=1), HALT], "BAD_REGISTER", 1),
+        ("a LOOP limit above its bound", [op(Opcode.SET, rd=1, value=5), gemm(),
+                                          op(Opcode.LOOP, counter=2, limit=1, target=1,
+                                             bound=4), HALT], "LOOP_BOUND", 2),
+        ("a LOOP counter past 2**16 - 1", [op(Opcode.SET, rd=2, value=top),
+                                           op(Opcode.LOOP, counter=2, limit=1, target=0,
+                                              bound=top), HALT], "BAD_REGISTER", 1),
+        ("a LOOP back past the program", [op(Opcode.SET, rd=1, value=2),
+                                          op(Opcode.LOOP, counter=2, limit=1, target=depth,
+                                             bound=2), HALT], "PC_OVERFLOW", 1),
+        ("a SKIP past the program", [op(Opcode.SKIP, ra=0, rb=1, target=depth), HALT],
+         "PC_OVERFLOW", 0),
+        ("WITH a field GEMM lacks", [with_((len(WITH_FIELDS[g]) + 1, 0)), gemm(), HALT],
+         "BAD_REGISTER", 1),
+        ("WITH a field DMA lacks", [with_((0, 0), (len(WITH_FIELDS[d]) + 1, 0)), dma(), HALT],
+         "BAD_REGISTER", 1),
+        ("WITH before HALT", [with_((1, 0)), HALT], "BAD_REGISTER", 1),
+        ("WITH before SET", [with_((1, 0)), op(Opcode.SET, rd=1, value=1), HALT],
+         "BAD_REGISTER", 1),
+        ("WITH rows past 7 bits", [op(Opcode.SET, rd=1, value=121), with_(
+            (_field(v, "rows"), 1)), vec(rows=7), HALT], "BAD_REGISTER", 2),
+        ("WITH a GEMM address past 16 bits", [op(Opcode.SET, rd=1, value=top),
+                                              with_((_field(g, "b"), 1)), gemm(b=1), HALT],
+         "BAD_REGISTER", 2),
+        ("WITH two registers past a 10-bit field", [
+            op(Opcode.SET, rd=1, value=600),
+            with_((_field(g, "c"), 1), (_field(g, "c"), 1)), gemm(c=0), HALT],
+         "BAD_REGISTER", 2),
+        ("WITH a WAIT count past 16 bits", [op(Opcode.SET, rd=1, value=top), with_(
+            (_field(Opcode.WAIT, "count"), 1)), op(Opcode.WAIT, semaphore=0, count=1), HALT],
+         "BAD_REGISTER", 2),
+        ("WITH a tile index past the mask", [op(Opcode.SET, rd=1, value=64), with_(
+            (_field(d, "tiles"), 1)), dma(tiles=0), HALT], "BAD_REGISTER", 2),
+        ("WITH a tile outside the mesh", [op(Opcode.SET, rd=1, value=outside), with_(
+            (_field(d, "tiles"), 1)), dma(tiles=0), HALT], "BAD_TILE", 2),
+        ("WITH a region past the scratchpad", [op(Opcode.SET, rd=1, value=s.words - 4), with_(
+            (_field(d, "src"), 1)), dma(length=5), HALT], "BAD_ADDRESS", 2),
+    ]

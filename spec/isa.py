@@ -9,6 +9,11 @@ when the engine finishes the operation, the tile increments that local semaphore
 Two memories are named: the scratchpad (``ADDR_BITS`` word addresses, a word holds N
 int8 values) and the accumulator memory (``ACC_ADDR_BITS`` entry addresses, an entry
 holds N signed 48-bit lanes), where GEMM results land and vector operations work.
+
+Programs follow data through :data:`REGISTERS` scalar registers: SET and ADD write
+them, LOOP and SKIP branch on them, and WITH adds them to fields of the instruction
+after it (:data:`WITH_FIELDS`), so one instruction can run at addresses, counts and
+destination tiles computed at run time.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "SEMAPHORES", "SIGNAL",
-    "DmaArgs", "GemmArgs", "Opcode", "VecArgs", "VecDst", "VecPack", "WaitArgs", "decode",
-    "encode", "mesh_mask", "tile_bit", "tile_index",
+    "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "PC_BITS", "REGISTERS",
+    "REG_BITS", "SEMAPHORES", "SIGNAL", "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs",
+    "GemmArgs", "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst", "VecPack",
+    "WaitArgs", "WithArgs", "decode", "encode", "field_width", "mesh_mask", "tile_bit",
+    "tile_index",
 ]
 
 #: Width of an instruction word.
@@ -42,6 +49,11 @@ COUNT_FIELD_BITS = 7
 BOUND_BITS = 13
 #: Semaphore counters per tile; a semaphore is named by a 4-bit index.
 SEMAPHORES = 16
+#: Scalar registers per tile (r0..r7, all 0 when a program starts) and their width.
+REGISTERS = 8
+REG_BITS = 16
+#: Width of a branch target (program memories of up to 2**16 instructions).
+PC_BITS = 16
 #: Width of a semaphore count (the counters themselves are this wide).
 COUNT_BITS = 16
 #: Mesh coordinates are 3 bits each (meshes up to 8 x 8); a tile set is a 64-bit mask,
@@ -68,7 +80,7 @@ def mesh_mask(mesh: tuple[int, int]) -> int:
 
 
 class Opcode(enum.Enum, shape=4):
-    """Operation codes. 0 and 8-15 are illegal, so a word of zeros never executes."""
+    """Operation codes. 0 and 13-15 are illegal, so a word of zeros never executes."""
 
     HALT = 1  # stop; the sequencer reports `halted`
     NOP = 2
@@ -77,6 +89,11 @@ class Opcode(enum.Enum, shape=4):
     DMA = 5  # copy a scratchpad region to a set of tiles' scratchpads (this one included)
     WAIT = 6  # block until a semaphore reaches a count, then subtract the count
     SIGNAL = 7  # add a count to a local semaphore
+    SET = 8  # write a register
+    ADD = 9  # a register plus a signed immediate into a register
+    LOOP = 10  # count a register up; branch back while it is below a limit register
+    SKIP = 11  # branch when one register is at least another
+    WITH = 12  # add registers to fields of the next instruction
 
 
 #: Optional completion signal of an engine operation.
@@ -205,6 +222,73 @@ class WaitArgs(data.StructLayout):
         super().__init__({"semaphore": unsigned(4), "count": unsigned(COUNT_BITS)})
 
 
+_REG = unsigned(3)  # a register index
+
+
+class SetArgs(data.StructLayout):
+    """SET: register ``rd`` = ``value``."""
+
+    def __init__(self):
+        super().__init__({"rd": _REG, "value": unsigned(REG_BITS)})
+
+
+class AddArgs(data.StructLayout):
+    """ADD: register ``rd`` = register ``ra`` + ``imm``; a result outside 0 .. 2**16 - 1
+    stops the program (``BAD_REGISTER``), the register unchanged."""
+
+    def __init__(self):
+        super().__init__({"rd": _REG, "ra": _REG, "imm": signed(REG_BITS + 1)})
+
+
+class LoopArgs(data.StructLayout):
+    """LOOP, the last instruction of a loop body: register ``counter`` += 1; then back
+    to ``target`` while ``counter`` < register ``limit``, else on to the next
+    instruction. A ``limit`` above ``bound`` stops the program (``LOOP_BOUND``) before
+    anything changes, so a loop runs at most ``bound`` times whatever the data says;
+    a counter that would pass 2**16 - 1 stops it too (``BAD_REGISTER``). The body runs
+    once before the first LOOP: a loop that may run zero times starts with a SKIP."""
+
+    def __init__(self):
+        super().__init__({"counter": _REG, "limit": _REG, "target": unsigned(PC_BITS),
+                          "bound": unsigned(REG_BITS)})
+
+
+class SkipArgs(data.StructLayout):
+    """SKIP: on to ``target`` when register ``ra`` >= register ``rb``, else to the next
+    instruction."""
+
+    def __init__(self):
+        super().__init__({"ra": _REG, "rb": _REG, "target": unsigned(PC_BITS)})
+
+
+#: The fields WITH may add a register to, per opcode (field code = position + 1). A
+#: DMA's ``tiles`` takes a tile index (``tile_index``): its bit is set in the mask.
+WITH_FIELDS = {
+    Opcode.GEMM: ("a", "b", "c", "a_lo", "m", "k", "p"),
+    Opcode.VEC: ("a", "b", "c", "dst", "total", "rows", "beats"),
+    Opcode.DMA: ("src", "dst", "length", "tiles"),
+    Opcode.WAIT: ("count",),
+    Opcode.SIGNAL: ("count",),
+}
+#: Register/field pairs of one WITH.
+WITH_SLOTS = 3
+
+
+class WithArgs(data.StructLayout):
+    """WITH: for each slot i with ``field{i}`` != 0, the next instruction runs with
+    register ``reg{i}`` added to its field number ``field{i}`` (:data:`WITH_FIELDS`;
+    two slots on one field add both). The sum must fit the field, the field must exist,
+    and the next instruction must be one :data:`WITH_FIELDS` names: else the program
+    stops at that instruction with ``BAD_REGISTER``. The checks of the instruction
+    (shape, bounds, tiles) apply to the sums."""
+
+    def __init__(self):
+        fields = {}
+        for i in range(WITH_SLOTS):
+            fields |= {f"field{i}": unsigned(4), f"reg{i}": _REG}
+        super().__init__(fields)
+
+
 #: One instruction word.
 INSTRUCTION = data.StructLayout({
     "opcode": Opcode,
@@ -213,6 +297,11 @@ INSTRUCTION = data.StructLayout({
         "vec": VecArgs(),
         "dma": DmaArgs(),
         "wait": WaitArgs(),
+        "set": SetArgs(),
+        "add": AddArgs(),
+        "loop": LoopArgs(),
+        "skip": SkipArgs(),
+        "with_": WithArgs(),
     }),
 })
 assert INSTRUCTION.size <= INSTRUCTION_BITS
@@ -220,8 +309,14 @@ assert INSTRUCTION.size <= INSTRUCTION_BITS
 #: Which union member holds an opcode's fields (HALT and NOP have none).
 ARGS_OF = {
     Opcode.GEMM: "gemm", Opcode.VEC: "vec", Opcode.DMA: "dma",
-    Opcode.WAIT: "wait", Opcode.SIGNAL: "wait",
+    Opcode.WAIT: "wait", Opcode.SIGNAL: "wait", Opcode.SET: "set", Opcode.ADD: "add",
+    Opcode.LOOP: "loop", Opcode.SKIP: "skip", Opcode.WITH: "with_",
 }
+
+
+def field_width(opcode: Opcode, name: str) -> int:
+    """The width in bits of field ``name`` of ``opcode``'s instruction."""
+    return Shape.cast(INSTRUCTION["args"].shape[ARGS_OF[opcode]].shape[name].shape).width
 
 
 def encode(opcode: Opcode, **fields) -> int:

@@ -12,6 +12,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
+from golden.tile_model import TileModel
 from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
@@ -26,6 +27,8 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    register_errors,
+    register_programs,
     semaphore_overflow,
     semaphore_programs,
     vec,
@@ -33,7 +36,7 @@ from sim.sequencer_cases import (
 from sim.tile_driver import TileDriver
 from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
-from spec.isa import SEMAPHORES, Opcode, decode, encode, tile_bit
+from spec.isa import SEMAPHORES, Opcode, decode, encode, tile_bit, tile_index
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -297,14 +300,39 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
     assert cycles[0] >= cycles[1] - 10, f"HALT after {len(vecs)} VECs: {cycles}"
 
 
+async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Sizes) -> None:
+    """The register programs of sim.sequencer_cases on the RTL tile: each halts where the
+    tile model does, with the scratchpad the model ends with (the DMAs' register-stepped
+    copies of random words); each register error stops at its instruction."""
+    x, y = driver.tile.position
+    rng = np.random.default_rng(7)
+    words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
+    words |= {a: 0 for a in range(256, 320)}  # where the DMAs copy them
+    for what, program in register_programs(tile_index(x, y)):
+        model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
+                          slots=config.slots, position=(x, y))
+        for address, word in words.items():
+            model.spad[address] = word
+        model.run([(o.name, f) for o, f in map(decode, program)])
+        await driver.load(program, words, [])
+        run = await driver.execute(40_000)
+        assert (run.error, run.pc) == (ErrorCode.NONE, model.pc), f"{what}: {run}"
+        back, _ = await driver.read(list(range(256, 320)))
+        assert back == model.spad[256:320], f"{what}: the DMAs' copies differ"
+    for what, program, error, pc in register_errors(sizes, config.program_depth):
+        await driver.load(program, {}, [])
+        run = await driver.execute(20_000)
+        assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+
+
 @cocotb.test()
 async def tile_programs(dut):
     """The sequencer's checks on the RTL tile: every bad instruction stops the program
     at its pc with its error and nothing after it runs; regions that end exactly at the
     end of their memory are accepted; a semaphore overflow and running off the end of
     the program memory are errors; every semaphore counts each source of increments
-    exactly; random instructions at the edges of their memories get the verdict the ISA
-    gives them."""
+    exactly; register programs end as the tile model does; random instructions at the
+    edges of their memories get the verdict the ISA gives them."""
     p = parameters()
     config = TileConfig(**p["config"])
     tile = sim_tile(config)
@@ -341,6 +369,7 @@ async def tile_programs(dut):
             assert not driver.halted(), f"semaphore {s} passed a WAIT for more than it has"
             await driver.reset()
     await _halt_waits_for_every_engine_operation(driver)
+    await _register_programs(driver, config, sizes)
     rng = np.random.default_rng(p.get("seed", 1))
     for opcode, fields, word, error in (boundary_instructions(sizes, config.n, 1, rng, 400)
                                         + high_bit_instructions(sizes, config.n, 1)):

@@ -1,4 +1,6 @@
-"""The tile sequencer and the ISA, in the Amaranth simulator with modelled engines."""
+"""The tile sequencer and the ISA, in the Amaranth simulator with modelled engines; its
+registers, loops and WITH against the tile's functional model (golden.tile_model): the
+same operations dispatched with the same fields, the same error at the same pc."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from compiler.hazards import accesses, check_synchronisation
+from golden.tile_model import ProgramError, TileModel
 from golden.vector_model import VectorOpcode as VOP
 from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
@@ -20,10 +23,14 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    op,
+    register_errors,
+    register_programs,
     semaphore_overflow,
     vec,
+    with_,
 )
-from spec.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
+from spec.isa import INSTRUCTION, WITH_FIELDS, Opcode, VecArgs, VecDst, VecPack, decode, encode
 
 WORDS = 4096
 ENTRIES = 256
@@ -302,3 +309,97 @@ def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
         if got != error:
             wrong.append((opcode.name, fields, got, error))
     assert not wrong, wrong[:3]
+
+
+#: Program memory words of the register tests.
+DEPTH = 64
+
+
+def model_run(program: list[int]) -> tuple[list, str, int, TileModel]:
+    """The model's engine operations (opcode name, fields), error name and pc."""
+    model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS)
+    try:
+        model.run([(opcode.name, fields) for opcode, fields in map(decode, program)])
+        error = "NONE"
+    except ProgramError as stopped:
+        error = stopped.code
+    return model.issued, error, model.pc, model
+
+
+def dispatched(trace) -> list:
+    return [(name.upper(), args) for _, name, args in trace["dispatched"]]
+
+
+@pytest.mark.parametrize(("what", "program"), register_programs(own_index=0),
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_register_programs_dispatch_what_the_model_runs(what, program):
+    issued, error, pc, _ = model_run(program)
+    assert error == "NONE"
+    trace = run(program, depth=DEPTH, max_cycles=4000)
+    assert trace["status"]["error"] == ErrorCode.NONE, what
+    assert trace["status"]["pc"] == pc and program[pc] == HALT, what
+    assert dispatched(trace) == issued, what
+    assert issued
+    coverage.sample_program([decode(word) for word in program], 8)
+
+
+@pytest.mark.parametrize(("what", "program", "error", "pc"), register_errors(SIZES, DEPTH),
+                         ids=lambda x: x if isinstance(x, str) and " " in x else "")
+def test_register_errors_stop_at_their_instruction(what, program, error, pc):
+    """Each error: the sequencer stops at the instruction with its code, nothing after
+    it is dispatched; the model stops there too (where it knows the code: it has no
+    program memory, mesh or scratchpad bound here)."""
+    trace = run(program, depth=DEPTH)
+    status = trace["status"]
+    assert (status["error"].name, status["pc"], status["halted"]) == (error, pc, 1), what
+    engine_ops = [w for w in program[:pc] if decode(w)[0] in (Opcode.GEMM, Opcode.VEC,
+                                                                  Opcode.DMA)]
+    assert len(trace["dispatched"]) == len(engine_ops), what  # none from pc on
+    if error in ("BAD_REGISTER", "LOOP_BOUND"):
+        issued, model_error, model_pc, _ = model_run(program)
+        assert (model_error, model_pc) == (error, pc), what
+        assert dispatched(trace) == issued
+    coverage.sequencer_error(error)
+
+
+def random_register_program(rng) -> list[int]:
+    """A loop of 1..4 trips (its limit in a register, maybe 0 and SKIPped) over GEMMs,
+    VECs and DMAs whose fields get registers added through WITH, registers stepped by
+    ADD, maybe nested once; then HALT. Addresses stay inside the memories."""
+    g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
+    fields = {g: ["a", "b", "c", "a_lo", "m", "k", "p"], v: ["a", "b", "c", "dst", "rows",
+                                                          "beats"], d: ["src", "dst", "length"]}
+    program = [op(Opcode.SET, rd=r, value=int(rng.integers(0, 9))) for r in range(1, 6)]
+    trips = int(rng.integers(0, 5))
+    program.append(op(Opcode.SET, rd=6, value=trips))
+    program.append(op(Opcode.SKIP, ra=7, rb=6, target=0))  # target patched below
+    skip_at, body = len(program) - 1, len(program)
+    for _ in range(int(rng.integers(1, 5))):
+        opcode = [g, v, d][int(rng.integers(3))]
+        picks = rng.choice(fields[opcode], size=int(rng.integers(0, 4)))
+        pairs = [(WITH_FIELDS[opcode].index(str(name)) + 1, int(rng.integers(1, 6)))
+                 for name in picks]
+        if pairs:
+            program.append(with_(*pairs))
+        program.append({g: gemm(a_lo=1024, k=8), v: vec(rows=2), d: dma(tiles=1)}[opcode])
+        if rng.random() < 0.5:
+            program.append(op(Opcode.ADD, rd=int(rng.integers(1, 6)),
+                              ra=int(rng.integers(1, 6)), imm=int(rng.integers(-2, 4))))
+    program.append(op(Opcode.LOOP, counter=7, limit=6, target=body, bound=4))
+    program[skip_at] = op(Opcode.SKIP, ra=7, rb=6, target=len(program))
+    return program + [HALT]
+
+
+def test_random_register_programs_match_the_model(seed):
+    """Random loops over WITH-modified operations: the same dispatches, fields and end
+    as the model, BAD_REGISTER included (an ADD below 0)."""
+    rng = np.random.default_rng(seed + 70)
+    outcomes = set()
+    for _ in range(12):
+        program = random_register_program(rng)
+        issued, error, pc, _ = model_run(program)
+        trace = run(program, depth=DEPTH, max_cycles=6000)
+        assert (trace["status"]["error"].name, trace["status"]["pc"]) == (error, pc)
+        assert dispatched(trace) == issued
+        outcomes.add(error)
+    assert "NONE" in outcomes
