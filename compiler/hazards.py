@@ -15,6 +15,10 @@ semaphore is signalled by one engine (so its k-th WAIT unit means that engine's 
 signalling operation finished); no WAIT needs a signal that is never dispatched before
 it (a deadlock); at HALT every signal has been waited for (the next program starts from
 zero).
+
+The check reads a straight-line program. A program with registers (SET, ADD, LOOP, SKIP,
+WITH) is checked on what it runs: the instructions the tile model executed, with their
+fields as WITH made them (``golden.tile_model.TileModel.executed``, :func:`executed_ops`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from golden.vector_model import VectorOpcode as VOP
 from spec.config import ceil_div
 from spec.isa import Opcode, VecDst
 
-__all__ = ["accesses", "check_synchronisation"]
+__all__ = ["accesses", "check_synchronisation", "executed_ops"]
 
 _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
+_REGISTER_OPCODES = (Opcode.SET, Opcode.ADD, Opcode.LOOP, Opcode.SKIP, Opcode.WITH)
 #: Accumulator entries are keyed apart from scratchpad words.
 _ACC = 1 << 20
 _USES_B = {VOP.RESCALE, VOP.ADD, VOP.MUL, VOP.SWIGLU}
@@ -148,9 +153,21 @@ def check_synchronisation(ops: Sequence[Op], n: int) -> None:
                 known[engine_of[s]] = max(known[engine_of[s]], s)
         elif op == Opcode.SIGNAL:
             raise ValueError(f"instruction {j}: SIGNAL is not modelled by this checker")
+        elif op in _REGISTER_OPCODES:
+            raise ValueError(f"instruction {j}: {op.name} makes the program's path depend "
+                             f"on its registers; check the instructions it executed "
+                             f"(executed_ops)")
         elif op == Opcode.HALT:
             break
     for sem, sigs in signallers.items():
         if consumed.get(sem, 0) != len(sigs):
             raise ValueError(f"semaphore {sem}: {len(sigs)} signals but "
                              f"{consumed.get(sem, 0)} waited for at HALT")
+
+
+def executed_ops(executed: Sequence[tuple[str, dict]]) -> list[Op]:
+    """The engine operations, WAITs and SIGNALs of a tile model's ``executed`` list, as
+    the straight-line program :func:`check_synchronisation` reads (the register
+    instructions dropped: their effect is in the fields)."""
+    return [(Opcode[name], f) for name, f in executed
+            if Opcode[name] not in _REGISTER_OPCODES]

@@ -114,10 +114,10 @@ class TileModel:
 
     State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
     48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` and
-    ``registers`` (lists of ints), ``pc``, ``halted``, ``issued`` (every engine
-    operation with the fields it ran with), and ``done`` = the ``signal`` field of every
-    finished engine operation, per engine (``{"GEMM": [...], "VEC": [...], "DMA":
-    [...]}``, in order).
+    ``registers`` (lists of ints), ``pc``, ``halted``, ``executed`` (every instruction
+    run, in order, with the fields it ran with: a WITH's registers added), and ``done``
+    = the ``signal`` field of every finished engine operation, per engine (``{"GEMM":
+    [...], "VEC": [...], "DMA": [...]}``, in order).
     """
 
     def __init__(self, n: int = 8, spad_words: int = 4096, acc_depth: int = 256,
@@ -142,8 +142,8 @@ class TileModel:
         self._with: list[tuple[int, int]] = []  # a WITH's (field number, register) pairs
         self.halted = False
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
-        #: Every GEMM, VEC and DMA run, as (opcode name, fields with WITH's registers added).
-        self.issued: list[tuple[str, dict]] = []
+        #: Every instruction run, as (opcode name, fields with WITH's registers added).
+        self.executed: list[tuple[str, dict]] = []
         #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
         #: the DMA's fields and the source words (``golden.chip_model.ChipModel`` sets it).
         #: None: such a DMA raises NotImplementedError (one tile, no network).
@@ -187,8 +187,6 @@ class TileModel:
             self.halted = True
             return False
         next_pc = self._scalar(name, f)
-        if name in self.done:
-            self.issued.append((name, f))
         if name == "GEMM":
             self._gemm(f)
         elif name == "VEC":
@@ -208,6 +206,7 @@ class TileModel:
             self.done[name].append(f["signal"])
             if f["signal"]["enable"]:
                 self._add(f["signal"]["semaphore"], 1, f"{name} signal")
+        self.executed.append((name, f))
         self.pc = next_pc
         return True
 

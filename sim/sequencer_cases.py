@@ -14,8 +14,8 @@ from spec.isa import WITH_FIELDS, Opcode, VecDst, encode, mesh_mask, tile_bit, t
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "expected_error", "fitting_program", "gemm", "high_bit_instructions", "op",
-           "register_errors", "register_programs", "semaphore_overflow",
-           "semaphore_programs", "vec", "with_"]
+           "random_register_program", "register_errors", "register_programs",
+           "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
 HALT = encode(Opcode.HALT)
 
@@ -364,3 +364,40 @@ def register_errors(s: Sizes, depth: int) -> list[tuple[str, list[int], str, int
         ("WITH a region past the scratchpad", [op(Opcode.SET, rd=1, value=s.words - 4), with_(
             (_field(d, "src"), 1)), dma(length=5), HALT], "BAD_ADDRESS", 2),
     ]
+
+
+def random_register_program(rng, s: Sizes, own_index: int) -> list[int]:
+    """A loop of 0..4 trips (SKIPped at 0) over GEMMs, VECs and DMAs, each after a WITH
+    of up to three random (field, register) pairs — a field number one past the last
+    now and then, register values from 0 up to past the memories — with ADDs between
+    them and, now and then, a WITH before a SET; then HALT. Most programs run to the
+    end; the others stop with the error the registers give (BAD_REGISTER, or a region
+    or shape check). DMAs copy words from below 96 to 256 on, on the tile of index
+    ``own_index``."""
+    g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
+    values = [0, 1, 2, 3, 5, 8, 16, 96, 120, s.entries - 20, s.words - 300, (1 << 16) - 2]
+    program = [op(Opcode.SET, rd=r, value=int(rng.choice(values[:6]) if rng.random() < 0.8
+                                                   else rng.choice(values)))
+               for r in range(1, 6)]
+    program.append(op(Opcode.SET, rd=6, value=int(rng.integers(0, 5))))
+    program.append(op(Opcode.SKIP, ra=7, rb=6, target=0))  # its target is set below
+    skip_at, body = len(program) - 1, len(program)
+    for _ in range(int(rng.integers(1, 5))):
+        opcode = [g, v, d][int(rng.integers(3))]
+        # (A DMA's tile stays this one: field 4 is left to register_programs.)
+        last = 3 if opcode == d else len(WITH_FIELDS[opcode])
+        pairs = [(last + 2 if rng.random() < 0.05 else int(rng.integers(1, last + 1)),
+                  int(rng.integers(0, 6))) for _ in range(int(rng.integers(0, 4)))]
+        slots = [(0, 0)] * int(rng.integers(0, 3 - len(pairs) + 1))  # unused slots first
+        if pairs:
+            program.append(with_(*(slots + pairs)))
+        program.append({g: gemm(a_lo=1024, k=8), v: vec(rows=2),
+                        d: dma(tiles=1 << own_index, dst=256)}[opcode])
+        if rng.random() < 0.5:
+            program.append(op(Opcode.ADD, rd=int(rng.integers(1, 6)),
+                              ra=int(rng.integers(1, 6)), imm=int(rng.integers(-2, 4))))
+        if rng.random() < 0.05:
+            program += [with_((1, 1)), op(Opcode.SET, rd=1, value=0)]
+    program.append(op(Opcode.LOOP, counter=7, limit=6, target=body, bound=4))
+    program[skip_at] = op(Opcode.SKIP, ra=7, rb=6, target=len(program))
+    return program + [HALT]

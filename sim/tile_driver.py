@@ -246,6 +246,11 @@ class TileDriver:
         return [data.Const(self.layouts["net_out"], word)
                 for word in self.harness.read("net_out", count)]
 
+    def words_sent(self) -> int:
+        """Words taken from ``net_out`` since the last :meth:`go_and_receive` started
+        (extra ones past its count included)."""
+        return self.harness.counter("net_out_received")
+
     async def read(self, addresses: list[int]) -> tuple[list[int], list]:
         """Scratchpad words at ``addresses`` through the host port (and their responses)."""
         out = await self._transfer(

@@ -12,7 +12,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
-from golden.tile_model import TileModel
+from golden.tile_model import ProgramError, TileModel
 from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
@@ -27,6 +27,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    random_register_program,
     register_errors,
     register_programs,
     semaphore_overflow,
@@ -190,12 +191,32 @@ async def tile_network(dut):
     assert fields == [{"tiles": other, "addr": far + i, "data": words[i], "write": 1,
                        "last": int(i == count - 1), "signal": 1, "semaphore": 5}
                       for i in range(count)], fields
+    assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
     got, _ = await driver.read([far + i for i in range(count)])
     assert got == words, [hex(w) for w in got]
     await _signal_only_dmas(driver, own, other)
     await _long_dma_under_backpressure(driver, own, other)
     await _local_dma_beside_a_gemm(driver, own)
+    await _dma_behind_a_dma(driver, own)
     report(passed=True)
+
+
+async def _dma_behind_a_dma(driver: TileDriver, own: int) -> None:
+    """A short DMA dispatched right behind a long one (no WAIT between): the engine takes
+    it only when the long one is done, and both copies are whole."""
+    rng = np.random.default_rng(11)
+    words = [int(w) for w in rng.integers(0, 1 << 62, 64)]
+    signal = {"enable": 1, "semaphore": 2}
+    await driver.load([encode(Opcode.DMA, src=500, dst=600, length=64, tiles=own,
+                              signal=signal),
+                       encode(Opcode.DMA, src=500, dst=700, length=3, tiles=own,
+                              signal=signal),
+                       encode(Opcode.WAIT, semaphore=2, count=2), encode(Opcode.HALT)],
+                      {500 + i: w for i, w in enumerate(words)}, [])
+    run = await driver.execute(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    got, _ = await driver.read([600 + i for i in range(64)] + [700, 701, 702])
+    assert got == words + words[:3], "a DMA behind another lost words"
 
 
 def _dma_and_wait(src: int, dst: int, count: int, tiles: int, arrival: int) -> list[int]:
@@ -235,6 +256,7 @@ async def _signal_only_dmas(driver: TileDriver, own: int, other: int) -> None:
                      "signal": 1, "semaphore": 9},
                     {"tiles": other, "addr": 78, "data": 0x5A5A, "write": 1, "last": 1,
                      "signal": 1, "semaphore": 8}], sent
+    assert driver.words_sent() == 2, f"{driver.words_sent()} words sent, not 2"
 
 
 async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int) -> None:
@@ -253,6 +275,7 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
     assert sent == [{"tiles": other, "addr": dst + i, "data": words[i], "write": 1,
                      "last": int(i == count - 1), "signal": 1, "semaphore": 3}
                     for i in range(count)], "the network words differ"
+    assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
     got, _ = await driver.read([dst + i for i in range(count)])
     assert got == words, "the local copy differs"
 
@@ -303,7 +326,9 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
 async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Sizes) -> None:
     """The register programs of sim.sequencer_cases on the RTL tile: each halts where the
     tile model does, with the scratchpad the model ends with (the DMAs' register-stepped
-    copies of random words); each register error stops at its instruction."""
+    copies of random words); each register error stops at its instruction; random
+    register programs end as the model does (the same error, or none, at the same pc)
+    with the same copies."""
     x, y = driver.tile.position
     rng = np.random.default_rng(7)
     words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
@@ -323,6 +348,29 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         await driver.load(program, {}, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+    outcomes = set()
+    for index in range(40):
+        program = random_register_program(rng, sizes, tile_index(x, y))
+        model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
+                          slots=config.slots, position=(x, y))
+        for address, word in words.items():
+            model.spad[address] = word
+        try:
+            model.run([(o.name, f) for o, f in map(decode, program)])
+            error = "NONE"
+        except ProgramError as stopped:
+            error = stopped.code
+        except ValueError:  # a region, shape or tile check
+            error = "CHECK"
+        await driver.load(program, words, [])
+        run = await driver.execute(400_000)
+        got = "CHECK" if run.error.name in ("BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE") else \
+            run.error.name
+        assert (got, run.pc) == (error, model.pc), f"random program {index}: {run}"
+        back, _ = await driver.read(list(range(256, 320)))
+        assert back == model.spad[256:320], f"random program {index}: the DMAs' copies differ"
+        outcomes.add(error)
+    assert "NONE" in outcomes and len(outcomes) > 1, outcomes
 
 
 @cocotb.test()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from compiler.hazards import accesses, check_synchronisation
+from compiler.hazards import accesses, check_synchronisation, executed_ops
 from golden.tile_model import ProgramError, TileModel
 from golden.vector_model import VectorOpcode as VOP
 from rtl.sequencer import ErrorCode, Sequencer
@@ -24,13 +24,14 @@ from sim.sequencer_cases import (
     gemm,
     high_bit_instructions,
     op,
+    random_register_program,
     register_errors,
     register_programs,
     semaphore_overflow,
     vec,
     with_,
 )
-from spec.isa import INSTRUCTION, WITH_FIELDS, Opcode, VecArgs, VecDst, VecPack, decode, encode
+from spec.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
 
 WORDS = 4096
 ENTRIES = 256
@@ -315,15 +316,23 @@ def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
 DEPTH = 64
 
 
+#: The sequencer's errors the model reports as a plain ValueError (a failed check).
+CHECKS = {"BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE"}
+
+
 def model_run(program: list[int]) -> tuple[list, str, int, TileModel]:
-    """The model's engine operations (opcode name, fields), error name and pc."""
+    """The model's engine operations (opcode name, fields), error name ("CHECK" for a
+    failed region, shape or tile check) and pc."""
     model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS)
     try:
         model.run([(opcode.name, fields) for opcode, fields in map(decode, program)])
         error = "NONE"
     except ProgramError as stopped:
         error = stopped.code
-    return model.issued, error, model.pc, model
+    except ValueError:
+        error = "CHECK"
+    engine_ops = [(name, f) for name, f in model.executed if name in ("GEMM", "VEC", "DMA")]
+    return engine_ops, error, model.pc, model
 
 
 def dispatched(trace) -> list:
@@ -362,44 +371,42 @@ def test_register_errors_stop_at_their_instruction(what, program, error, pc):
     coverage.sequencer_error(error)
 
 
-def random_register_program(rng) -> list[int]:
-    """A loop of 1..4 trips (its limit in a register, maybe 0 and SKIPped) over GEMMs,
-    VECs and DMAs whose fields get registers added through WITH, registers stepped by
-    ADD, maybe nested once; then HALT. Addresses stay inside the memories."""
-    g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
-    fields = {g: ["a", "b", "c", "a_lo", "m", "k", "p"], v: ["a", "b", "c", "dst", "rows",
-                                                          "beats"], d: ["src", "dst", "length"]}
-    program = [op(Opcode.SET, rd=r, value=int(rng.integers(0, 9))) for r in range(1, 6)]
-    trips = int(rng.integers(0, 5))
-    program.append(op(Opcode.SET, rd=6, value=trips))
-    program.append(op(Opcode.SKIP, ra=7, rb=6, target=0))  # target patched below
-    skip_at, body = len(program) - 1, len(program)
-    for _ in range(int(rng.integers(1, 5))):
-        opcode = [g, v, d][int(rng.integers(3))]
-        picks = rng.choice(fields[opcode], size=int(rng.integers(0, 4)))
-        pairs = [(WITH_FIELDS[opcode].index(str(name)) + 1, int(rng.integers(1, 6)))
-                 for name in picks]
-        if pairs:
-            program.append(with_(*pairs))
-        program.append({g: gemm(a_lo=1024, k=8), v: vec(rows=2), d: dma(tiles=1)}[opcode])
-        if rng.random() < 0.5:
-            program.append(op(Opcode.ADD, rd=int(rng.integers(1, 6)),
-                              ra=int(rng.integers(1, 6)), imm=int(rng.integers(-2, 4))))
-    program.append(op(Opcode.LOOP, counter=7, limit=6, target=body, bound=4))
-    program[skip_at] = op(Opcode.SKIP, ra=7, rb=6, target=len(program))
-    return program + [HALT]
-
-
 def test_random_register_programs_match_the_model(seed):
     """Random loops over WITH-modified operations: the same dispatches, fields and end
-    as the model, BAD_REGISTER included (an ADD below 0)."""
+    as the model, errors included."""
     rng = np.random.default_rng(seed + 70)
     outcomes = set()
-    for _ in range(12):
-        program = random_register_program(rng)
+    for _ in range(30):
+        program = random_register_program(rng, SIZES, own_index=0)
         issued, error, pc, _ = model_run(program)
-        trace = run(program, depth=DEPTH, max_cycles=6000)
-        assert (trace["status"]["error"].name, trace["status"]["pc"]) == (error, pc)
+        trace = run(program, depth=DEPTH, max_cycles=20_000)
+        got = trace["status"]["error"].name
+        assert ("CHECK" if got in CHECKS else got, trace["status"]["pc"]) == (error, pc)
         assert dispatched(trace) == issued
         outcomes.add(error)
-    assert "NONE" in outcomes
+    assert "NONE" in outcomes and len(outcomes) >= 2, outcomes
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_the_hazard_check_reads_what_a_register_program_runs(waits):
+    """A loop whose VEC reads the accumulator entries its GEMM wrote, both moved by a
+    register: the checker refuses the program itself (its path depends on registers),
+    and on the instructions the model executed finds the missing WAIT, or none."""
+    s0, s1 = {"enable": 1, "semaphore": 0}, {"enable": 1, "semaphore": 1}
+    wait = [op(Opcode.WAIT, semaphore=0, count=1)]
+    program = [op(Opcode.SET, rd=1, value=2),
+               with_((3, 3)), gemm(c=64, signal=s0), *(wait if waits else []),
+               with_((1, 3)), vec(a=64, beats=1, signal=s1), *([] if waits else wait),
+               op(Opcode.WAIT, semaphore=1, count=1), op(Opcode.ADD, rd=3, ra=3, imm=16),
+               op(Opcode.LOOP, counter=2, limit=1, target=1, bound=2), HALT]
+    with pytest.raises(ValueError, match="SET makes the program's path depend"):
+        check_synchronisation([decode(word) for word in program], 8)
+    _, error, _, model = model_run(program)
+    assert error == "NONE"
+    ops = executed_ops(model.executed)
+    assert [o.name for o, _ in ops].count("GEMM") == 2
+    if waits:
+        check_synchronisation(ops, 8)
+    else:
+        with pytest.raises(ValueError, match="read after write on accumulator entry 64"):
+            check_synchronisation(ops, 8)
