@@ -404,8 +404,8 @@ def _design_sources_digest() -> str:
 #: themselves determined by the other parameters).
 VOLATILE_PARAMS = ("progress", "rounds")
 #: Run directories a build keeps (the newest; older ones are removed as new runs start,
-#: unless touched in the last :data:`PRUNE_AFTER_S` seconds: another process may be
-#: using them).
+#: unless touched in the last :data:`PRUNE_AFTER_S` seconds or marked running by a live
+#: process: another process may be using them).
 KEEP_RUNS = 8
 PRUNE_AFTER_S = 600
 
@@ -418,10 +418,25 @@ def prune_runs(runs: Path, keep: Path, now: float | None = None) -> list[Path]:
                   key=lambda d: d.stat().st_mtime, reverse=True)
     removed = []
     for old in dirs[KEEP_RUNS - 1:]:
-        if now - old.stat().st_mtime > PRUNE_AFTER_S:
+        if now - old.stat().st_mtime > PRUNE_AFTER_S and not _running(old):
             shutil.rmtree(old, ignore_errors=True)
             removed.append(old)
     return removed
+
+
+#: The marker of a run in progress in its run directory: the process id running it.
+RUNNING = ".running"
+
+
+def _running(run_dir: Path) -> bool:
+    """Whether a live process is running a simulation in ``run_dir`` (a long run, on a
+    loaded machine, may not touch its directory for longer than PRUNE_AFTER_S)."""
+    try:
+        pid = int((run_dir / RUNNING).read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def run_name(testcase: str, tag: str, seed: int, params: dict | None, mutant: int) -> str:
@@ -445,10 +460,20 @@ def run(handle: SimBuild, module: str, *, testcase: str, seed: int = 1,
     mutation build runs (:func:`select_mutant`).
     """
     toolchain_env(handle.simulator)
-    from cocotb_tools.runner import get_results
-
     run_dir = handle.directory / "runs" / run_name(testcase, tag, seed, params, mutant)
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUNNING).write_text(str(os.getpid()))
+    try:
+        return _run_in(handle, module, run_dir, testcase, seed, params, mutant)
+    finally:
+        (run_dir / RUNNING).unlink(missing_ok=True)
+
+
+def _run_in(handle: SimBuild, module: str, run_dir: Path, testcase: str, seed: int,
+            params: dict | None, mutant: int) -> dict:
+    """:func:`run` in its run directory ``run_dir``."""
+    from cocotb_tools.runner import get_results
+
     prune_runs(handle.directory / "runs", keep=run_dir)
     result_file = run_dir / "result.json"
     result_file.unlink(missing_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sim.runner import KEEP_RUNS, PRUNE_AFTER_S, prune_runs, run_name
+from sim.runner import KEEP_RUNS, PRUNE_AFTER_S, RUNNING, prune_runs, run_name
 
 
 def test_the_same_run_reuses_its_directory():
@@ -46,3 +46,17 @@ def test_recently_touched_run_directories_stay(tmp_path):
     made = _runs(tmp_path, KEEP_RUNS + 4, now, 0)
     assert prune_runs(tmp_path, keep=made[-1], now=now) == []
     assert all(d.exists() for d in made)
+
+
+def test_a_directory_a_live_process_runs_in_stays(tmp_path):
+    """A long simulation may not touch its directory for a while: its running marker
+    (a live process's id) keeps it; a dead process's marker does not."""
+    now = 1_000_000.0
+    made = _runs(tmp_path, KEEP_RUNS + 3, now, PRUNE_AFTER_S * 2)
+    for d, marker in ((made[1], str(os.getpid())), (made[2], "0x")):  # "0x": no pid
+        mtime = d.stat().st_mtime
+        (d / RUNNING).write_text(marker)
+        os.utime(d, (mtime, mtime))
+    removed = prune_runs(tmp_path, keep=made[-1], now=now)
+    assert made[1].exists() and made[1] not in removed
+    assert sorted(removed) == [made[0], made[2]]
