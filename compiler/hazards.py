@@ -153,6 +153,10 @@ def check_synchronisation(ops: Sequence[Op], n: int) -> None:
                 known[engine_of[s]] = max(known[engine_of[s]], s)
         elif op == Opcode.SIGNAL:
             raise ValueError(f"instruction {j}: SIGNAL is not modelled by this checker")
+        elif op == Opcode.LOAD:  # the sequencer reads the word as it executes
+            engine_of[j] = -1
+            if f["addr"] in last_write:
+                need(j, last_write[f["addr"]], "LOAD after write", f["addr"])
         elif op in _REGISTER_OPCODES:
             raise ValueError(f"instruction {j}: {op.name} makes the program's path depend "
                              f"on its registers; check the instructions it executed "

@@ -1,7 +1,7 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
 :class:`TileModel` executes decoded instructions from pc 0 — GEMM, VEC, DMA,
-WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOOP, SKIP and WITH,
+WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOAD, LOOP, SKIP and WITH,
 with the semantics of the docstrings in ``spec/isa.py`` — on a scratchpad, an
 accumulator memory, the vector unit's slot state
 (:class:`golden.vector_model.VectorUnitModel`), the semaphores and the registers. An
@@ -53,6 +53,7 @@ FIELDS = {
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
     "SET": ("rd", "value"), "ADD": ("rd", "ra", "imm"),
     "LOOP": ("counter", "limit", "target", "bound"), "SKIP": ("ra", "rb", "target"),
+    "LOAD": ("rd", "addr", "lane"),
     "WITH": tuple(f"{kind}{i}" for i in range(WITH_SLOTS) for kind in ("field", "reg")),
 }
 
@@ -267,6 +268,11 @@ class TileModel:
             regs[f["counter"]] = count
             if count < limit:
                 return f["target"]
+        elif name == "LOAD":
+            self._spad_region("LOAD", f["addr"], 1)
+            if f["lane"] >= self.n:
+                raise ValueError(f"LOAD lane {f['lane']} is past the word's {self.n} lanes")
+            regs[f["rd"]] = (self.spad[f["addr"]] >> (8 * f["lane"])) & (top - 1)
         elif name == "SKIP" and regs[f["ra"]] >= regs[f["rb"]]:
             return f["target"]
         elif name == "WITH":

@@ -9,8 +9,10 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from rtl.scratchpad import Response, failed
 from spec.isa import (
     ACC_ADDR_BITS,
+    ADDR_BITS,
     ARGS_OF,
     COUNT_BITS,
     INSTRUCTION,
@@ -47,6 +49,7 @@ class ErrorCode(enum.Enum, shape=4):
     PC_OVERFLOW = 6  # the program ran off the end of its memory, or branched past it
     BAD_REGISTER = 7  # a register value that does not fit where it goes (ADD, LOOP, WITH)
     LOOP_BOUND = 8  # a LOOP's limit register above the LOOP's bound
+    MEMORY_ERROR = 9  # a LOAD read an uncorrectable scratchpad word
 
 
 class SequencerStatus(data.StructLayout):
@@ -140,6 +143,9 @@ class Sequencer(wiring.Component):
             "dma_done": done,
             "arrival": In(stream.Signature(unsigned(4))),
             "semaphores": Out(data.ArrayLayout(unsigned(COUNT_BITS), SEMAPHORES)),
+            # LOAD's word reads (an address only: the tile ties write and data to 0).
+            "spad_req": Out(stream.Signature(data.StructLayout({"addr": ADDR_BITS}))),
+            "spad_resp": In(stream.Signature(Response(8 * array_size))),
         })
 
     @property
@@ -277,6 +283,16 @@ class Sequencer(wiring.Component):
                 m.d.sync += status.pc.eq(target)
                 m.next = "FETCH"
 
+        def load():
+            """LOAD's checked word read (its response comes in the state LOAD)."""
+            with m.If(~checks.load_ok):
+                fail(ErrorCode.BAD_ADDRESS)
+            with m.Else():
+                m.d.comb += [self.spad_req.valid.eq(1),
+                             self.spad_req.payload.addr.eq(instruction.args.load.addr)]
+                with m.If(self.spad_req.ready):
+                    m.next = "LOAD"
+
         def stop_on_overflow():  # last in every running state, so it wins
             with m.If(sem.overflowed):
                 m.next = "DRAIN"
@@ -322,13 +338,29 @@ class Sequencer(wiring.Component):
                 with m.Else():
                     self._execute(m, opcode, sem, checks, fail, advance, dispatch,
                                   lambda: _scalar_cases(m, instruction.args, regs, with_args,
-                                                        fail, advance, jump))
+                                                        fail, advance, jump, load))
+                stop_on_overflow()
+            with m.State("LOAD"):  # the word's response
+                self._load_response(m, instruction.args.load, regs, fail, advance)
                 stop_on_overflow()
             with m.State("DRAIN"):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
 
+
+    def _load_response(self, m: Module, load, regs, fail, advance) -> None:
+        """LOAD's response: bytes ``lane`` and ``lane + 1`` of the word into ``rd``, or
+        MEMORY_ERROR for an uncorrectable word."""
+        resp = self.spad_resp
+        m.d.comb += resp.ready.eq(1)
+        with m.If(resp.valid):
+            with m.If(failed(resp.payload.status)):
+                fail(ErrorCode.MEMORY_ERROR)
+            with m.Else():
+                word = Cat(resp.payload.data, Const(0, 8))
+                m.d.sync += regs[load.rd].eq(word.bit_select(load.lane * 8, REG_BITS))
+                advance()
 
     def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch,
                  scalar_cases) -> None:
@@ -363,9 +395,10 @@ class Sequencer(wiring.Component):
                 fail(ErrorCode.ILLEGAL_OPCODE)
 
 
-def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump) -> None:
+def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump, load) -> None:
     """EXECUTE's cases of the register instructions (``spec.isa``: SET, ADD, LOOP,
-    SKIP, WITH); a register keeps its value when its instruction fails."""
+    SKIP, WITH, LOAD: ``load`` issues its read); a register keeps its value when its
+    instruction fails."""
     top = 1 << REG_BITS
     with m.Case(Opcode.SET):
         m.d.sync += regs[args.set.rd].eq(args.set.value)
@@ -400,6 +433,8 @@ def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump) -> None
     with m.Case(Opcode.WITH):
         m.d.sync += with_args.eq(args.with_)
         advance()
+    with m.Case(Opcode.LOAD):
+        load()
 
 
 def _with_registers(m: Module, word, with_args, regs) -> tuple[Signal, Signal]:
@@ -460,6 +495,7 @@ class _Checks:
         self.gemm_ok_shape, self.gemm_ok_bounds = Signal(), Signal()
         self.vec_ok_shape, self.vec_ok_bounds = Signal(), Signal()
         self.dma_ok_bounds, self.dma_ok_tiles = Signal(), Signal()
+        self.load_ok = Signal()
         self.outside = ((1 << TILE_MASK_BITS) - 1) ^ sequencer.valid_tiles
         self.dst_ok = Signal()
         vec, entries = args.vec, self.entries
@@ -512,4 +548,5 @@ class _Checks:
                                   & self.dst_ok),
             self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
             self.dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & self.outside) == 0)),
+            self.load_ok.eq((self.args.load.addr < self.words) & (self.args.load.lane < self.n)),
         ]

@@ -36,7 +36,8 @@ class Counters(data.StructLayout):
 
 def _join(m: Module, source, sink) -> None:
     """Connect two request/response streams whose payloads share field names (a sink
-    field the source lacks, the fault-injection ``flip``, is tied to 0)."""
+    field the source lacks, the fault-injection ``flip`` or the write and data of the
+    sequencer's reads, is tied to 0)."""
     m.d.comb += [sink.valid.eq(source.valid), source.ready.eq(sink.ready)]
     src_fields = dict(source.payload.shape())
     for name, _ in sink.payload.shape():
@@ -53,8 +54,8 @@ class Tile(wiring.Component):
     ``go`` (the sequencer's ``start``) and watches ``status``. The sequencer dispatches
     GEMM, VEC and DMA instructions to their engines, which run in parallel and share the
     scratchpad (ports ``ga``/``gal``/``gb`` for the GEMM operands — ``gal`` reads the low
-    limbs of a joined A — ``vec``, ``dma``, ``net`` for arriving
-    words, ``host``, ``kv``) and the accumulator memory (GEMM and VEC write, the VEC
+    limbs of a joined A — ``vec``, ``dma``, ``net`` for arriving words, ``seq`` for the
+    sequencer's LOADs, ``host``, ``kv``) and the accumulator memory (GEMM and VEC write, the VEC
     engine writing first when both do).
 
     ``net_out`` carries the DMA words bound for other tiles; ``net_in`` takes words
@@ -84,7 +85,8 @@ class Tile(wiring.Component):
             position = check_coord("tile position", position, mesh)
         self.n, self.position, self.mesh = n, position, mesh
         self.scratchpad = Scratchpad(
-            banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "host", "kv"),
+            banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "seq", "host",
+                                      "kv"),
             kv_port="kv", page_size=page_size, token_words=token_words, num_pages=num_pages,
             sequences=sequences, max_pages=max_pages, fault_injection=fault_injection)
         sp = self.scratchpad
@@ -148,7 +150,8 @@ class Tile(wiring.Component):
                                 (gemm.a_lo_req, gemm.a_lo_resp, "gal"),
                                 (gemm.b_req, gemm.b_resp, "gb"),
                                 (vec.spad_req, vec.spad_resp, "vec"),
-                                (dma.req, dma.resp, "dma")):
+                                (dma.req, dma.resp, "dma"),
+                                (seq.spad_req, seq.spad_resp, "seq")):
             _join(m, req, getattr(sp, f"{port}_req"))
             _join(m, getattr(sp, f"{port}_resp"), resp)
 

@@ -13,7 +13,8 @@ from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 from spec.isa import WITH_FIELDS, Opcode, VecDst, encode, mesh_mask, tile_bit, tile_index
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "expected_error", "fitting_program", "gemm", "high_bit_instructions", "op",
+           "COUNTS_AT", "COUNTS_WORD", "expected_error", "fitting_program", "gemm",
+           "high_bit_instructions", "op",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
@@ -268,11 +269,19 @@ def _field(opcode: Opcode, name: str) -> int:
     return WITH_FIELDS[opcode].index(name) + 1
 
 
+#: The word the LOAD program reads (at :data:`COUNTS_AT`): lane pairs 0, 2 and 4 hold 3,
+#: 2 and 1.
+COUNTS_WORD = 3 | 2 << 16 | 1 << 32
+COUNTS_AT = 90
+
+
 def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
     """(what, program) of programs that follow registers: a loop whose GEMMs, VECs and
     DMAs step their addresses by a register, nested loops, a loop SKIPped when its trip
-    count is 0, WAIT and SIGNAL counts and a DMA's tile from registers. DMAs go to the
-    tile of index ``own_index`` (``spec.isa.tile_index``) only."""
+    count is 0, WAIT and SIGNAL counts and a DMA's tile from registers, a loop whose
+    trip count and DMA length are LOADed (from :data:`COUNTS_WORD` at
+    :data:`COUNTS_AT`, which the caller writes). DMAs go to the tile of index
+    ``own_index`` (``spec.isa.tile_index``) only."""
     g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
     loop = [
         op(Opcode.SET, rd=1, value=3),  # limit
@@ -312,14 +321,26 @@ def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
         op(Opcode.SKIP, ra=2, rb=1, target=9),  # 0 >= 1: no skip
         gemm(m=1), op(Opcode.LOOP, counter=2, limit=1, target=7, bound=1), HALT,
     ]
+    loaded = [
+        op(Opcode.LOAD, rd=1, addr=COUNTS_AT, lane=0),  # 3 trips
+        op(Opcode.SET, rd=3, value=2),
+        with_((_field(Opcode.LOAD, "addr"), 3)),
+        op(Opcode.LOAD, rd=5, addr=COUNTS_AT - 2, lane=2),  # 2 words a DMA
+        with_((_field(d, "length"), 5), (_field(d, "src"), 6), (_field(d, "dst"), 6)),  # pc 4
+        dma(length=0, dst=256, tiles=1 << own_index),
+        op(Opcode.ADD, rd=6, ra=6, imm=4),
+        op(Opcode.LOOP, counter=2, limit=1, target=4, bound=3), HALT,
+    ]
     return [("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),
-            ("a loop skipped when it runs zero times", zero_trip)]
+            ("a loop skipped when it runs zero times", zero_trip),
+            ("a loop whose trip count and DMA length are LOADed", loaded)]
 
 
-def register_errors(s: Sizes, depth: int) -> list[tuple[str, list[int], str, int]]:
+def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], str, int]]:
     """(what, program, the ErrorCode name it stops with, the pc it stops at) for each
-    way a register program goes wrong; ``depth`` = the program memory's words."""
+    way a register program goes wrong; ``n`` = the lanes of a word, ``depth`` = the
+    program memory's words."""
     g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
     top = (1 << 16) - 1
     outside = next(i for i in range(64) if not mesh_mask(s.mesh) >> i & 1)
@@ -363,6 +384,15 @@ def register_errors(s: Sizes, depth: int) -> list[tuple[str, list[int], str, int
             (_field(d, "tiles"), 1)), dma(tiles=0), HALT], "BAD_TILE", 2),
         ("WITH a region past the scratchpad", [op(Opcode.SET, rd=1, value=s.words - 4), with_(
             (_field(d, "src"), 1)), dma(length=5), HALT], "BAD_ADDRESS", 2),
+        ("LOAD past the scratchpad", [op(Opcode.LOAD, rd=1, addr=s.words - 1, lane=0),
+                                      op(Opcode.LOAD, rd=1, addr=s.words, lane=0), HALT],
+         "BAD_ADDRESS", 1),
+        ("LOAD past the word's lanes", [op(Opcode.LOAD, rd=1, addr=0, lane=n - 1),
+                                        op(Opcode.LOAD, rd=1, addr=0, lane=n), HALT],
+         "BAD_ADDRESS", 1),
+        ("WITH a LOAD address past 16 bits", [op(Opcode.SET, rd=1, value=top), with_(
+            (_field(Opcode.LOAD, "addr"), 1)), op(Opcode.LOAD, rd=2, addr=1), HALT],
+         "BAD_REGISTER", 2),
     ]
 
 

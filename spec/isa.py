@@ -10,10 +10,10 @@ Two memories are named: the scratchpad (``ADDR_BITS`` word addresses, a word hol
 int8 values) and the accumulator memory (``ACC_ADDR_BITS`` entry addresses, an entry
 holds N signed 48-bit lanes), where GEMM results land and vector operations work.
 
-Programs follow data through :data:`REGISTERS` scalar registers: SET and ADD write
-them, LOOP and SKIP branch on them, and WITH adds them to fields of the instruction
-after it (:data:`WITH_FIELDS`), so one instruction can run at addresses, counts and
-destination tiles computed at run time.
+Programs follow data through :data:`REGISTERS` scalar registers: SET, ADD and LOAD (two
+bytes of a scratchpad word) write them, LOOP and SKIP branch on them, and WITH adds them
+to fields of the instruction after it (:data:`WITH_FIELDS`), so one instruction can run
+at addresses, counts and destination tiles computed at run time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from amaranth.lib import data, enum
 __all__ = [
     "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "PC_BITS", "REGISTERS",
     "REG_BITS", "SEMAPHORES", "SIGNAL", "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs",
-    "GemmArgs", "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst", "VecPack",
-    "WaitArgs", "WithArgs", "decode", "encode", "field_width", "mesh_mask", "tile_bit",
+    "GemmArgs", "LoadArgs", "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst",
+    "VecPack", "WaitArgs", "WithArgs", "decode", "encode", "field_width", "mesh_mask", "tile_bit",
     "tile_index",
 ]
 
@@ -80,7 +80,7 @@ def mesh_mask(mesh: tuple[int, int]) -> int:
 
 
 class Opcode(enum.Enum, shape=4):
-    """Operation codes. 0 and 13-15 are illegal, so a word of zeros never executes."""
+    """Operation codes. 0, 14 and 15 are illegal, so a word of zeros never executes."""
 
     HALT = 1  # stop; the sequencer reports `halted`
     NOP = 2
@@ -94,6 +94,7 @@ class Opcode(enum.Enum, shape=4):
     LOOP = 10  # count a register up; branch back while it is below a limit register
     SKIP = 11  # branch when one register is at least another
     WITH = 12  # add registers to fields of the next instruction
+    LOAD = 13  # two bytes of a scratchpad word into a register
 
 
 #: Optional completion signal of an engine operation.
@@ -261,6 +262,17 @@ class SkipArgs(data.StructLayout):
         super().__init__({"ra": _REG, "rb": _REG, "target": unsigned(PC_BITS)})
 
 
+class LoadArgs(data.StructLayout):
+    """LOAD: register ``rd`` = bytes ``lane`` and ``lane + 1`` of scratchpad word
+    ``addr`` (lane ``lane`` the low byte, unsigned; past the word's last lane the high
+    byte is 0). An ``addr`` past the scratchpad or a ``lane`` past the word stops the
+    program (``BAD_ADDRESS``), an uncorrectable word too (``MEMORY_ERROR``). The
+    sequencer reads the word itself, so an engine writing it must be waited for first."""
+
+    def __init__(self):
+        super().__init__({"rd": _REG, "addr": unsigned(ADDR_BITS), "lane": unsigned(5)})
+
+
 #: The fields WITH may add a register to, per opcode (field code = position + 1). A
 #: DMA's ``tiles`` takes a tile index (``tile_index``): its bit is set in the mask.
 WITH_FIELDS = {
@@ -269,6 +281,7 @@ WITH_FIELDS = {
     Opcode.DMA: ("src", "dst", "length", "tiles"),
     Opcode.WAIT: ("count",),
     Opcode.SIGNAL: ("count",),
+    Opcode.LOAD: ("addr",),
 }
 #: Register/field pairs of one WITH.
 WITH_SLOTS = 3
@@ -302,6 +315,7 @@ INSTRUCTION = data.StructLayout({
         "loop": LoopArgs(),
         "skip": SkipArgs(),
         "with_": WithArgs(),
+        "load": LoadArgs(),
     }),
 })
 assert INSTRUCTION.size <= INSTRUCTION_BITS
@@ -310,7 +324,7 @@ assert INSTRUCTION.size <= INSTRUCTION_BITS
 ARGS_OF = {
     Opcode.GEMM: "gemm", Opcode.VEC: "vec", Opcode.DMA: "dma",
     Opcode.WAIT: "wait", Opcode.SIGNAL: "wait", Opcode.SET: "set", Opcode.ADD: "add",
-    Opcode.LOOP: "loop", Opcode.SKIP: "skip", Opcode.WITH: "with_",
+    Opcode.LOOP: "loop", Opcode.SKIP: "skip", Opcode.WITH: "with_", Opcode.LOAD: "load",
 }
 
 

@@ -20,6 +20,8 @@ from sim import coverage
 from sim.attention_scenario import attention_steps
 from sim.runner import parameters, report
 from sim.sequencer_cases import (
+    COUNTS_AT,
+    COUNTS_WORD,
     HALT,
     Sizes,
     bad_instructions,
@@ -121,6 +123,13 @@ async def tile_faults(dut):
                       flips={bad: 0b11})
     run = await driver.execute(10_000)
     assert run.engine_error == 0b100, f"engine error flags {run.engine_error:#05b}"
+    #    A LOAD of it stops the program with MEMORY_ERROR at the LOAD.
+    await driver.load([encode(Opcode.NOP), encode(Opcode.LOAD, rd=1, addr=bad, lane=0),
+                       encode(Opcode.HALT)], {bad: program.spad_writes[bad]}, [],
+                      flips={bad: 0b11})
+    run = await driver.execute(10_000)
+    assert (run.error, run.pc) == (ErrorCode.MEMORY_ERROR, 1), (run.error, run.pc)
+    coverage.sequencer_error(run.error.name)
 
     # 3. A region past the end of the scratchpad: the program stops with BAD_ADDRESS at
     #    that instruction, nothing after it runs.
@@ -333,6 +342,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
     rng = np.random.default_rng(7)
     words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
     words |= {a: 0 for a in range(256, 320)}  # where the DMAs copy them
+    words[COUNTS_AT] = COUNTS_WORD
     for what, program in register_programs(tile_index(x, y)):
         model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
                           slots=config.slots, position=(x, y))
@@ -344,7 +354,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         assert (run.error, run.pc) == (ErrorCode.NONE, model.pc), f"{what}: {run}"
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"{what}: the DMAs' copies differ"
-    for what, program, error, pc in register_errors(sizes, config.program_depth):
+    for what, program, error, pc in register_errors(sizes, config.n, config.program_depth):
         await driver.load(program, {}, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"

@@ -15,6 +15,8 @@ from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
 from sim.runner import run_amaranth
 from sim.sequencer_cases import (
+    COUNTS_AT,
+    COUNTS_WORD,
     HALT,
     Sizes,
     bad_instructions,
@@ -31,7 +33,7 @@ from sim.sequencer_cases import (
     vec,
     with_,
 )
-from spec.isa import INSTRUCTION, Opcode, VecArgs, VecDst, VecPack, decode, encode
+from spec.isa import INSTRUCTION, WITH_FIELDS, Opcode, VecArgs, VecDst, VecPack, decode, encode
 
 WORDS = 4096
 ENTRIES = 256
@@ -40,14 +42,17 @@ SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2))
 
 
 def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
-        rng=None):
+        rng=None, spad=None, bad_words=()):
     """Run ``program``; engines take a command when the cycle count is a multiple of
     ``ready_every`` and report it done ``engine_delay`` cycles later (with ``rng``: ready
     at random, done 1 to 12 cycles later). ``arrivals``: (cycle, semaphore) network
-    arrivals. Returns the trace (``dispatched`` and ``done`` cycles) and the status."""
+    arrivals. A LOAD's word comes from ``spad`` (address -> word, else 0) two cycles
+    after its request, uncorrectable at ``bad_words``. Returns the trace
+    (``dispatched`` and ``done`` cycles, ``loads``: the addresses read) and the status."""
     dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
                     mesh=(2, 2), program_depth=depth)
-    trace = {"dispatched": [], "done": [], "halted_at": None}
+    trace = {"dispatched": [], "done": [], "halted_at": None, "loads": []}
+    spad = spad or {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
 
@@ -62,7 +67,21 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
         await ctx.tick()
         ctx.set(dut.start, 0)
         pending = []  # (cycle due, engine, signal)
+        reads = []  # (cycle due, address) of LOADs
+        ctx.set(dut.spad_req.ready, 1)
         for cycle in range(max_cycles):
+            due = [a for c, a in reads if c <= cycle][:1]
+            ctx.set(dut.spad_resp.valid, bool(due))
+            if due:
+                ctx.set(dut.spad_resp.payload.data, 0 if due[0] in bad_words
+                        else spad.get(due[0], 0))
+                ctx.set(dut.spad_resp.payload.status.uncorrectable, due[0] in bad_words)
+                if ctx.get(dut.spad_resp.ready):
+                    reads = reads[1:]
+            if ctx.get(dut.spad_req.valid):
+                address = ctx.get(dut.spad_req.payload.addr)
+                trace["loads"].append(address)
+                reads.append((cycle + 2, address))
             ready = cycle % ready_every == 0 if rng is None else rng.random() < 0.7
             for name in ("gemm", "vec", "dma"):
                 ctx.set(getattr(dut, name).ready, ready)
@@ -320,10 +339,12 @@ DEPTH = 64
 CHECKS = {"BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE"}
 
 
-def model_run(program: list[int]) -> tuple[list, str, int, TileModel]:
+def model_run(program: list[int], spad=None) -> tuple[list, str, int, TileModel]:
     """The model's engine operations (opcode name, fields), error name ("CHECK" for a
-    failed region, shape or tile check) and pc."""
+    failed region, shape or tile check) and pc; ``spad``: words it starts with."""
     model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS)
+    for address, word in (spad or {}).items():
+        model.spad[address] = word
     try:
         model.run([(opcode.name, fields) for opcode, fields in map(decode, program)])
         error = "NONE"
@@ -342,9 +363,10 @@ def dispatched(trace) -> list:
 @pytest.mark.parametrize(("what", "program"), register_programs(own_index=0),
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_register_programs_dispatch_what_the_model_runs(what, program):
-    issued, error, pc, _ = model_run(program)
+    spad = {COUNTS_AT: COUNTS_WORD}
+    issued, error, pc, _ = model_run(program, spad)
     assert error == "NONE"
-    trace = run(program, depth=DEPTH, max_cycles=4000)
+    trace = run(program, depth=DEPTH, max_cycles=4000, spad=spad)
     assert trace["status"]["error"] == ErrorCode.NONE, what
     assert trace["status"]["pc"] == pc and program[pc] == HALT, what
     assert dispatched(trace) == issued, what
@@ -352,7 +374,7 @@ def test_register_programs_dispatch_what_the_model_runs(what, program):
     coverage.sample_program([decode(word) for word in program], 8)
 
 
-@pytest.mark.parametrize(("what", "program", "error", "pc"), register_errors(SIZES, DEPTH),
+@pytest.mark.parametrize(("what", "program", "error", "pc"), register_errors(SIZES, 8, DEPTH),
                          ids=lambda x: x if isinstance(x, str) and " " in x else "")
 def test_register_errors_stop_at_their_instruction(what, program, error, pc):
     """Each error: the sequencer stops at the instruction with its code, nothing after
@@ -364,9 +386,10 @@ def test_register_errors_stop_at_their_instruction(what, program, error, pc):
     engine_ops = [w for w in program[:pc] if decode(w)[0] in (Opcode.GEMM, Opcode.VEC,
                                                                   Opcode.DMA)]
     assert len(trace["dispatched"]) == len(engine_ops), what  # none from pc on
-    if error in ("BAD_REGISTER", "LOOP_BOUND"):
+    if error in ("BAD_REGISTER", "LOOP_BOUND") or what.startswith("LOAD"):
         issued, model_error, model_pc, _ = model_run(program)
-        assert (model_error, model_pc) == (error, pc), what
+        assert (model_error, model_pc) == (error if error in ("BAD_REGISTER", "LOOP_BOUND")
+                                           else "CHECK", pc), what
         assert dispatched(trace) == issued
     coverage.sequencer_error(error)
 
@@ -385,6 +408,35 @@ def test_random_register_programs_match_the_model(seed):
         assert dispatched(trace) == issued
         outcomes.add(error)
     assert "NONE" in outcomes and len(outcomes) >= 2, outcomes
+
+
+def test_load_reads_two_bytes_and_stops_on_an_uncorrectable_word():
+    """LOAD takes lanes l and l + 1 of the word (0 past the last lane), as the model
+    does; an uncorrectable word stops the program with MEMORY_ERROR at the LOAD."""
+    word = 5 | 7 << 16 | 9 << 56  # lanes 0, 2 and 7 (the last)
+    m = WITH_FIELDS[Opcode.GEMM].index("m") + 1
+    program = [op(Opcode.LOAD, rd=1, addr=40, lane=0), with_((m, 1)), gemm(m=0),
+               op(Opcode.LOAD, rd=1, addr=40, lane=2), with_((m, 1)), gemm(m=0),
+               op(Opcode.LOAD, rd=1, addr=40, lane=7), with_((m, 1)), gemm(m=0), HALT]
+    trace = run(program, depth=DEPTH, spad={40: word})
+    assert trace["status"]["error"] == ErrorCode.NONE
+    assert [args["m"] for _, _, args in trace["dispatched"]] == [5, 7, 9]
+    assert [args["m"] for _, args in model_run(program, {40: word})[0]] == [5, 7, 9]
+    bad = run(program, depth=DEPTH, spad={40: word}, bad_words={40})
+    assert (bad["status"]["error"], bad["status"]["pc"]) == (ErrorCode.MEMORY_ERROR, 0)
+    assert bad["dispatched"] == [] and bad["loads"] == [40]
+    coverage.sequencer_error("MEMORY_ERROR")
+
+
+def test_the_hazard_check_orders_a_load_after_the_write_of_its_word():
+    s1 = {"enable": 1, "semaphore": 1}
+    write = (Opcode.VEC, decode(vec(dst=300, dst_kind=VecDst.SPAD, rows=2, beats=1,
+                                    signal=s1))[1])
+    load = (Opcode.LOAD, {"rd": 1, "addr": 301, "lane": 0})
+    wait = (Opcode.WAIT, {"semaphore": 1, "count": 1})
+    check_synchronisation([write, wait, load, (Opcode.HALT, {})], 8)
+    with pytest.raises(ValueError, match="LOAD after write on scratchpad word 301"):
+        check_synchronisation([write, load, wait, (Opcode.HALT, {})], 8)
 
 
 @pytest.mark.parametrize("waits", [True, False])
