@@ -29,7 +29,6 @@ from spec.isa import (
     Opcode,
     VecArgs,
     VecDst,
-    WithArgs,
     mesh_mask,
 )
 from spec.params import check_array_size, check_grid, check_int
@@ -260,7 +259,10 @@ class Sequencer(wiring.Component):
         dispatched operation has finished."""
         status, opcode = self.status, instruction.opcode
         last_pc = self.program_depth - 1
-        with_args = Signal(WithArgs())  # the last WITH's slots, for the next instruction
+        # The last WITH's slots for the next instruction: field numbers and the values of
+        # their registers, read when the WITH executes (nothing runs in between), so
+        # that no register read lies on the path from the instruction memory.
+        with_args = Signal(data.ArrayLayout(_WITH_SLOT, WITH_SLOTS))
         with_bad = Signal()  # those slots do not apply to the latched instruction
 
         def fail(code):
@@ -320,7 +322,7 @@ class Sequencer(wiring.Component):
                 m.next = "LATCH"
                 stop_on_overflow()
             with m.State("LATCH"):
-                patched, bad = _with_registers(m, fetch.data, with_args, regs)
+                patched, bad = _with_registers(m, fetch.data, with_args)
                 m.d.sync += [instruction.eq(patched), with_bad.eq(bad), with_args.eq(0)]
                 m.next = "MEASURE"
                 stop_on_overflow()
@@ -431,14 +433,20 @@ def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump, load) -
         with m.Else():
             advance()
     with m.Case(Opcode.WITH):
-        m.d.sync += with_args.eq(args.with_)
+        m.d.sync += [with_args[i].eq(Cat(args.with_[f"field{i}"],
+                                          regs[args.with_[f"reg{i}"]]))
+                     for i in range(WITH_SLOTS)]
         advance()
     with m.Case(Opcode.LOAD):
         load()
 
 
-def _with_registers(m: Module, word, with_args, regs) -> tuple[Signal, Signal]:
-    """The instruction in ``word`` with the registers of ``with_args`` added to its
+#: One WITH slot as the sequencer keeps it: the field number and the register's value.
+_WITH_SLOT = data.StructLayout({"field": 4, "value": REG_BITS})
+
+
+def _with_registers(m: Module, word, with_args) -> tuple[Signal, Signal]:
+    """The instruction in ``word`` with the register values of ``with_args`` added to its
     fields (``spec.isa.WithArgs``), and whether they do not apply: a field code the
     opcode lacks, a sum past its field, a tile index past the mask, or an opcode WITH
     cannot change."""
@@ -446,7 +454,7 @@ def _with_registers(m: Module, word, with_args, regs) -> tuple[Signal, Signal]:
     patched = Signal(INSTRUCTION, name="patched_instruction")
     bad = Signal(name="with_bad_now")
     m.d.comb += [raw.eq(word), patched.eq(raw)]
-    slots = [(with_args[f"field{i}"], regs[with_args[f"reg{i}"]]) for i in range(WITH_SLOTS)]
+    slots = [(with_args[i].field, with_args[i].value) for i in range(WITH_SLOTS)]
     used = Signal(name="with_used")
     m.d.comb += used.eq(Cat(*(code != 0 for code, _ in slots)).any())
     with m.Switch(raw.opcode):
