@@ -53,7 +53,7 @@ mutate: $(STAMP) ## Yosys mutants of router, tensor core, vector unit, sequencer
 bench: $(STAMP) ## benchmarks: print a table, write build/bench.json
 	$(BIN)/python -m bench $(ARGS)
 
-results: $(STAMP) ## the result tables of README.md and docs/results.md, from build/bench.json and build/mutate.json
+results: $(STAMP) ## the result tables of README.md and docs/results.md, from build/bench.json, mutate.json and synth.json
 	$(BIN)/python -m verif.results $(ARGS)
 
 synth: $(STAMP) ## Yosys + nextpnr-ecp5 area and Fmax: print a table, write build/synth.json

@@ -227,9 +227,9 @@ def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
 
 def high_bit_instructions(s: Sizes, n: int, own: int) -> list[tuple]:
     """GEMM shapes and DMA lengths with one high bit set (256 .. 2048: the upper bits
-    of the sequencer's size arithmetic) and a DMA to each tile-mask bit outside the
-    mesh alone, as (opcode, fields, word, expected ErrorCode name) like
-    :func:`boundary_instructions`."""
+    of the sequencer's size arithmetic), a VEC of 16, 32 and 64 beats, and a DMA to
+    each tile-mask bit outside the mesh alone, as (opcode, fields, word, expected
+    ErrorCode name) like :func:`boundary_instructions`."""
     out = []
     base = {"m": 8, "k": 8, "p": 8, "a_rows": 0, "b_rows": 0, "a_limbs": 0, "a": 0,
             "b": 0, "a_lo": 0, "c": 0}
@@ -238,6 +238,12 @@ def high_bit_instructions(s: Sizes, n: int, own: int) -> list[tuple]:
             f = base | {dim: 1 << bit}
             out.append((Opcode.GEMM, f, encode(Opcode.GEMM, **f),
                         expected_error(Opcode.GEMM, f, s, n)))
+    for bit in (4, 5, 6):  # one row of 16, 32 and 64 beats
+        f = {"op": 1, "a": 0, "b": 0, "c": 0, "dst": 0, "rows": 1, "beats": 1 << bit,
+             "slot": 0, "a_scalar": 0, "b_scalar": 0, "c_imm": 1, "total": 0,
+             "total_write": 0, "dst_kind": VecDst.NONE}
+        out.append((Opcode.VEC, f, encode(Opcode.VEC, **f),
+                    expected_error(Opcode.VEC, f, s, n)))
     for bit in (8, 9, 10, 11):
         f = {"length": 1 << bit, "src": 0, "dst": 0, "tiles": own}
         out.append((Opcode.DMA, f, encode(Opcode.DMA, **f), expected_error(Opcode.DMA, f, s, n)))
@@ -331,7 +337,17 @@ def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
         op(Opcode.ADD, rd=6, ra=6, imm=4),
         op(Opcode.LOOP, counter=2, limit=1, target=4, bound=3), HALT,
     ]
-    return [("a loop stepping every engine's addresses", loop),
+    counts = [
+        op(Opcode.SET, rd=1, value=0x5A5A), op(Opcode.SET, rd=2, value=0x2FFF),
+        with_((_field(Opcode.SIGNAL, "count"), 1), (_field(Opcode.SIGNAL, "count"), 2)),
+        op(Opcode.SIGNAL, semaphore=6, count=1),  # 0x8A5A
+        with_((_field(Opcode.WAIT, "count"), 2), (_field(Opcode.WAIT, "count"), 1)),
+        op(Opcode.WAIT, semaphore=6, count=1),  # all of it: a residue would overflow
+        op(Opcode.SIGNAL, semaphore=6, count=(1 << 16) - 1),
+        op(Opcode.WAIT, semaphore=6, count=(1 << 16) - 1), HALT,
+    ]
+    return [("SIGNAL and WAIT counts of high bits from two registers", counts),
+            ("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),
             ("a loop skipped when it runs zero times", zero_trip),
             ("a loop whose trip count and DMA length are LOADed", loaded)]
@@ -393,7 +409,37 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
         ("WITH a LOAD address past 16 bits", [op(Opcode.SET, rd=1, value=top), with_(
             (_field(Opcode.LOAD, "addr"), 1)), op(Opcode.LOAD, rd=2, addr=1), HALT],
          "BAD_REGISTER", 2),
+        *_sums_of_two_to_the_16(),
+        *_tile_indices_outside(s),
     ]
+
+
+def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
+    """A DMA whose tile WITH adds from a register: every index outside the mesh (on an
+    empty mask), and the index of a tile inside on a mask naming one outside: BAD_TILE."""
+    d, inside = Opcode.DMA, mesh_mask(s.mesh)
+    tiles = WITH_FIELDS[d].index("tiles") + 1
+    out = [(f"WITH tile index {i}", [op(Opcode.SET, rd=1, value=i), with_((tiles, 1)),
+                                     dma(tiles=0), HALT], "BAD_TILE", 2)
+           for i in range(64) if not inside >> i & 1]
+    out += [(f"WITH tile index 0 on mask bit {i}", [with_((tiles, 1)), dma(tiles=1 << i),
+                                                    HALT], "BAD_TILE", 1)
+            for i in range(64) if not inside >> i & 1]
+    return out
+
+
+def _sums_of_two_to_the_16() -> list[tuple[str, list[int], str, int]]:
+    """For every field WITH adds to but a DMA's tiles: the field at 1 plus 2**16 - 1, a
+    sum with no bit set but bit 16, which must still count as too wide."""
+    bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
+             Opcode.WAIT: lambda **f: encode(Opcode.WAIT, **f),
+             Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
+             Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f)}
+    return [(f"WITH {opcode.name} {name} + r = 2**16",
+             [op(Opcode.SET, rd=1, value=(1 << 16) - 1), with_((number, 1)),
+              bases[opcode](**{name: 1}), HALT], "BAD_REGISTER", 2)
+            for opcode, names in WITH_FIELDS.items()
+            for number, name in enumerate(names, 1) if name != "tiles"]
 
 
 def random_register_program(rng, s: Sizes, own_index: int) -> list[int]:
