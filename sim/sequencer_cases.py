@@ -416,15 +416,15 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
 
 def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
     """A DMA whose tile WITH adds from a register: every index outside the mesh (on an
-    empty mask), and the index of a tile inside on a mask naming one outside: BAD_TILE."""
+    empty mask), and tile 0's index on a mask naming tile 0 and one outside: BAD_TILE."""
     d, inside = Opcode.DMA, mesh_mask(s.mesh)
     tiles = WITH_FIELDS[d].index("tiles") + 1
     out = [(f"WITH tile index {i}", [op(Opcode.SET, rd=1, value=i), with_((tiles, 1)),
                                      dma(tiles=0), HALT], "BAD_TILE", 2)
            for i in range(64) if not inside >> i & 1]
-    out += [(f"WITH tile index 0 on mask bit {i}", [with_((tiles, 1)), dma(tiles=1 << i),
-                                                    HALT], "BAD_TILE", 1)
-            for i in range(64) if not inside >> i & 1]
+    out += [(f"WITH tile index 0 on mask bits 0 and {i}", [with_((tiles, 1)),
+                                                           dma(tiles=1 << i | 1), HALT],
+             "BAD_TILE", 1) for i in range(64) if not inside >> i & 1]
     return out
 
 
