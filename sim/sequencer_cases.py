@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
-from spec.isa import WITH_FIELDS, Opcode, VecDst, encode, mesh_mask, tile_bit, tile_index
+from spec.isa import (
+    WITH_FIELDS,
+    WITH_SLOTS,
+    Opcode,
+    VecDst,
+    encode,
+    mesh_mask,
+    tile_bit,
+    tile_index,
+)
 
 __all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "COUNTS_AT", "COUNTS_WORD", "expected_error", "fitting_program", "gemm",
@@ -415,16 +424,20 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
 
 
 def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
-    """A DMA whose tile WITH adds from a register: every index outside the mesh (on an
-    empty mask), and tile 0's index on a mask naming tile 0 and one outside: BAD_TILE."""
+    """A DMA whose tile WITH adds from a register, through each of its slots in turn:
+    every index outside the mesh (on an empty mask), and tile 0's index on a mask naming
+    tile 0 and one outside: BAD_TILE."""
     d, inside = Opcode.DMA, mesh_mask(s.mesh)
     tiles = WITH_FIELDS[d].index("tiles") + 1
-    out = [(f"WITH tile index {i}", [op(Opcode.SET, rd=1, value=i), with_((tiles, 1)),
+    def slot(i: int, reg: int) -> int:  # WITH's slot i % 3 (the ones before it unused)
+        return with_(*[(0, 0)] * (i % WITH_SLOTS), (tiles, reg))
+
+    out = [(f"WITH tile index {i}", [op(Opcode.SET, rd=1, value=i), slot(i, 1),
                                      dma(tiles=0), HALT], "BAD_TILE", 2)
            for i in range(64) if not inside >> i & 1]
-    out += [(f"WITH tile index 0 on mask bits 0 and {i}", [with_((tiles, 1)),
-                                                           dma(tiles=1 << i | 1), HALT],
-             "BAD_TILE", 1) for i in range(64) if not inside >> i & 1]
+    out += [(f"WITH tile index 0 on mask bits 0 and {i}", [slot(i, 2), dma(tiles=1 << i | 1),
+                                                           HALT], "BAD_TILE", 1)
+            for i in range(64) if not inside >> i & 1]
     return out
 
 
