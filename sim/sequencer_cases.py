@@ -9,21 +9,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from golden.tile_model import ProgramError, TileModel
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 from spec.isa import (
     WITH_FIELDS,
     WITH_SLOTS,
     Opcode,
     VecDst,
+    decode,
     encode,
     mesh_mask,
     tile_bit,
     tile_index,
 )
 
-__all__ = ["HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
+__all__ = ["CHECKS", "HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "COUNTS_AT", "COUNTS_WORD", "expected_error", "fitting_program", "gemm",
-           "high_bit_instructions", "op",
+           "high_bit_instructions", "model_outcome", "op", "outcome",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
@@ -284,6 +286,28 @@ def _field(opcode: Opcode, name: str) -> int:
     return WITH_FIELDS[opcode].index(name) + 1
 
 
+#: The sequencer's errors the tile model reports as a plain ValueError (failed checks).
+CHECKS = ("BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE")
+
+
+def model_outcome(model: TileModel, program: list[int]) -> str:
+    """Run the words of ``program`` on the tile model: "NONE", the ErrorCode name of a
+    :class:`ProgramError`, or "CHECK" for a failed region, shape or tile check (compare
+    with :func:`outcome`)."""
+    try:
+        model.run([(opcode.name, fields) for opcode, fields in map(decode, program)])
+    except ProgramError as stopped:
+        return stopped.code
+    except ValueError:
+        return "CHECK"
+    return "NONE"
+
+
+def outcome(error_name: str) -> str:
+    """The sequencer's error as :func:`model_outcome` says it."""
+    return "CHECK" if error_name in CHECKS else error_name
+
+
 #: The word the LOAD program reads (at :data:`COUNTS_AT`): lane pairs 0, 2 and 4 hold 3,
 #: 2 and 1.
 COUNTS_WORD = 3 | 2 << 16 | 1 << 32
@@ -355,7 +379,14 @@ def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
         op(Opcode.SIGNAL, semaphore=6, count=(1 << 16) - 1),
         op(Opcode.WAIT, semaphore=6, count=(1 << 16) - 1), HALT,
     ]
+    tile = _field(d, "tiles")
+    own = 1 << own_index
+    slots = [op(Opcode.SET, rd=4, value=own_index),
+             with_((tile, 4)), dma(src=0, dst=300, length=2, tiles=own),
+             with_((0, 0), (tile, 4)), dma(src=2, dst=302, length=2, tiles=0),
+             with_((0, 0), (0, 0), (tile, 4)), dma(src=4, dst=304, length=2, tiles=own), HALT]
     return [("SIGNAL and WAIT counts of high bits from two registers", counts),
+            ("a DMA's tile from each of WITH's slots", slots),
             ("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),
             ("a loop skipped when it runs zero times", zero_trip),

@@ -12,7 +12,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
-from golden.tile_model import ProgramError, TileModel
+from golden.tile_model import TileModel
 from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
@@ -29,6 +29,8 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    model_outcome,
+    outcome,
     random_register_program,
     register_errors,
     register_programs,
@@ -348,7 +350,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
                           slots=config.slots, position=(x, y))
         for address, word in words.items():
             model.spad[address] = word
-        model.run([(o.name, f) for o, f in map(decode, program)])
+        assert model_outcome(model, program) == "NONE", what
         await driver.load(program, words, [])
         run = await driver.execute(40_000)
         assert (run.error, run.pc) == (ErrorCode.NONE, model.pc), f"{what}: {run}"
@@ -365,18 +367,11 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
                           slots=config.slots, position=(x, y))
         for address, word in words.items():
             model.spad[address] = word
-        try:
-            model.run([(o.name, f) for o, f in map(decode, program)])
-            error = "NONE"
-        except ProgramError as stopped:
-            error = stopped.code
-        except ValueError:  # a region, shape or tile check
-            error = "CHECK"
+        error = model_outcome(model, program)
         await driver.load(program, words, [])
         run = await driver.execute(400_000)
-        got = "CHECK" if run.error.name in ("BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE") else \
-            run.error.name
-        assert (got, run.pc) == (error, model.pc), f"random program {index}: {run}"
+        assert (outcome(run.error.name), run.pc) == (error, model.pc), \
+            f"random program {index}: {run}"
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"random program {index}: the DMAs' copies differ"
         outcomes.add(error)

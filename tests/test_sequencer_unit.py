@@ -9,7 +9,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from compiler.hazards import accesses, check_synchronisation, executed_ops
-from golden.tile_model import ProgramError, TileModel
+from golden.tile_model import TileModel
 from golden.vector_model import VectorOpcode as VOP
 from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
@@ -25,7 +25,9 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    model_outcome,
     op,
+    outcome,
     random_register_program,
     register_errors,
     register_programs,
@@ -335,23 +337,13 @@ def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
 DEPTH = 64
 
 
-#: The sequencer's errors the model reports as a plain ValueError (a failed check).
-CHECKS = {"BAD_ADDRESS", "BAD_SHAPE", "BAD_TILE"}
-
-
 def model_run(program: list[int], spad=None) -> tuple[list, str, int, TileModel]:
     """The model's engine operations (opcode name, fields), error name ("CHECK" for a
     failed region, shape or tile check) and pc; ``spad``: words it starts with."""
     model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS)
     for address, word in (spad or {}).items():
         model.spad[address] = word
-    try:
-        model.run([(opcode.name, fields) for opcode, fields in map(decode, program)])
-        error = "NONE"
-    except ProgramError as stopped:
-        error = stopped.code
-    except ValueError:
-        error = "CHECK"
+    error = model_outcome(model, program)
     engine_ops = [(name, f) for name, f in model.executed if name in ("GEMM", "VEC", "DMA")]
     return engine_ops, error, model.pc, model
 
@@ -402,8 +394,7 @@ def test_random_register_programs_match_the_model(seed):
         program = random_register_program(rng, SIZES, own_index=0)
         issued, error, pc, _ = model_run(program)
         trace = run(program, depth=DEPTH, max_cycles=20_000)
-        got = trace["status"]["error"].name
-        assert ("CHECK" if got in CHECKS else got, trace["status"]["pc"]) == (error, pc)
+        assert (outcome(trace["status"]["error"].name), trace["status"]["pc"]) == (error, pc)
         assert dispatched(trace) == issued
         outcomes.add(error)
     assert "NONE" in outcomes and len(outcomes) >= 2, outcomes
