@@ -77,6 +77,10 @@ def test_synth_table_rows_say_fmax_fit_and_mapping(tmp_path):
     assert ("133.9 (target 100, met) | `rtl/tensor_core.py:12` → `rtl/tensor_core.py:40`, "
             "10.0 ns (75% routing) | 2026-12-05, `python -m synth` |") in rows["| `tensor_core_n4`"]
     assert "not kept" in rows["| `sequencer` \\*"]  # placed, but its path file is gone
+    library = "x: 1.00 ns (logic 0.50 ns in 1 stage, routing 0.50 ns)\n  through (source " \
+              "lines, in path order):\n    /v/lib/python3.11/site-packages/amaranth/lib/a.py:5\n"
+    assert results.critical_path(library) == \
+        "`amaranth/lib/a.py:5` → `amaranth/lib/a.py:5`, 1.0 ns (50% routing)"
     assert "90.0 (target 100, **missed**)" in rows["| `sequencer` \\*"]
     assert "does not fit the 85F" in rows["| `tile`"]
     assert "not placed and routed (target 100)" in rows["| `scratchpad`"]

@@ -153,7 +153,7 @@ def critical_path(text: str) -> str:
     if head is None:
         return ""
     delay, routing = float(head.group(1)), float(head.group(2))
-    sources = [re.sub(r"^.*?/(?=(rtl|sim|synth)/)", "", line.strip())
+    sources = [re.sub(r"^.*?/(?=(rtl|sim|synth)/)|^.*/site-packages/", "", line.strip())
                for line in text.split("through (source lines, in path order):")[-1]
                .splitlines()[1:] if line.strip()] if "through" in text else []
     where = f"`{sources[0]}` → `{sources[-1]}`, " if sources else ""
