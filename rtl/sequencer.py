@@ -17,6 +17,7 @@ from spec.isa import (
     COUNT_BITS,
     INSTRUCTION,
     INSTRUCTION_BITS,
+    MASK_COLUMNS,
     REG_BITS,
     REGISTERS,
     SEMAPHORES,
@@ -30,6 +31,7 @@ from spec.isa import (
     VecArgs,
     VecDst,
     mesh_mask,
+    tile_index,
 )
 from spec.params import check_array_size, check_grid, check_int
 
@@ -322,7 +324,7 @@ class Sequencer(wiring.Component):
                 m.next = "LATCH"
                 stop_on_overflow()
             with m.State("LATCH"):
-                patched, bad = _with_registers(m, fetch.data, with_args)
+                patched, bad = _with_registers(m, fetch.data, with_args, self.mesh)
                 m.d.sync += [instruction.eq(patched), with_bad.eq(bad), with_args.eq(0)]
                 m.next = "MEASURE"
                 stop_on_overflow()
@@ -445,11 +447,13 @@ def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump, load) -
 _WITH_SLOT = data.StructLayout({"field": 4, "value": REG_BITS})
 
 
-def _with_registers(m: Module, word, with_args) -> tuple[Signal, Signal]:
+def _with_registers(m: Module, word, with_args, mesh) -> tuple[Signal, Signal]:
     """The instruction in ``word`` with the register values of ``with_args`` added to its
     fields (``spec.isa.WithArgs``), and whether they do not apply: a field code the
     opcode lacks, a sum past its field, a tile index past the mask, or an opcode WITH
-    cannot change."""
+    cannot change. A tile index sets its tile's bit when the tile is in ``mesh``; an
+    index of the mask outside it sets the mask's lowest bit outside the mesh instead,
+    which the DMA's tile check refuses (BAD_TILE) as it would the index's own bit."""
     raw = Signal(INSTRUCTION, name="raw_instruction")
     patched = Signal(INSTRUCTION, name="patched_instruction")
     bad = Signal(name="with_bad_now")
@@ -468,12 +472,9 @@ def _with_registers(m: Module, word, with_args) -> tuple[Signal, Signal]:
                     width = len(field)
                     hits = [Mux(code == number, value, 0) for code, value in slots]
                     if name == "tiles":  # a tile index: its bit joins the mask
-                        mask = field
-                        for code, value in slots:
-                            problems.append((code == number) & (value >= TILE_MASK_BITS))
-                            mask = mask | Mux(code == number,
-                                              Const(1, TILE_MASK_BITS) << value[:6], 0)
-                        m.d.comb += out[name].eq(mask)
+                        m.d.comb += out[name].eq(field | _tile_bits(slots, number, mesh))
+                        problems += [(code == number) & (value >= TILE_MASK_BITS)
+                                     for code, value in slots]
                         continue
                     total = Signal(max(width, REG_BITS) + 2, name=f"with_{ARGS_OF[opcode]}_{name}")
                     m.d.comb += [total.eq(field + sum(hits)),
@@ -483,6 +484,24 @@ def _with_registers(m: Module, word, with_args) -> tuple[Signal, Signal]:
         with m.Default():
             m.d.comb += bad.eq(used)
     return patched, bad
+
+
+def _tile_bits(slots, number, mesh) -> Value:
+    """The tile-mask bits that the slots naming field ``number`` add (see
+    :func:`_with_registers`): only the mesh's bits and one bit outside it are built."""
+    columns, rows = mesh
+    inside = [tile_index(x, y) for y in range(rows) for x in range(columns)]
+    outside = [i for i in range(TILE_MASK_BITS) if i not in inside]
+    bits = [Const(0)] * TILE_MASK_BITS
+    for code, value in slots:
+        hit = code == number
+        for i in inside:
+            bits[i] = bits[i] | (hit & (value == i))
+        if outside:
+            x_bits, mask_bits = ceil_log2(MASK_COLUMNS), ceil_log2(TILE_MASK_BITS)
+            in_mesh = (value[:x_bits] < columns) & (value[x_bits:mask_bits] < rows)
+            bits[outside[0]] = bits[outside[0]] | (hit & (value < TILE_MASK_BITS) & ~in_mesh)
+    return Cat(*bits)
 
 
 class _Checks:

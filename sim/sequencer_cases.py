@@ -18,14 +18,15 @@ from spec.isa import (
     VecDst,
     decode,
     encode,
+    field_width,
     mesh_mask,
     tile_bit,
     tile_index,
 )
 
 __all__ = ["CHECKS", "HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "COUNTS_AT", "COUNTS_WORD", "expected_error", "fitting_program", "gemm",
-           "high_bit_instructions", "model_outcome", "op", "outcome",
+           "expected_error", "fitting_program", "gemm",
+           "high_bit_instructions", "loaded_words", "model_outcome", "op", "outcome",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
@@ -213,26 +214,32 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
 def semaphore_programs(own: int) -> list[tuple[int, list[int], bool]]:
     """For every semaphore s: a SIGNAL, a GEMM, a VEC and a DMA each counting on s (the
     DMA to tile ``own`` also raising its arrival on s), then a WAIT for the exact total
-    (the program halts) or for one more (it never does): (s, program, halts). After the
-    exact WAIT every semaphore, s too, is SIGNALled up to its largest count: one stray
-    increment of another, or anything the WAIT left on s, would overflow
+    (the program halts) or for one more (it never does): (s, program, halts). The
+    halting one's total is the largest count, and SIGNALs and WAITs of 0x5555 and 0xAAAA
+    follow on s, so each bit of s's additions and subtraction is seen both set and
+    clear. Then every semaphore, s too, is SIGNALled up to its largest count: one stray
+    increment of another, or anything a WAIT left on s, would overflow
     (SEMAPHORE_OVERFLOW). Together they check every semaphore's counter against each
     source of increments, WAIT's subtraction, and that no increment lands on another
     semaphore."""
     out = []
-    for s in range(SEMAPHORE_COUNT):
+    top = (1 << 16) - 1
+
+    def body(s: int, count: int) -> list[int]:
         signal = {"signal": {"enable": 1, "semaphore": s}}
+        return [encode(Opcode.SIGNAL, semaphore=s, count=count), gemm(**signal),
+                vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
+
+    for s in range(SEMAPHORE_COUNT):
+        patterns = [encode(opcode, semaphore=s, count=count) for count in (0x5555, 0xAAAA)
+                    for opcode in (Opcode.SIGNAL, Opcode.WAIT)]
+        fill = [encode(Opcode.SIGNAL, semaphore=t, count=top) for t in range(SEMAPHORE_COUNT)]
+        out.append((s, body(s, top - 4) + [encode(Opcode.WAIT, semaphore=s, count=top),
+                                           *patterns, *fill, HALT], True))
         # A count with high and low bits set, different for every semaphore.
         count = (0x9253 * (s + 1)) & 0x7FFF | 1
-        body = [encode(Opcode.SIGNAL, semaphore=s, count=count), gemm(**signal),
-                vec(**signal), dma(tiles=own, remote_signal=1, remote_semaphore=s, **signal)]
-        total = count + 4
-        fill = [encode(Opcode.SIGNAL, semaphore=t, count=(1 << 16) - 1)
-                for t in range(SEMAPHORE_COUNT)]
-        out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total), *fill, HALT],
-                    True))
-        out.append((s, body + [encode(Opcode.WAIT, semaphore=s, count=total + 1), HALT],
-                    False))
+        out.append((s, body(s, count) + [encode(Opcode.WAIT, semaphore=s, count=count + 5),
+                                         HALT], False))
     return out
 
 
@@ -308,19 +315,42 @@ def outcome(error_name: str) -> str:
     return "CHECK" if error_name in CHECKS else error_name
 
 
-#: The word the LOAD program reads (at :data:`COUNTS_AT`): lane pairs 0, 2 and 4 hold 3,
+#: The word the loop's LOADs read (at :data:`COUNTS_AT`): lane pairs 0, 2 and 4 hold 3,
 #: 2 and 1.
 COUNTS_WORD = 3 | 2 << 16 | 1 << 32
 COUNTS_AT = 90
+#: A word of distinct bytes, each lane of which is LOADed (at :data:`LANES_AT`).
+LANES_WORD = 0x8E2DF1A73C59B46B
+LANES_AT = 91
 
 
-def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
+def loaded_words(n: int) -> dict[int, int]:
+    """The scratchpad words the register programs LOAD, by address, for ``n`` lanes
+    (the caller writes them)."""
+    return {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & ((1 << 8 * n) - 1)}
+
+
+def _every_lane(n: int) -> list[int]:
+    """LOAD each of the ``n`` lanes of :data:`LANES_WORD` and compare it with its value:
+    SKIPs over a HALT either way when equal, so a wrong register halts early."""
+    word = loaded_words(n)[LANES_AT]
+    program = []
+    for lane in range(n):
+        at = len(program)
+        program += [op(Opcode.LOAD, rd=1, addr=LANES_AT, lane=lane),
+                    op(Opcode.SET, rd=2, value=word >> 8 * lane & 0xFFFF),
+                    op(Opcode.SKIP, ra=1, rb=2, target=at + 4), HALT,  # r1 >= r2
+                    op(Opcode.SKIP, ra=2, rb=1, target=at + 6), HALT]  # r2 >= r1
+    return program + [HALT]
+
+
+def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
     """(what, program) of programs that follow registers: a loop whose GEMMs, VECs and
     DMAs step their addresses by a register, nested loops, a loop SKIPped when its trip
     count is 0, WAIT and SIGNAL counts and a DMA's tile from registers, a loop whose
-    trip count and DMA length are LOADed (from :data:`COUNTS_WORD` at
-    :data:`COUNTS_AT`, which the caller writes). DMAs go to the tile of index
-    ``own_index`` (``spec.isa.tile_index``) only."""
+    trip count and DMA length are LOADed, every lane of a word LOADed (the words of
+    :func:`loaded_words`, which the caller writes; ``n`` lanes). DMAs go to the tile of
+    index ``own_index`` (``spec.isa.tile_index``) only."""
     g, v, d = Opcode.GEMM, Opcode.VEC, Opcode.DMA
     loop = [
         op(Opcode.SET, rd=1, value=3),  # limit
@@ -390,7 +420,8 @@ def register_programs(own_index: int) -> list[tuple[str, list[int]]]:
             ("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),
             ("a loop skipped when it runs zero times", zero_trip),
-            ("a loop whose trip count and DMA length are LOADed", loaded)]
+            ("a loop whose trip count and DMA length are LOADed", loaded),
+            ("every lane of a word LOADed", _every_lane(n))]
 
 
 def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], str, int]]:
@@ -449,7 +480,7 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
         ("WITH a LOAD address past 16 bits", [op(Opcode.SET, rd=1, value=top), with_(
             (_field(Opcode.LOAD, "addr"), 1)), op(Opcode.LOAD, rd=2, addr=1), HALT],
          "BAD_REGISTER", 2),
-        *_sums_of_two_to_the_16(),
+        *_sums_just_too_wide(),
         *_tile_indices_outside(s),
     ]
 
@@ -472,18 +503,22 @@ def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
     return out
 
 
-def _sums_of_two_to_the_16() -> list[tuple[str, list[int], str, int]]:
-    """For every field WITH adds to but a DMA's tiles: the field at 1 plus 2**16 - 1, a
-    sum with no bit set but bit 16, which must still count as too wide."""
+def _sums_just_too_wide() -> list[tuple[str, list[int], str, int]]:
+    """For every field WITH adds to but a DMA's tiles, through each of WITH's slots: the
+    field at 1 plus a register of all ones in the field's width, a sum one past it
+    (for 16-bit fields a sum with no bit set but bit 16, which must still count as too
+    wide): BAD_REGISTER. A bit of the register lost on the way makes the sum fit."""
     bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
              Opcode.WAIT: lambda **f: encode(Opcode.WAIT, **f),
              Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
              Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f)}
-    return [(f"WITH {opcode.name} {name} + r = 2**16",
-             [op(Opcode.SET, rd=1, value=(1 << 16) - 1), with_((number, 1)),
-              bases[opcode](**{name: 1}), HALT], "BAD_REGISTER", 2)
+    return [(f"WITH slot {slot}: {opcode.name} {name} + r = 2**{field_width(opcode, name)}",
+             [op(Opcode.SET, rd=1, value=(1 << field_width(opcode, name)) - 1),
+              with_(*[(0, 0)] * slot, (number, 1)), bases[opcode](**{name: 1}), HALT],
+             "BAD_REGISTER", 2)
             for opcode, names in WITH_FIELDS.items()
-            for number, name in enumerate(names, 1) if name != "tiles"]
+            for number, name in enumerate(names, 1) if name != "tiles"
+            for slot in range(WITH_SLOTS)]
 
 
 def random_register_program(rng, s: Sizes, own_index: int) -> list[int]:

@@ -20,8 +20,6 @@ from sim import coverage
 from sim.attention_scenario import attention_steps
 from sim.runner import parameters, report
 from sim.sequencer_cases import (
-    COUNTS_AT,
-    COUNTS_WORD,
     HALT,
     Sizes,
     bad_instructions,
@@ -29,6 +27,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    loaded_words,
     model_outcome,
     outcome,
     random_register_program,
@@ -344,8 +343,8 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
     rng = np.random.default_rng(7)
     words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
     words |= {a: 0 for a in range(256, 320)}  # where the DMAs copy them
-    words[COUNTS_AT] = COUNTS_WORD
-    for what, program in register_programs(tile_index(x, y)):
+    words |= loaded_words(config.n)
+    for what, program in register_programs(tile_index(x, y), config.n):
         model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
                           slots=config.slots, position=(x, y))
         for address, word in words.items():

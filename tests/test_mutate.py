@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from verif.mutate import main, mutants
+from verif.mutate import main, mutants, no_op
 
 
 def test_mutants_touch_only_the_block_and_are_selected_by_mutsel(tmp_path):
@@ -18,6 +18,23 @@ def test_mutants_touch_only_the_block_and_are_selected_by_mutsel(tmp_path):
     assert re.search(r"^\s*input \[2:0\] mutsel;", verilog, re.M)
     # The harness's memories survive flattening (the testbench loads and reads them).
     assert all(f"{name}_mem [" in verilog for name in "abc")
+
+
+def test_a_mutation_that_keeps_a_constant_bit_is_a_no_op():
+    cells = {"c": {"connections": {"A": ["0", "1", 7], "B": [8, "1"]}}}
+
+    def why(**fields):
+        return no_op({"cell": "c"} | fields, cells)
+    assert why(mode="const0", port="A", portbit="0") == "A[0] is the constant 0"
+    assert why(mode="const1", port="A", portbit="1") == "A[1] is the constant 1"
+    assert why(mode="const1", port="A", portbit="0") is None  # 0 forced to 1: a change
+    assert why(mode="const0", port="A", portbit="2") is None  # a net, not a constant
+    assert why(mode="inv", port="A", portbit="0") is None
+    assert why(mode="cnot1", port="A", portbit="2", ctrlbit="0") == (
+        "its flip needs bit 0 = 1, the constant 0")
+    assert why(mode="cnot0", port="B", portbit="0", ctrlbit="1") == (
+        "its flip needs bit 1 = 0, the constant 1")
+    assert why(mode="cnot1", port="B", portbit="0", ctrlbit="1") is None
 
 
 def test_bad_options_are_refused(capsys):

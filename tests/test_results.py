@@ -44,11 +44,15 @@ def test_mutate_table_lists_blocks_and_survivors():
               "blocks": {"router": {"mutants": 10, "killed": 9, "killed_share": 0.9,
                                     "survivors": [{"mutant": 3, "mode": "inv",
                                                    "cell": "$and$x", "port": "A",
-                                                   "source": "router.py:40"}]}}}
+                                                   "source": "router.py:40"}],
+                                    "no_op": [{"mutant": 4, "mode": "const1",
+                                               "cell": "$eq$y", "source": "router.py:41",
+                                               "no_op": "B[1] is the constant 1"}]}}}
     table = results.mutate_table(report, {"blocks.router": {
         "command": "python -m verif.mutate", "date": "2026-12-04"}})
     assert "**9 of 10 = 0.900**" in table
-    assert "| router | 10 | 9 | 0.900 |" in table
+    assert "| router | 10 | 9 | 0.900 | 1 |" in table
+    assert "router mutant 4: const1 on `$eq$y` (router.py:41): B[1] is the constant 1" in table
     assert "router mutant 3: inv on `$and$x` port A (router.py:40)" in table
     assert "`python -m verif.mutate` on 2026-12-04" in table
 

@@ -15,8 +15,6 @@ from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
 from sim.runner import run_amaranth
 from sim.sequencer_cases import (
-    COUNTS_AT,
-    COUNTS_WORD,
     HALT,
     Sizes,
     bad_instructions,
@@ -25,6 +23,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    loaded_words,
     model_outcome,
     op,
     outcome,
@@ -352,10 +351,10 @@ def dispatched(trace) -> list:
     return [(name.upper(), args) for _, name, args in trace["dispatched"]]
 
 
-@pytest.mark.parametrize(("what", "program"), register_programs(own_index=0),
+@pytest.mark.parametrize(("what", "program"), register_programs(own_index=0, n=8),
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_register_programs_dispatch_what_the_model_runs(what, program):
-    spad = {COUNTS_AT: COUNTS_WORD}
+    spad = loaded_words(8)
     issued, error, pc, model = model_run(program, spad)
     assert error == "NONE" and len(model.executed) > 5
     trace = run(program, depth=DEPTH, max_cycles=4000, spad=spad)

@@ -22,8 +22,11 @@ simulates, flattened and optimised (:data:`_PREPARE`):
 Every mutation is built into one Verilator model behind ``mutsel == i`` (``mutate
 -ctrl``), so one build serves them all; the test runs once with ``mutsel = 0`` (it must
 pass) and once per mutant. A mutant is killed when the test fails (a wrong result, a
-timeout, a protocol check). ``build/mutate.json`` holds ``mutation__killed_share`` over
-all blocks, per block the share, and every surviving mutant (mode, cell, source line).
+timeout, a protocol check). A mutant that changes nothing by construction (a bit that is
+the constant 0 or 1 forced to that same value, or flipped only when a constant control
+bit has the value it never has) is not run and not scored: :func:`no_op`.
+``build/mutate.json`` holds ``mutation__killed_share`` over all scored mutants, per block
+the share, every surviving mutant (mode, cell, source line) and the no-op ones.
 """
 
 from __future__ import annotations
@@ -165,26 +168,50 @@ def _yosys(directory: Path, script: str) -> None:
         raise RuntimeError(f"yosys failed in {directory}: {done.stderr[-2000:]}")
 
 
+#: Per mutation mode, the constant a bit must have for the mutant to change nothing:
+#: (which bit: "bit" the mutated one, "ctrl" the one that enables the flip, its value).
+_NO_OP = {"const0": ("bit", "0"), "const1": ("bit", "1"),
+          "cnot0": ("ctrl", "1"), "cnot1": ("ctrl", "0")}
+
+
+def no_op(fields: dict, cells: dict) -> str | None:
+    """Why the mutant of ``fields`` (from a ``mutate`` line) changes nothing in the
+    design whose cells (Yosys JSON) are ``cells``, or None: the mutated bit, or the bit
+    that enables its flip, is a constant for which the mutation is the identity."""
+    which, value = _NO_OP.get(fields.get("mode"), (None, None))
+    if which is None:
+        return None
+    bits = cells[fields["cell"]]["connections"][fields["port"]]
+    bit = bits[int(fields["portbit" if which == "bit" else "ctrlbit"])]
+    if bit != value:
+        return None
+    return (f"{fields['port']}[{fields['portbit']}] is the constant {value}" if which == "bit"
+            else f"its flip needs bit {fields['ctrlbit']} = {1 - int(value)}, the constant "
+                 f"{value}")
+
+
 def mutants(name: str, count: int, seed: int, directory: Path) -> list[dict]:
     """Write block ``name``'s design, its mutants (``mutants.ys``) and the mutated
     Verilog (``mutated.v``, mutant i active when ``mutsel == i``) into ``directory``;
-    return the mutants (index, mode, cell, port, source line)."""
+    return the mutants (index, mode, cell, port, source line, and ``no_op``: why it
+    changes nothing, or None)."""
     block = BLOCKS[name]
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "design.il").write_text(rtlil.convert(block.design(), name="top",
                                                        emit_src=True))
     width = max(1, count.bit_length())
     selection = f"a:src=*{block.source}*"
-    _yosys(directory, f"{_PREPARE}; mutate -list {count} -seed {seed} "
-                      f"-ctrl {MUTANT_PORT} {width} 1 -o mutants.ys {selection}")
+    _yosys(directory, f"{_PREPARE}; write_json prepared.json; mutate -list {count} "
+                      f"-seed {seed} -ctrl {MUTANT_PORT} {width} 1 -o mutants.ys {selection}")
+    cells = json.loads((directory / "prepared.json").read_text())["modules"]["top"]["cells"]
     out = []
     for line in (directory / "mutants.ys").read_text().splitlines():
-        fields = dict(re.findall(r"-(mode|cell|port|portbit|src) (\S+)", line))
+        fields = dict(re.findall(r"-(mode|cell|port|portbit|ctrlbit|src) (\S+)", line))
         index = int(re.search(rf"-ctrl {MUTANT_PORT} \d+ (\d+)", line).group(1))
         source = fields.get("src", "").replace(str(ROOT) + "/", "")
         out.append({"mutant": index, "mode": fields.get("mode"), "cell": fields.get("cell"),
                     "port": f"{fields.get('port')}[{fields.get('portbit')}]",
-                    "source": source})
+                    "source": source, "no_op": no_op(fields, cells)})
     # splitnets: a flattened vector driven by several cells would read to Verilator as
     # circular logic (UNOPTFLAT).
     _yosys(directory, f"{_PREPARE}; script mutants.ys; opt_clean; splitnets -driver; "
@@ -197,7 +224,12 @@ def score(name: str, count: int, seed: int) -> dict:
     block = BLOCKS[name]
     start = time.monotonic()
     directory = OUT / name
-    found = mutants(name, count, seed, directory)
+    drawn = mutants(name, count, seed, directory)
+    no_ops = [m for m in drawn if m["no_op"]]
+    found = [m for m in drawn if not m["no_op"]]
+    for mutant in no_ops:
+        print(f"[mutate] {name} mutant {mutant['mutant']}: no-op, {mutant['no_op']} "
+              f"({mutant['source']})", flush=True)
     print(f"[mutate] {name}: {len(found)} mutants of {block.source}; building ...", flush=True)
     handle = build(None, f"mutate-{name}",
                    verilog_source=(directory / "mutated.v").read_text())
@@ -216,7 +248,8 @@ def score(name: str, count: int, seed: int) -> dict:
               f"{mutant['port']:10} {mutant['source']}", flush=True)
     return {"mutants": len(found), "killed": len(killed),
             "killed_share": len(killed) / len(found) if found else 0.0,
-            "survivors": survived, "wall_s": round(time.monotonic() - start, 1)}
+            "survivors": survived, "no_op": no_ops,
+            "wall_s": round(time.monotonic() - start, 1)}
 
 
 def _earlier_blocks(path: Path, seed: int) -> dict:
@@ -237,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", nargs="+", choices=sorted(BLOCKS), default=sorted(BLOCKS),
                         help="blocks to mutate (default: all)")
     parser.add_argument("--mutants", type=int, default=40,
-                        help="mutants per block (default 40)")
+                        help="mutants drawn per block (default 40; the no-op ones are "
+                             "not scored)")
     parser.add_argument("--seed", type=int, default=1, help="Yosys's mutant sampling seed")
     parser.add_argument("--json", type=Path, default=REPORT,
                         help="output file (default build/mutate.json)")
@@ -252,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     killed = sum(b["killed"] for b in blocks.values())
     report = {"mutation__killed_share": killed / total if total else 0.0,
               "mutants": total, "killed": killed, "seed": args.seed, "blocks": blocks}
-    print(f"\n{'block':<12} {'mutants':>7} {'killed':>6} {'share':>7}")
+    print(f"\n{'block':<12} {'mutants':>7} {'killed':>6} {'share':>7} {'no-op':>5}")
     for name, b in blocks.items():
-        print(f"{name:<12} {b['mutants']:>7} {b['killed']:>6} {b['killed_share']:>7.1%}")
+        print(f"{name:<12} {b['mutants']:>7} {b['killed']:>6} {b['killed_share']:>7.1%} "
+              f"{len(b.get('no_op', [])):>5}")
     print(f"{'all':<12} {total:>7} {killed:>6} {report['mutation__killed_share']:>7.1%}"
           "  (goal >= 95 %)")
     for name, b in blocks.items():

@@ -114,15 +114,21 @@ def mutate_table(report: dict, origin: dict) -> str:
     lines = [f"{_measured(entries)}: **{report['killed']} of "
              f"{report['mutants']} = {report['mutation__killed_share']:.3f}** "
              f"(`mutation__killed_share`, goal ≥ 0.95; Yosys seed {report['seed']}).", "",
-             "| block | mutants | killed | share |", "|---|---:|---:|---:|"]
+             "| block | mutants scored | killed | share | no-op (not scored) |",
+             "|---|---:|---:|---:|---:|"]
     for name, block in report["blocks"].items():
         lines.append(f"| {name} | {block['mutants']} | {block['killed']} | "
-                     f"{block['killed_share']:.3f} |")
+                     f"{block['killed_share']:.3f} | {len(block.get('no_op', []))} |")
     survivors = [f"{name} mutant {s['mutant']}: {s['mode']} on `{s['cell']}` "
                  f"port {s['port']} ({s['source']})"
                  for name, block in report["blocks"].items() for s in block["survivors"]]
     if survivors:
         lines += ["", "Survivors of this draw:", ""] + [f"- {s}" for s in survivors]
+    no_ops = [f"{name} mutant {s['mutant']}: {s['mode']} on `{s['cell']}` ({s['source']}): "
+              f"{s['no_op']}"
+              for name, block in report["blocks"].items() for s in block.get("no_op", [])]
+    if no_ops:
+        lines += ["", "No-op mutants of this draw (not run):", ""] + [f"- {s}" for s in no_ops]
     return "\n".join(lines)
 
 
