@@ -240,10 +240,14 @@ class Sequencer(wiring.Component):
                 for done in (self.gemm_done, self.vec_done, self.dma_done)
             ]
             increments.append(self.arrival.valid & (self.arrival.payload == index))
+            # Counted in pairs, so no adder has a bit that can never be set.
+            counted = Signal(range(len(increments) + 1), name=f"sem{index}_increments")
+            m.d.comb += counted.eq((increments[0] + increments[1])
+                                   + (increments[2] + increments[3]))
             here = adjust_semaphore[index]
             m.d.comb += total.eq(
                 self.semaphores[index]
-                + sum(increments)
+                + counted
                 + Mux(here, adjust_add, 0)
                 - Mux(here, adjust_sub, 0)
             )
@@ -410,7 +414,7 @@ def _scalar_cases(m: Module, args, regs, with_args, fail, advance, jump, load) -
     with m.Case(Opcode.ADD):
         total = Signal(signed(REG_BITS + 2), name="add_total")
         m.d.comb += total.eq(regs[args.add.ra] + args.add.imm)
-        with m.If((total < 0) | (total >= top)):
+        with m.If(total.as_unsigned()[REG_BITS:].any()):  # below 0 or past 2**16 - 1
             fail(ErrorCode.BAD_REGISTER)
         with m.Else():
             m.d.sync += regs[args.add.rd].eq(total)
@@ -500,7 +504,8 @@ def _tile_bits(slots, number, mesh) -> Value:
         if outside:
             x_bits, mask_bits = ceil_log2(MASK_COLUMNS), ceil_log2(TILE_MASK_BITS)
             in_mesh = (value[:x_bits] < columns) & (value[x_bits:mask_bits] < rows)
-            bits[outside[0]] = bits[outside[0]] | (hit & (value < TILE_MASK_BITS) & ~in_mesh)
+            # (An index past the mask is BAD_REGISTER whatever its bits here.)
+            bits[outside[0]] = bits[outside[0]] | (hit & ~in_mesh)
     return Cat(*bits)
 
 

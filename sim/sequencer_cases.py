@@ -450,7 +450,9 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
          "BAD_REGISTER", 1),
         ("WITH a field DMA lacks", [with_((0, 0), (len(WITH_FIELDS[d]) + 1, 0)), dma(), HALT],
          "BAD_REGISTER", 1),
-        ("WITH before HALT", [with_((1, 0)), HALT], "BAD_REGISTER", 1),
+        *[(f"WITH slot {slot} field {code} before HALT",
+           [with_(*[(0, 0)] * slot, (code, 0)), HALT], "BAD_REGISTER", 1)
+          for slot in range(WITH_SLOTS) for code in (1, 2, 4, 8)],
         ("WITH before SET", [with_((1, 0)), op(Opcode.SET, rd=1, value=1), HALT],
          "BAD_REGISTER", 1),
         ("WITH rows past 7 bits", [op(Opcode.SET, rd=1, value=121), with_(
@@ -481,6 +483,7 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
             (_field(Opcode.LOAD, "addr"), 1)), op(Opcode.LOAD, rd=2, addr=1), HALT],
          "BAD_REGISTER", 2),
         *_sums_just_too_wide(),
+        *_sums_at_the_top(s, n),
         *_tile_indices_outside(s),
     ]
 
@@ -490,6 +493,7 @@ def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
     every index outside the mesh (on an empty mask), and tile 0's index on a mask naming
     tile 0 and one outside: BAD_TILE."""
     d, inside = Opcode.DMA, mesh_mask(s.mesh)
+    outside = [i for i in range(64) if not inside >> i & 1]
     tiles = WITH_FIELDS[d].index("tiles") + 1
     def slot(i: int, reg: int) -> int:  # WITH's slot i % 3 (the ones before it unused)
         return with_(*[(0, 0)] * (i % WITH_SLOTS), (tiles, reg))
@@ -497,6 +501,10 @@ def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:
     out = [(f"WITH tile index {i}", [op(Opcode.SET, rd=1, value=i), slot(i, 1),
                                      dma(tiles=0), HALT], "BAD_TILE", 2)
            for i in range(64) if not inside >> i & 1]
+    out += [(f"WITH slot {k}: tile index {i} on a mask naming tile 0",
+             [op(Opcode.SET, rd=1, value=i), with_(*[(0, 0)] * k, (tiles, 1)),
+              dma(tiles=1), HALT], "BAD_TILE", 2)
+            for k in range(WITH_SLOTS) for i in (outside[0], outside[-1])]
     out += [(f"WITH tile index 0 on mask bits 0 and {i}", [slot(i, 2), dma(tiles=1 << i | 1),
                                                            HALT], "BAD_TILE", 1)
             for i in range(64) if not inside >> i & 1]
@@ -519,6 +527,42 @@ def _sums_just_too_wide() -> list[tuple[str, list[int], str, int]]:
             for opcode, names in WITH_FIELDS.items()
             for number, name in enumerate(names, 1) if name != "tiles"
             for slot in range(WITH_SLOTS)]
+
+
+def _sums_at_the_top(s: Sizes, n: int) -> list[tuple[str, list[int], str, int]]:
+    """For every field WITH adds to but a DMA's tiles and a WAIT's count, through each
+    of WITH's slots: a register of alternating bits (0x5555 or 0xAAAA in the field's
+    width) plus the field's rest up to its largest value, which fits: the error the
+    instruction's own checks give, or none (only where nothing long runs). Any clear
+    bit of the register set on the way makes the sum too wide (BAD_REGISTER)."""
+    bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
+             Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
+             Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f)}
+    out = []
+    for opcode, build in bases.items():
+        for number, name in enumerate(WITH_FIELDS[opcode], 1):
+            top = (1 << field_width(opcode, name)) - 1
+            if name == "tiles":
+                continue
+            fields = decode(build(**{name: top}))[1]
+            if opcode == Opcode.VEC:
+                fields["dst_kind"] = VecDst(fields["dst_kind"])
+            if opcode in (Opcode.GEMM, Opcode.VEC, Opcode.DMA):
+                error = expected_error(opcode, fields, s, n)
+            else:
+                error = "BAD_ADDRESS" if opcode == Opcode.LOAD and top >= s.words else "NONE"
+            if error == "NONE" and opcode != Opcode.SIGNAL:
+                continue
+            for slot in range(WITH_SLOTS):
+                for pattern in (0x5555, 0xAAAA):
+                    value = pattern & top
+                    out.append((f"WITH slot {slot}: {opcode.name} {name} = {top - value:#x} "
+                                f"+ r = {value:#x}",
+                                [op(Opcode.SET, rd=1, value=value),
+                                 with_(*[(0, 0)] * slot, (number, 1)),
+                                 build(**{name: top - value}), HALT],
+                                error, 2 if error != "NONE" else 3))
+    return out
 
 
 def random_register_program(rng, s: Sizes, own_index: int) -> list[int]:

@@ -206,6 +206,7 @@ async def tile_network(dut):
     assert got == words, [hex(w) for w in got]
     await _signal_only_dmas(driver, own, other)
     await _long_dma_under_backpressure(driver, own, other)
+    await _longest_local_dma(driver, own)
     await _local_dma_beside_a_gemm(driver, own)
     await _dma_behind_a_dma(driver, own)
     report(passed=True)
@@ -288,6 +289,21 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
     assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
     got, _ = await driver.read([dst + i for i in range(count)])
     assert got == words, "the local copy differs"
+
+
+async def _longest_local_dma(driver: TileDriver, own: int) -> None:
+    """4,095 words (the longest DMA: every bit of its counters) to this tile: each
+    word copied, read back in pieces the host port's memories hold."""
+    count, src, dst = 4095, 1000, 6000
+    rng = np.random.default_rng(6)
+    words = [int(w) for w in rng.integers(0, 1 << 62, count)]
+    await driver.load(_dma_and_wait(src, dst, count, own, 3),
+                      {src + i: w for i, w in enumerate(words)}, [])
+    run = await driver.execute(40_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    for start in range(0, count, 256):
+        got, _ = await driver.read([dst + i for i in range(start, min(count, start + 256))])
+        assert got == words[start:start + 256], f"the copy differs from word {start} on"
 
 
 async def _local_dma_beside_a_gemm(driver: TileDriver, own: int) -> None:
