@@ -19,6 +19,7 @@ zero).
 The check reads a straight-line program. A program with registers (SET, ADD, LOOP, SKIP,
 WITH) is checked on what it runs: the instructions the tile model executed, with their
 fields as WITH made them (``golden.tile_model.TileModel.executed``, :func:`executed_ops`).
+An IDMA is refused: its rows depend on the index table's contents.
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ def check_synchronisation(ops: Sequence[Op], n: int) -> None:
             engine_of[j] = -1
             if f["addr"] in last_write:
                 need(j, last_write[f["addr"]], "LOAD after write", f["addr"])
+        elif op == Opcode.IDMA:
+            raise ValueError(f"instruction {j}: IDMA's rows come from its index table, "
+                             f"which this checker does not read")
         elif op in _REGISTER_OPCODES:
             raise ValueError(f"instruction {j}: {op.name} makes the program's path depend "
                              f"on its registers; check the instructions it executed "

@@ -61,10 +61,11 @@ class ChipModel:
     def __init__(self, k: int, **tile_kwargs):
         if not isinstance(k, int) or not 1 <= k <= MESH_MAX:
             raise ValueError(f"mesh size k must be 1..{MESH_MAX}, not {k!r}")
-        if "position" in tile_kwargs:
-            raise ValueError("tile positions are set by the chip")
+        if "position" in tile_kwargs or "mesh" in tile_kwargs:
+            raise ValueError("tile positions and the mesh are set by the chip")
         self.k = k
-        self.tiles = [TileModel(position=(i % k, i // k), **tile_kwargs) for i in range(k * k)]
+        self.tiles = [TileModel(position=(i % k, i // k), mesh=(k, k), **tile_kwargs)
+                      for i in range(k * k)]
         for tile in self.tiles:
             tile.network = self._deliver
         #: Words delivered to each tile (a multicast counts once per destination) and

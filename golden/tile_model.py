@@ -1,7 +1,8 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
 :class:`TileModel` executes decoded instructions from pc 0 — GEMM, VEC, DMA,
-WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOAD, LOOP, SKIP and WITH,
+IDMA, WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOAD, LOOP, SKIP
+and WITH,
 with the semantics of the docstrings in ``spec/isa.py`` — on a scratchpad, an
 accumulator memory, the vector unit's slot state
 (:class:`golden.vector_model.VectorUnitModel`), the semaphores and the registers. An
@@ -28,7 +29,18 @@ import numpy as np
 from golden.gemm import wrap
 from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
 from spec.config import ceil_div
-from spec.isa import REG_BITS, REGISTERS, WITH_FIELDS, WITH_SLOTS, field_width, tile_bit
+from spec.isa import (
+    ENTRY_BITS,
+    ENTRY_ROW_BITS,
+    MASK_COLUMNS,
+    REG_BITS,
+    REGISTERS,
+    WITH_FIELDS,
+    WITH_SLOTS,
+    entries_per_word,
+    field_width,
+    tile_bit,
+)
 from spec.numerics import NUMERICS
 
 __all__ = [
@@ -50,6 +62,8 @@ FIELDS = {
             "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
             "shift", "sat", "lo", "hi", "causal"),
     "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore"),
+    "IDMA": ("signal", "src", "dst", "table", "count", "row", "scatter", "remote_signal",
+             "remote_semaphore"),
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
     "SET": ("rd", "value"), "ADD": ("rd", "ra", "imm"),
     "LOOP": ("counter", "limit", "target", "bound"), "SKIP": ("ra", "rb", "target"),
@@ -110,20 +124,23 @@ class TileModel:
 
     Parameters: ``n`` lanes (the tensor core size), ``spad_words`` scratchpad words,
     ``acc_depth`` accumulator entries, ``slots`` and ``max_top_k`` of the vector unit,
-    ``position`` = (x, y) of the tile in the mesh (a DMA naming only this tile is a local
-    copy).
+    ``position`` = (x, y) of the tile in the ``mesh`` of (columns, rows) (a DMA naming
+    only this tile is a local copy; an IDMA entry naming a tile outside the mesh stops
+    the program).
 
     State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
     48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` and
     ``registers`` (lists of ints), ``pc``, ``halted``, ``executed`` (every instruction
-    run, in order, with the fields it ran with: a WITH's registers added), and ``done``
-    = the ``signal`` field of every finished engine operation, per engine (``{"GEMM":
-    [...], "VEC": [...], "DMA": [...]}``, in order).
+    run, in order, with the fields it ran with: a WITH's registers added), ``issued``
+    (every engine operation, in order, as (engine, fields): an IDMA's rows are DMAs, and
+    an IDMA of no rows is a DMA of no words to no tile that carries its signal), and
+    ``done`` = the ``signal`` field of every finished engine operation, per engine
+    (``{"GEMM": [...], "VEC": [...], "DMA": [...]}``, in order).
     """
 
     def __init__(self, n: int = 8, spad_words: int = 4096, acc_depth: int = 256,
                  slots: int = 4, max_top_k: int | None = None,
-                 position: tuple[int, int] = (0, 0)):
+                 position: tuple[int, int] = (0, 0), mesh: tuple[int, int] = (8, 8)):
         if not 2 <= n <= 32:
             raise ValueError(f"lane count n must be 2..32, not {n}")
         if not 1 <= spad_words <= 1 << 16:
@@ -131,9 +148,14 @@ class TileModel:
         if not 1 <= acc_depth <= 1 << ACC_ADDR_BITS:
             raise ValueError(f"acc_depth must be 1..{1 << ACC_ADDR_BITS}, not {acc_depth}")
         x, y = position
-        if not (0 <= x < 8 and 0 <= y < 8):
-            raise ValueError(f"tile position {position} is outside an 8 x 8 mesh")
+        columns, rows = mesh
+        if not (1 <= columns <= 8 and 1 <= rows <= 8):
+            raise ValueError(f"mesh {mesh} is not 1..8 x 1..8 tiles")
+        if not (0 <= x < columns and 0 <= y < rows):
+            raise ValueError(f"tile position {position} is outside the {columns} x {rows} "
+                             f"mesh")
         self.n, self.spad_words, self.acc_depth, self.position = n, spad_words, acc_depth, position
+        self.mesh = (columns, rows)
         self.spad = [0] * spad_words
         self.acc = np.zeros((acc_depth, n), np.int64)
         self.vector = VectorUnitModel(n, slots, max_top_k)
@@ -145,6 +167,8 @@ class TileModel:
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
         #: Every instruction run, as (opcode name, fields with WITH's registers added).
         self.executed: list[tuple[str, dict]] = []
+        #: Every engine operation, in order, as (engine name, fields).
+        self.issued: list[tuple[str, dict]] = []
         #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
         #: the DMA's fields and the source words (``golden.chip_model.ChipModel`` sets it).
         #: None: such a DMA raises NotImplementedError (one tile, no network).
@@ -188,12 +212,11 @@ class TileModel:
             self.halted = True
             return False
         next_pc = self._scalar(name, f)
-        if name == "GEMM":
-            self._gemm(f)
-        elif name == "VEC":
-            self._vec(f)
-        elif name == "DMA":
-            self._dma(f)
+        if name in self.done:
+            {"GEMM": self._gemm, "VEC": self._vec, "DMA": self._dma}[name](f)
+            self._finished(name, f)
+        elif name == "IDMA":
+            self._idma(f)
         elif name == "SIGNAL":
             self._add(f["semaphore"], f["count"], "SIGNAL")
         elif name == "WAIT":
@@ -203,13 +226,16 @@ class TileModel:
                 raise ValueError(f"WAIT semaphore {sem} count {count} would block forever: "
                                  f"it holds {self.semaphores[sem]} and nothing else runs")
             self.semaphores[sem] -= count
-        if name in self.done:
-            self.done[name].append(f["signal"])
-            if f["signal"]["enable"]:
-                self._add(f["signal"]["semaphore"], 1, f"{name} signal")
         self.executed.append((name, f))
         self.pc = next_pc
         return True
+
+    def _finished(self, engine: str, f: dict) -> None:
+        """Engine operation ``f`` has run: it is issued and done, its signal raised."""
+        self.issued.append((engine, f))
+        self.done[engine].append(f["signal"])
+        if f["signal"]["enable"]:
+            self._add(f["signal"]["semaphore"], 1, f"{engine} signal")
 
     def _fields(self, name: str, fields: dict | None, consume: bool = True) -> dict:
         """Every field of the instruction (missing ones 0), with a pending WITH's
@@ -474,6 +500,38 @@ class TileModel:
             return
         self.check_receive(f["dst"], length)
         self.receive(f["dst"], words, f["remote_signal"], f["remote_semaphore"])
+
+    def _idma(self, f: dict) -> None:
+        """IDMA (``spec.isa.IdmaArgs``): the checks of the whole instruction, then one
+        DMA per table entry, the signal on the last (ProgramError BAD_INDEX at an entry
+        past the scratchpad or the mesh, the rows before it moved)."""
+        count, row, per_word = f["count"], f["row"], entries_per_word(self.n)
+        if row == 0:
+            raise ValueError("IDMA of rows of 0 words")
+        step, indexed = ("src", "dst") if f["scatter"] else ("dst", "src")
+        self._spad_region("IDMA table", f["table"], ceil_div(count, per_word))
+        self._spad_region(f"IDMA {step}", f[step], count * row)
+        quiet = {"enable": 0, "semaphore": 0}
+        if count == 0:
+            self._finished("DMA", {"signal": f["signal"], "src": 0, "dst": 0, "length": 0,
+                                   "tiles": 0, "remote_signal": 0, "remote_semaphore": 0})
+            return
+        columns, rows = self.mesh
+        for i in range(count):
+            word = self.spad[f["table"] + i // per_word]
+            entry = word >> ENTRY_BITS * (i % per_word) & ((1 << ENTRY_BITS) - 1)
+            r, tile = entry & ((1 << ENTRY_ROW_BITS) - 1), entry >> ENTRY_ROW_BITS
+            base = f[indexed] + r * row
+            x, y = tile % MASK_COLUMNS, tile // MASK_COLUMNS
+            if base + row > self.spad_words or not (x < columns and y < rows):
+                raise ProgramError("BAD_INDEX", f"IDMA entry {i} = row {r} of tile {tile}: "
+                                                f"past the scratchpad or the mesh")
+            d = {"signal": f["signal"] if i == count - 1 else quiet, indexed: base,
+                 step: f[step] + i * row, "length": row, "tiles": tile_bit(x, y),
+                 "remote_signal": f["remote_signal"],
+                 "remote_semaphore": f["remote_semaphore"]}
+            self._dma(d)
+            self._finished("DMA", d)
 
     def check_receive(self, dst: int, length: int) -> None:
         """Refuse (ValueError) DMA words that would run past this tile's scratchpad."""

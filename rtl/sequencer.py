@@ -15,6 +15,9 @@ from spec.isa import (
     ADDR_BITS,
     ARGS_OF,
     COUNT_BITS,
+    DIM_BITS,
+    ENTRY_BITS,
+    ENTRY_ROW_BITS,
     INSTRUCTION,
     INSTRUCTION_BITS,
     MASK_COLUMNS,
@@ -30,6 +33,7 @@ from spec.isa import (
     Opcode,
     VecArgs,
     VecDst,
+    entries_per_word,
     mesh_mask,
     tile_index,
 )
@@ -42,7 +46,7 @@ class ErrorCode(enum.Enum, shape=4):
     """Why the sequencer stopped early (``NONE`` after a clean HALT)."""
 
     NONE = 0
-    ILLEGAL_OPCODE = 1  # opcode 0 or 13-15
+    ILLEGAL_OPCODE = 1  # opcode 0 or 15
     BAD_ADDRESS = 2  # a region runs past the end of the scratchpad
     BAD_SHAPE = 3  # a GEMM with m, k or p = 0; a VEC with no rows or beats, or past the slots
     BAD_TILE = 4  # a DMA to no tile, or to a tile outside the mesh
@@ -50,7 +54,8 @@ class ErrorCode(enum.Enum, shape=4):
     PC_OVERFLOW = 6  # the program ran off the end of its memory, or branched past it
     BAD_REGISTER = 7  # a register value that does not fit where it goes (ADD, LOOP, WITH)
     LOOP_BOUND = 8  # a LOOP's limit register above the LOOP's bound
-    MEMORY_ERROR = 9  # a LOAD read an uncorrectable scratchpad word
+    MEMORY_ERROR = 9  # a LOAD or an IDMA read an uncorrectable scratchpad word
+    BAD_INDEX = 10  # an IDMA entry's row past the scratchpad or its tile outside the mesh
 
 
 class SequencerStatus(data.StructLayout):
@@ -161,18 +166,18 @@ class Sequencer(wiring.Component):
         sem = self._semaphores(m, instruction.args.wait)
         checks = _Checks(self, m, instruction.args)
         regs = Array(Signal(REG_BITS, name=f"r{i}") for i in range(REGISTERS))
+        args = instruction.args
+        m.d.comb += [  # (an IDMA's rows override the DMA's in _control)
+            self.gemm.payload.eq(args.gemm),
+            self.vec.payload.eq(args.vec),
+            self.dma.payload.eq(args.dma),
+        ]
         self._control(m, fetch, instruction, idle, sem, checks, regs)
         # A semaphore that would overflow keeps its value and stops the program (after
         # the control's assignments, so this error wins).
         with m.If(sem.overflowed):
             m.d.sync += [self.status.error.eq(ErrorCode.SEMAPHORE_OVERFLOW),
                          self.status.running.eq(0)]
-        args = instruction.args
-        m.d.comb += [
-            self.gemm.payload.eq(args.gemm),
-            self.vec.payload.eq(args.vec),
-            self.dma.payload.eq(args.dma),
-        ]
         return m
 
     def _program_memory(self, m: Module):
@@ -301,6 +306,8 @@ class Sequencer(wiring.Component):
                 with m.If(self.spad_req.ready):
                     m.next = "LOAD"
 
+        rows = self._idma_state(m)
+
         def stop_on_overflow():  # last in every running state, so it wins
             with m.If(sem.overflowed):
                 m.next = "DRAIN"
@@ -346,16 +353,112 @@ class Sequencer(wiring.Component):
                 with m.Else():
                     self._execute(m, opcode, sem, checks, fail, advance, dispatch,
                                   lambda: _scalar_cases(m, instruction.args, regs, with_args,
-                                                        fail, advance, jump, load))
+                                                        fail, advance, jump, load),
+                                  lambda: self._idma_start(m, instruction.args.idma, rows,
+                                                           checks, fail, advance))
                 stop_on_overflow()
             with m.State("LOAD"):  # the word's response
                 self._load_response(m, instruction.args.load, regs, fail, advance)
                 stop_on_overflow()
+            self._idma_rows(m, instruction.args.idma, rows, fail, advance, stop_on_overflow)
             with m.State("DRAIN"):
                 with m.If(idle):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
 
+
+    def _idma_state(self, m: Module) -> SimpleNamespace:
+        """An IDMA's progress: the entry being moved, the next row of its consecutive
+        side, the entry read from the table, and that row's DMA command with its check."""
+        rows = SimpleNamespace(index=Signal(DIM_BITS, name="idma_index"),
+                               step=Signal(ADDR_BITS, name="idma_step"),
+                               entry=Signal(ENTRY_BITS, name="idma_entry"),
+                               command=Signal(DmaArgs(), name="idma_command"),
+                               ok=Signal(name="idma_ok"), last=Signal(name="idma_last"))
+        rows.per_word = entries_per_word(self.array_size)
+        return rows
+
+    def _idma_start(self, m: Module, idma, rows, checks, fail, advance) -> None:
+        """EXECUTE of an IDMA: its checks; no rows: a DMA of no words to no tile that
+        carries the signal alone; else on to its first entry."""
+        with m.If(~checks.idma_ok_shape):
+            fail(ErrorCode.BAD_SHAPE)
+        with m.Elif(~checks.idma_ok_bounds):
+            fail(ErrorCode.BAD_ADDRESS)
+        with m.Elif(idma.count == 0):
+            m.d.comb += [self.dma.valid.eq(1), self.dma.payload.eq(0),
+                         self.dma.payload.signal.eq(idma.signal)]
+            with m.If(self.dma.ready):
+                advance()
+        with m.Else():
+            m.d.sync += [rows.index.eq(0), rows.step.eq(Mux(idma.scatter, idma.src, idma.dst))]
+            m.next = "IDMA_READ"
+
+    def _idma_rows(self, m: Module, idma, rows, fail, advance, stop_on_overflow) -> None:
+        """The states of an IDMA's rows: read the entry's table word, take the entry,
+        make and check the row's DMA, then hand it to the DMA engine (BAD_INDEX for a
+        row past the scratchpad or a tile outside the mesh)."""
+        shift = ceil_log2(rows.per_word)
+        with m.State("IDMA_READ"):
+            m.d.comb += [self.spad_req.valid.eq(1),
+                         self.spad_req.payload.addr.eq(idma.table + (rows.index >> shift))]
+            with m.If(self.spad_req.ready):
+                m.next = "IDMA_ENTRY"
+            stop_on_overflow()
+        with m.State("IDMA_ENTRY"):
+            resp = self.spad_resp
+            m.d.comb += resp.ready.eq(1)
+            with m.If(resp.valid):
+                with m.If(failed(resp.payload.status)):
+                    fail(ErrorCode.MEMORY_ERROR)
+                with m.Else():
+                    lane = rows.index[:shift] if shift else 0
+                    m.d.sync += rows.entry.eq(resp.payload.data.word_select(lane, ENTRY_BITS))
+                    m.next = "IDMA_ROW"
+            stop_on_overflow()
+        with m.State("IDMA_ROW"):
+            self._idma_command(m, idma, rows)
+            m.next = "IDMA_SEND"
+            stop_on_overflow()
+        with m.State("IDMA_SEND"):
+            with m.If(~rows.ok):
+                fail(ErrorCode.BAD_INDEX)
+            with m.Else():
+                m.d.comb += [self.dma.valid.eq(1), self.dma.payload.eq(rows.command)]
+                with m.If(self.dma.ready):
+                    m.d.sync += [rows.index.eq(rows.index + 1),
+                                 rows.step.eq(rows.step + idma.row)]
+                    with m.If(rows.last):
+                        advance()
+                    with m.Else():
+                        m.next = "IDMA_READ"
+            stop_on_overflow()
+
+    def _idma_command(self, m: Module, idma, rows) -> None:
+        """The DMA of entry ``rows.index`` (registered): ``row`` words from or to the
+        entry's row, to the entry's tile; whether that row fits and the tile is in the
+        mesh."""
+        columns, mesh_rows = self.mesh
+        row = rows.entry[:ENTRY_ROW_BITS]
+        tile = rows.entry[ENTRY_ROW_BITS:]
+        x_bits = ceil_log2(MASK_COLUMNS)
+        in_mesh = (tile[:x_bits] < columns) & (tile[x_bits:] < mesh_rows)
+        indexed = Signal(ADDR_BITS + ENTRY_ROW_BITS, name="idma_indexed")
+        m.d.comb += indexed.eq(Mux(idma.scatter, idma.dst, idma.src) + row * idma.row)
+        last = rows.index == idma.count - 1
+        command = rows.command
+        m.d.sync += [
+            rows.ok.eq(in_mesh & ((indexed + idma.row) <= self.scratchpad_words)),
+            rows.last.eq(last),
+            command.src.eq(Mux(idma.scatter, rows.step, indexed)),
+            command.dst.eq(Mux(idma.scatter, indexed, rows.step)),
+            command.length.eq(idma.row),
+            command.tiles.eq(Cat(*(tile == index for index in range(TILE_MASK_BITS)))
+                             & self.valid_tiles),
+            command.remote_signal.eq(idma.remote_signal),
+            command.remote_semaphore.eq(idma.remote_semaphore),
+            command.signal.eq(Mux(last, idma.signal, 0)),
+        ]
 
     def _load_response(self, m: Module, load, regs, fail, advance) -> None:
         """LOAD's response: bytes ``lane`` and ``lane + 1`` of the word into ``rd``, or
@@ -371,10 +474,10 @@ class Sequencer(wiring.Component):
                 advance()
 
     def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch,
-                 scalar_cases) -> None:
+                 scalar_cases, idma_start) -> None:
         """EXECUTE: per opcode, advance, stop, dispatch to an engine (or stop with the
-        first failed check's error), wait for or add to a semaphore, or work on the
-        registers (``scalar_cases``)."""
+        first failed check's error), start an IDMA's rows, wait for or add to a
+        semaphore, or work on the registers (``scalar_cases``)."""
         status = self.status
         with m.Switch(opcode):
             with m.Case(Opcode.NOP):
@@ -391,6 +494,8 @@ class Sequencer(wiring.Component):
             with m.Case(Opcode.DMA):
                 dispatch(self.dma, (checks.dma_ok_bounds, ErrorCode.BAD_ADDRESS),
                          (checks.dma_ok_tiles, ErrorCode.BAD_TILE))
+            with m.Case(Opcode.IDMA):
+                idma_start()
             with m.Case(Opcode.WAIT):
                 with m.If(sem.wait_ready):
                     m.d.comb += sem.wait_done.eq(1)
@@ -527,6 +632,9 @@ class _Checks:
         self.gemm_ok_shape, self.gemm_ok_bounds = Signal(), Signal()
         self.vec_ok_shape, self.vec_ok_bounds = Signal(), Signal()
         self.dma_ok_bounds, self.dma_ok_tiles = Signal(), Signal()
+        self.idma_ok_shape, self.idma_ok_bounds = Signal(), Signal()
+        self.idma_words, self.table_words = Signal(DIM_BITS + 8), Signal(DIM_BITS)
+        self.per_word = entries_per_word(self.n)
         self.load_ok = Signal()
         self.outside = ((1 << TILE_MASK_BITS) - 1) ^ sequencer.valid_tiles
         self.dst_ok = Signal()
@@ -560,6 +668,9 @@ class _Checks:
             self.tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(self.n)),
             self.scalar_entries.eq(blocks(vec.rows)),
             self.spad_words.eq(vec.rows * vec.beats),
+            self.idma_words.eq(self.args.idma.count * self.args.idma.row),
+            self.table_words.eq((self.args.idma.count + (self.per_word - 1))
+                                >> ceil_log2(self.per_word)),
         ]
 
     def check(self) -> None:
@@ -581,4 +692,9 @@ class _Checks:
             self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
             self.dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & self.outside) == 0)),
             self.load_ok.eq((self.args.load.addr < self.words) & (self.args.load.lane < self.n)),
+            self.idma_ok_shape.eq(self.args.idma.row != 0),
+            self.idma_ok_bounds.eq(
+                fits(self.args.idma.table, self.table_words)
+                & fits(Mux(self.args.idma.scatter, self.args.idma.src, self.args.idma.dst),
+                       self.idma_words)),
         ]

@@ -10,23 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from golden.tile_model import ProgramError, TileModel
-from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 from spec.isa import (
+    ENTRY_BITS,
     WITH_FIELDS,
     WITH_SLOTS,
     Opcode,
     VecDst,
     decode,
     encode,
+    entries_per_word,
     field_width,
+    index_entry,
     mesh_mask,
     tile_bit,
     tile_index,
 )
+from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 
 __all__ = ["CHECKS", "HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "expected_error", "fitting_program", "gemm",
-           "high_bit_instructions", "loaded_words", "model_outcome", "op", "outcome",
+           "high_bit_instructions", "idma_errors", "loaded_words", "model_outcome", "op", "outcome",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
@@ -324,16 +327,101 @@ LANES_WORD = 0x8E2DF1A73C59B46B
 LANES_AT = 91
 
 
-def loaded_words(n: int) -> dict[int, int]:
-    """The scratchpad words the register programs LOAD, by address, for ``n`` lanes
-    (the caller writes them)."""
-    return {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & ((1 << 8 * n) - 1)}
+#: Where the IDMA programs' index tables start.
+TABLES_AT = 92
+#: The IDMA programs' tables: (row, tile) entries, the tile ``None`` for this tile.
+_TABLES = {"gather": [(3, None), (0, None), (5, None), (3, None), (1, None)],
+           "scatter": [(2, None), (0, None), (1, None)]}
+
+
+def _table_words(entries: list[tuple[int, int]], n: int) -> list[int]:
+    """The words of an IDMA index table of (row, tile index) ``entries``."""
+    per_word = entries_per_word(n)
+    words = [0] * -(-len(entries) // per_word)
+    for i, (row, tile) in enumerate(entries):
+        words[i // per_word] |= index_entry(row, tile) << ENTRY_BITS * (i % per_word)
+    return words
+
+
+def _tables(n: int, own_index: int) -> dict[str, tuple[int, list[int]]]:
+    """Per IDMA table name: its address and words, for ``n`` lanes on tile ``own_index``."""
+    out, at = {}, TABLES_AT
+    for name, entries in _TABLES.items():
+        words = _table_words([(row, own_index if tile is None else tile)
+                              for row, tile in entries], n)
+        out[name] = (at, words)
+        at += len(words)
+    return out
+
+
+def loaded_words(n: int, own_index: int) -> dict[int, int]:
+    """The scratchpad words the register programs LOAD or take as IDMA tables, by
+    address, for ``n`` lanes on the tile of index ``own_index`` (the caller writes
+    them)."""
+    out = {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & ((1 << 8 * n) - 1)}
+    for at, words in _tables(n, own_index).values():
+        out |= {at + i: word for i, word in enumerate(words)}
+    return out
+
+
+def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
+    """IDMAs of rows of this tile: a gather over two table words (each row's DMA asking
+    for an arrival on semaphore 4, the last one's signalling semaphore 2), a scatter
+    into rows, and one of no rows then one of two, their counts from a register."""
+    tables = _tables(n, own_index)
+    gather, scatter = tables["gather"][0], tables["scatter"][0]
+    count = _field(Opcode.IDMA, "count")
+    signal = {"signal": {"enable": 1, "semaphore": 2}}
+    return [
+        ("an IDMA gathering rows", [
+            op(Opcode.IDMA, src=0, dst=256, table=gather, count=5, row=2, remote_signal=1,
+               remote_semaphore=4, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1), HALT]),
+        ("an IDMA scattering into rows", [
+            op(Opcode.IDMA, src=8, dst=300, table=scatter, count=3, row=3, scatter=1,
+               **signal),
+            op(Opcode.WAIT, semaphore=2, count=1), HALT]),
+        ("IDMAs of a register's count of rows, 0 then 2", [
+            op(Opcode.SET, rd=1, value=0), with_((count, 1)),
+            op(Opcode.IDMA, src=0, dst=280, table=gather, row=4, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1),
+            op(Opcode.SET, rd=1, value=2), with_((count, 1)),
+            op(Opcode.IDMA, src=0, dst=280, table=gather, row=4, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1), HALT]),
+    ]
+
+
+def idma_errors(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], str, int]]:
+    """(what, program, the scratchpad words it reads, the ErrorCode name it stops with,
+    the pc it stops at) for each way an IDMA goes wrong; each table's first entry is
+    good, so one row moves before a bad entry stops the program."""
+    outside = next(i for i in range(64) if not mesh_mask(s.mesh) >> i & 1)
+    idma = {"src": 0, "dst": 256, "table": TABLES_AT, "count": 2, "row": 4}
+    def table(entry):
+        return dict(enumerate(_table_words([(0, 0), entry], n), TABLES_AT))
+    per_word = entries_per_word(n)
+    return [
+        ("an IDMA entry's row past the scratchpad",
+         [op(Opcode.IDMA, **idma | {"row": 64}), HALT], table((1023, 0)), "BAD_INDEX", 0),
+        ("an IDMA entry's tile outside the mesh",
+         [op(Opcode.IDMA, **idma), HALT], table((0, outside)), "BAD_INDEX", 0),
+        ("an IDMA entry's row on the scratchpad's last words",
+         [op(Opcode.IDMA, **idma | {"row": 64, "scatter": 1, "src": 256, "dst": 0}), HALT],
+         table((s.words // 64 - 1, 0)), "NONE", 1),
+        ("an IDMA of rows of no words", [op(Opcode.IDMA, **idma | {"row": 0}), HALT], {},
+         "BAD_SHAPE", 0),
+        ("an IDMA table past the scratchpad",
+         [op(Opcode.IDMA, **idma | {"table": s.words - 1, "count": per_word + 1}), HALT],
+         {}, "BAD_ADDRESS", 0),
+        ("an IDMA's consecutive rows past the scratchpad",
+         [op(Opcode.IDMA, **idma | {"dst": s.words - 7}), HALT], {}, "BAD_ADDRESS", 0),
+    ]
 
 
 def _every_lane(n: int) -> list[int]:
     """LOAD each of the ``n`` lanes of :data:`LANES_WORD` and compare it with its value:
     SKIPs over a HALT either way when equal, so a wrong register halts early."""
-    word = loaded_words(n)[LANES_AT]
+    word = LANES_WORD & ((1 << 8 * n) - 1)
     program = []
     for lane in range(n):
         at = len(program)
@@ -421,7 +509,8 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
             ("nested loops", nested),
             ("a loop skipped when it runs zero times", zero_trip),
             ("a loop whose trip count and DMA length are LOADed", loaded),
-            ("every lane of a word LOADed", _every_lane(n))]
+            ("every lane of a word LOADed", _every_lane(n)),
+            *_idma_programs(n, own_index)]
 
 
 def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], str, int]]:
@@ -519,7 +608,8 @@ def _sums_just_too_wide() -> list[tuple[str, list[int], str, int]]:
     bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
              Opcode.WAIT: lambda **f: encode(Opcode.WAIT, **f),
              Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
-             Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f)}
+             Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f),
+             Opcode.IDMA: lambda **f: encode(Opcode.IDMA, **({"row": 1} | f))}
     return [(f"WITH slot {slot}: {opcode.name} {name} + r = 2**{field_width(opcode, name)}",
              [op(Opcode.SET, rd=1, value=(1 << field_width(opcode, name)) - 1),
               with_(*[(0, 0)] * slot, (number, 1)), bases[opcode](**{name: 1}), HALT],
@@ -538,7 +628,7 @@ def _sums_at_the_top(s: Sizes, n: int) -> list[tuple[str, list[int], str, int]]:
     bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
              Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
              Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f)}
-    out = []
+    out = []  # (an IDMA's checks depend on its table: idma_errors)
     for opcode, build in bases.items():
         for number, name in enumerate(WITH_FIELDS[opcode], 1):
             top = (1 << field_width(opcode, name)) - 1

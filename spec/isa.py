@@ -24,11 +24,12 @@ from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ACC_ADDR_BITS", "ADDR_BITS", "INSTRUCTION", "INSTRUCTION_BITS", "PC_BITS", "REGISTERS",
-    "REG_BITS", "SEMAPHORES", "SIGNAL", "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs",
-    "GemmArgs", "LoadArgs", "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst",
-    "VecPack", "WaitArgs", "WithArgs", "decode", "encode", "field_width", "mesh_mask", "tile_bit",
-    "tile_index",
+    "ACC_ADDR_BITS", "ADDR_BITS", "ENTRY_BITS", "ENTRY_ROW_BITS", "INSTRUCTION",
+    "INSTRUCTION_BITS", "MASK_COLUMNS", "PC_BITS", "REGISTERS", "REG_BITS", "SEMAPHORES", "SIGNAL",
+    "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs", "GemmArgs", "IdmaArgs", "LoadArgs",
+    "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst", "VecPack", "WaitArgs",
+    "WithArgs", "decode", "encode", "entries_per_word", "field_width", "index_entry",
+    "mesh_mask", "tile_bit", "tile_index",
 ]
 
 #: Width of an instruction word.
@@ -80,7 +81,7 @@ def mesh_mask(mesh: tuple[int, int]) -> int:
 
 
 class Opcode(enum.Enum, shape=4):
-    """Operation codes. 0, 14 and 15 are illegal, so a word of zeros never executes."""
+    """Operation codes. 0 and 15 are illegal, so a word of zeros never executes."""
 
     HALT = 1  # stop; the sequencer reports `halted`
     NOP = 2
@@ -95,6 +96,7 @@ class Opcode(enum.Enum, shape=4):
     SKIP = 11  # branch when one register is at least another
     WITH = 12  # add registers to fields of the next instruction
     LOAD = 13  # two bytes of a scratchpad word into a register
+    IDMA = 14  # DMA rows listed in an index table (gather, or scatter into rows)
 
 
 #: Optional completion signal of an engine operation.
@@ -216,6 +218,59 @@ class DmaArgs(data.StructLayout):
         })
 
 
+#: An index-table entry (:class:`IdmaArgs`): 16 bits, a row number in the low
+#: :data:`ENTRY_ROW_BITS` and a tile index (:func:`tile_index`) above them.
+ENTRY_BITS = 16
+ENTRY_ROW_BITS = 10
+
+
+def index_entry(row: int, tile: int) -> int:
+    """The index-table entry naming ``row`` on the tile of index ``tile``."""
+    if not 0 <= row < 1 << ENTRY_ROW_BITS:
+        raise ValueError(f"index entry row {row} does not fit {ENTRY_ROW_BITS} bits")
+    if not 0 <= tile < TILE_MASK_BITS:
+        raise ValueError(f"index entry tile {tile} is past the {TILE_MASK_BITS}-tile mask")
+    return row | tile << ENTRY_ROW_BITS
+
+
+def entries_per_word(n: int) -> int:
+    """Index-table entries in a scratchpad word of ``n`` int8 lanes."""
+    return max(1, 8 * n // ENTRY_BITS)
+
+
+class IdmaArgs(data.StructLayout):
+    """Indexed DMA: ``count`` rows of ``row`` words each, one per entry of the index
+    table at scratchpad word ``table`` (entries packed :func:`entries_per_word` to a
+    word, entry i in bits 16·(i mod e) .. of word ``table + i div e``; see
+    :func:`index_entry`). Entry i = (r, t) moves one row to tile t:
+
+    - gather (``scatter = 0``): local words ``src + r·row ..`` to ``dst + i·row ..``;
+    - scatter (``scatter = 1``): local words ``src + i·row ..`` to ``dst + r·row ..``.
+
+    Each row is a DMA of ``row`` words to tile t alone, in entry order, raising
+    ``remote_semaphore`` there when ``remote_signal`` is set (so a receiver counts
+    rows); ``signal`` is raised once, when the last row is done (at once when
+    ``count`` is 0). The table and the consecutive side are checked before anything
+    moves (BAD_ADDRESS; ``row`` = 0 is BAD_SHAPE); an entry whose row runs past the
+    scratchpad or whose tile is outside the mesh stops the program at this instruction
+    (BAD_INDEX) with the rows before it moved and none after; an uncorrectable table
+    word stops it too (MEMORY_ERROR).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "signal": SIGNAL,
+            "src": unsigned(ADDR_BITS),
+            "dst": unsigned(ADDR_BITS),
+            "table": unsigned(ADDR_BITS),
+            "count": unsigned(DIM_BITS),
+            "row": unsigned(8),
+            "scatter": 1,
+            "remote_signal": 1,
+            "remote_semaphore": unsigned(4),
+        })
+
+
 class WaitArgs(data.StructLayout):
     """WAIT: until semaphore >= count, then semaphore -= count. SIGNAL: semaphore += count."""
 
@@ -282,6 +337,7 @@ WITH_FIELDS = {
     Opcode.WAIT: ("count",),
     Opcode.SIGNAL: ("count",),
     Opcode.LOAD: ("addr",),
+    Opcode.IDMA: ("src", "dst", "table", "count"),
 }
 #: Register/field pairs of one WITH.
 WITH_SLOTS = 3
@@ -316,6 +372,7 @@ INSTRUCTION = data.StructLayout({
         "skip": SkipArgs(),
         "with_": WithArgs(),
         "load": LoadArgs(),
+        "idma": IdmaArgs(),
     }),
 })
 assert INSTRUCTION.size <= INSTRUCTION_BITS
@@ -325,6 +382,7 @@ ARGS_OF = {
     Opcode.GEMM: "gemm", Opcode.VEC: "vec", Opcode.DMA: "dma",
     Opcode.WAIT: "wait", Opcode.SIGNAL: "wait", Opcode.SET: "set", Opcode.ADD: "add",
     Opcode.LOOP: "loop", Opcode.SKIP: "skip", Opcode.WITH: "with_", Opcode.LOAD: "load",
+    Opcode.IDMA: "idma",
 }
 
 

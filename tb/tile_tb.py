@@ -27,6 +27,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    idma_errors,
     loaded_words,
     model_outcome,
     outcome,
@@ -40,7 +41,7 @@ from sim.sequencer_cases import (
 from sim.tile_driver import TileDriver
 from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
-from spec.isa import SEMAPHORES, Opcode, decode, encode, tile_bit, tile_index
+from spec.isa import SEMAPHORES, Opcode, decode, encode, index_entry, tile_bit, tile_index
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -209,7 +210,36 @@ async def tile_network(dut):
     await _longest_local_dma(driver, own)
     await _local_dma_beside_a_gemm(driver, own)
     await _dma_behind_a_dma(driver, own)
+    await _idma_rows_to_both_tiles(driver, own, other)
     report(passed=True)
+
+
+async def _idma_rows_to_both_tiles(driver: TileDriver, own: int, other: int) -> None:
+    """An IDMA gathering rows of two words for the other tile, this one, then the other
+    again: the other's rows leave on ``net_out`` (each a packet asking for an arrival),
+    this one's is copied here."""
+    src, dst, table = 700, 800, 760
+    here, there = own.bit_length() - 1, other.bit_length() - 1
+    words = [0x1111111111111111 * (i + 1) for i in range(6)]
+    entries = [index_entry(2, there), index_entry(0, here), index_entry(1, there)]
+    table_word = sum(e << 16 * i for i, e in enumerate(entries))
+    await driver.load([
+        encode(Opcode.IDMA, src=src, dst=dst, table=table, count=3, row=2, remote_signal=1,
+               remote_semaphore=6, signal={"enable": 1, "semaphore": 2}),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.WAIT, semaphore=6, count=1),  # this tile's row
+        encode(Opcode.HALT),
+    ], {table: table_word} | {src + i: w for i, w in enumerate(words)}, [])
+    sent = [_fields(w) for w in await driver.go_and_receive(4)]
+    run = await driver.wait_halt(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert sent == [{"tiles": other, "addr": dst + i, "data": words[4 + i], "write": 1,
+                     "last": i, "signal": 1, "semaphore": 6} for i in range(2)] + [
+                    {"tiles": other, "addr": dst + 4 + i, "data": words[2 + i], "write": 1,
+                     "last": i, "signal": 1, "semaphore": 6} for i in range(2)], sent
+    assert driver.words_sent() == 4, f"{driver.words_sent()} words sent, not 4"
+    got, _ = await driver.read([dst + 2, dst + 3])
+    assert got == words[:2], [hex(w) for w in got]
 
 
 async def _dma_behind_a_dma(driver: TileDriver, own: int) -> None:
@@ -359,7 +389,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
     rng = np.random.default_rng(7)
     words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
     words |= {a: 0 for a in range(256, 320)}  # where the DMAs copy them
-    words |= loaded_words(config.n)
+    words |= loaded_words(config.n, tile_index(x, y))
     for what, program in register_programs(tile_index(x, y), config.n):
         model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
                           slots=config.slots, position=(x, y))
@@ -375,6 +405,19 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         await driver.load(program, {}, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+    for what, program, spad, error, pc in idma_errors(sizes, config.n):
+        model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
+                          slots=config.slots, position=(x, y), mesh=sizes.mesh)
+        start = {a: int(rng.integers(0, 1 << 62)) for a in range(64)} | spad
+        start |= {a: 0 for a in range(256, 320)}
+        for address, word in start.items():
+            model.spad[address] = word
+        assert outcome(error) == model_outcome(model, program), what
+        await driver.load(program, start, [])
+        run = await driver.execute(20_000)
+        assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+        back, _ = await driver.read(list(range(256, 320)))
+        assert back == model.spad[256:320], f"{what}: the rows moved differ"
     outcomes = set()
     for index in range(40):
         program = random_register_program(rng, sizes, tile_index(x, y))

@@ -23,6 +23,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
+    idma_errors,
     loaded_words,
     model_outcome,
     op,
@@ -339,12 +340,11 @@ DEPTH = 64
 def model_run(program: list[int], spad=None) -> tuple[list, str, int, TileModel]:
     """The model's engine operations (opcode name, fields), error name ("CHECK" for a
     failed region, shape or tile check) and pc; ``spad``: words it starts with."""
-    model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS)
+    model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS, mesh=SIZES.mesh)
     for address, word in (spad or {}).items():
         model.spad[address] = word
     error = model_outcome(model, program)
-    engine_ops = [(name, f) for name, f in model.executed if name in ("GEMM", "VEC", "DMA")]
-    return engine_ops, error, model.pc, model
+    return model.issued, error, model.pc, model
 
 
 def dispatched(trace) -> list:
@@ -354,9 +354,9 @@ def dispatched(trace) -> list:
 @pytest.mark.parametrize(("what", "program"), register_programs(own_index=0, n=8),
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_register_programs_dispatch_what_the_model_runs(what, program):
-    spad = loaded_words(8)
+    spad = loaded_words(8, 0)
     issued, error, pc, model = model_run(program, spad)
-    assert error == "NONE" and len(model.executed) > 5
+    assert error == "NONE" and len(model.executed) + len(model.issued) >= 5
     trace = run(program, depth=DEPTH, max_cycles=4000, spad=spad)
     assert trace["status"]["error"] == ErrorCode.NONE, what
     assert trace["status"]["pc"] == pc and program[pc] == HALT, what
@@ -382,6 +382,28 @@ def test_register_errors_stop_at_their_instruction(what, program, error, pc):
                                            else "CHECK", pc), what
         assert dispatched(trace) == issued
     coverage.sequencer_error(error)
+
+
+@pytest.mark.parametrize(("what", "program", "spad", "error", "pc"), idma_errors(SIZES, 8),
+                         ids=lambda x: x if isinstance(x, str) and " " in x else "")
+def test_idma_errors_stop_with_the_rows_before_them_moved(what, program, spad, error, pc):
+    """A bad entry stops the IDMA after the rows before it (BAD_INDEX), a bad shape or
+    region before any row; the model dispatches and stops the same."""
+    trace = run(program, depth=DEPTH, spad=spad)
+    status = trace["status"]
+    assert (status["error"].name, status["pc"], status["halted"]) == (error, pc, 1), what
+    issued, model_error, model_pc, _ = model_run(program, spad)
+    assert (model_error, model_pc) == (outcome(error), pc), what
+    assert dispatched(trace) == issued, what
+    if error != "NONE":
+        coverage.sequencer_error(error)
+
+
+def test_an_idma_table_word_that_cannot_be_read_is_a_memory_error():
+    program = [op(Opcode.IDMA, src=0, dst=256, table=100, count=6, row=2), HALT]
+    trace = run(program, depth=DEPTH, bad_words=(101,))  # the second table word
+    assert (trace["status"]["error"], trace["status"]["pc"]) == (ErrorCode.MEMORY_ERROR, 0)
+    assert len(trace["dispatched"]) == 4  # the first word's entries
 
 
 def test_random_register_programs_match_the_model(seed):
@@ -451,3 +473,9 @@ def test_the_hazard_check_reads_what_a_register_program_runs(waits):
     else:
         with pytest.raises(ValueError, match="read after write on accumulator entry 64"):
             check_synchronisation(ops, 8)
+
+
+def test_the_hazard_check_refuses_an_idma():
+    program = [op(Opcode.IDMA, src=0, dst=256, table=92, count=2, row=2), HALT]
+    with pytest.raises(ValueError, match="IDMA's rows come from its index table"):
+        check_synchronisation([decode(word) for word in program], 8)

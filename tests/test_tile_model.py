@@ -11,6 +11,7 @@ from golden.tile_model import (
     COUNT_BITS,
     FIELDS,
     SEMAPHORES,
+    ProgramError,
     TileModel,
     VecDst,
     VecPack,
@@ -19,6 +20,7 @@ from golden.tile_model import (
 )
 from golden.vector_model import VectorOpcode as VOP
 from spec import isa
+from spec.isa import ENTRY_BITS, entries_per_word, index_entry
 
 
 def decode_program(words: list[int]) -> list[tuple[str, dict]]:
@@ -175,6 +177,64 @@ def test_dma_local_copy_and_remote_refused():
     assert model.semaphores[5] == 1
     with pytest.raises(NotImplementedError, match="NoC"):
         model.step("DMA", {"src": 0, "dst": 10, "length": 4, "tiles": here | 1})
+
+
+def _table(model: TileModel, at: int, entries: list[tuple[int, int]]) -> None:
+    """Write the IDMA index table of (row, tile index) ``entries`` at word ``at``."""
+    per_word = entries_per_word(model.n)
+    for i, (row, tile) in enumerate(entries):
+        model.spad[at + i // per_word] |= index_entry(row, tile) << ENTRY_BITS * (i % per_word)
+
+
+def test_idma_gathers_listed_rows_and_scatters_into_them():
+    model = TileModel(4, spad_words=128, acc_depth=4, position=(1, 0), mesh=(2, 2))
+    model.spad[:12] = list(range(100, 112))  # six rows of two words
+    _table(model, 40, [(4, 1), (0, 1), (4, 1)])  # tile index 1 is (1, 0): this tile
+    signal = {"enable": 1, "semaphore": 3}
+    model.step("IDMA", {"src": 0, "dst": 60, "table": 40, "count": 3, "row": 2,
+                        "remote_signal": 1, "remote_semaphore": 7, "signal": signal})
+    assert model.spad[60:66] == [108, 109, 100, 101, 108, 109]
+    assert model.semaphores[7] == 3 and model.semaphores[3] == 1  # rows; the last row
+    assert [f["src"] for _, f in model.issued] == [8, 0, 8]
+    assert [f["signal"]["enable"] for _, f in model.issued] == [0, 0, 1]
+    model.step("IDMA", {"src": 60, "dst": 80, "table": 40, "count": 2, "row": 2,
+                        "scatter": 1})  # row i to row entry i: 80 + 4·2, then 80 + 0
+    assert model.spad[88:90] == [108, 109] and model.spad[80:82] == [100, 101]
+
+
+def test_idma_of_no_rows_raises_its_signal_alone():
+    model = TileModel(4, spad_words=64, acc_depth=4)
+    model.step("IDMA", {"table": 63, "row": 4, "signal": {"enable": 1, "semaphore": 2}})
+    assert model.semaphores[2] == 1
+    assert model.issued == [("DMA", {"signal": {"enable": 1, "semaphore": 2}, "src": 0,
+                                     "dst": 0, "length": 0, "tiles": 0, "remote_signal": 0,
+                                     "remote_semaphore": 0})]
+
+
+@pytest.mark.parametrize(("entry", "what"), [((32, 0), "past the scratchpad"),
+                                             ((0, 2), "a column outside"),
+                                             ((0, 8), "a row outside")])
+def test_idma_stops_at_a_bad_entry_with_the_rows_before_it_moved(entry, what):
+    model = TileModel(4, spad_words=64, acc_depth=4, mesh=(2, 1))
+    model.spad[:4] = [1, 2, 3, 4]
+    _table(model, 50, [(1, 0), entry, (0, 0)])
+    with pytest.raises(ProgramError) as stopped:
+        model.step("IDMA", {"src": 0, "dst": 20, "table": 50, "count": 3, "row": 2})
+    assert stopped.value.code == "BAD_INDEX", what
+    assert model.spad[20:26] == [3, 4, 0, 0, 0, 0] and len(model.issued) == 1
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"row": 0, "count": 1}, "rows of 0 words"),
+    ({"row": 1, "count": 9, "table": 62}, "IDMA table"),  # 9 entries: three words
+    ({"row": 8, "count": 3, "dst": 41}, "IDMA dst"),
+    ({"row": 8, "count": 3, "src": 41, "scatter": 1}, "IDMA src"),
+])
+def test_idma_checks_the_table_and_the_consecutive_rows_first(fields, message):
+    model = TileModel(4, spad_words=64, acc_depth=4)
+    with pytest.raises(ValueError, match=message):
+        model.step("IDMA", fields)
+    assert model.issued == []
 
 
 @pytest.mark.parametrize(("instruction", "message"), [
