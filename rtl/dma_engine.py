@@ -51,7 +51,9 @@ class DmaEngine(wiring.Component):
     ``position`` = (x, y) of the tile, or None: then the port ``mask_bit`` gives the
     tile's bit of a tile mask (y * 8 + x), so one design serves every tile of a chip.
     ``mesh`` = (columns, rows): a command's tile-mask bits of tiles outside it are
-    dropped (the sequencer refuses such a DMA before it gets here).
+    dropped (the sequencer refuses such a DMA before it gets here). ``addr_bits``: the
+    width of the scratchpad port's addresses (the sequencer has checked every region
+    fits the scratchpad); network words carry full 16-bit addresses.
     """
 
     #: Words read ahead of their write/send.

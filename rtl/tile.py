@@ -126,7 +126,9 @@ class Tile(wiring.Component):
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
         m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
                                                    gate_unit_clock=self.sim_gating)
-        m.submodules.dma = dma = DmaEngine(n, position=self.position, mesh=self.mesh)
+        # (The DMA engine's read addresses need only the scratchpad's address bits.)
+        m.submodules.dma = dma = DmaEngine(n, position=self.position, mesh=self.mesh,
+                                           addr_bits=ceil_log2(sp.words))
         if self.position is None:
             m.d.comb += dma.mask_bit.eq(self.mask_bit)
 
