@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from golden.tile_model import ProgramError, TileModel
 from spec.isa import (
     ENTRY_BITS,
+    ENTRY_ROW_BITS,
+    REG_BITS,
     WITH_FIELDS,
     WITH_SLOTS,
     Opcode,
@@ -29,7 +31,7 @@ from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 
 __all__ = ["CHECKS", "HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
            "expected_error", "fitting_program", "gemm",
-           "high_bit_instructions", "idma_errors", "loaded_words", "model_outcome", "op", "outcome",
+           "high_bit_instructions", "idma_edges", "loaded_words", "model_outcome", "op", "outcome",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
 
@@ -391,15 +393,19 @@ def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
     ]
 
 
-def idma_errors(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], str, int]]:
-    """(what, program, the scratchpad words it reads, the ErrorCode name it stops with,
-    the pc it stops at) for each way an IDMA goes wrong; each table's first entry is
-    good, so one row moves before a bad entry stops the program."""
+def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], str, int]]:
+    """(what, program, the scratchpad words it reads, the ErrorCode name it stops with or
+    NONE, the pc it stops at) for each way an IDMA goes wrong, and for the regions that
+    just fit: a table, consecutive rows and an entry's row ending on the scratchpad's
+    last word, entries of alternating row bits from an odd base. Each bad table's
+    first entry is good, so one row moves before the bad entry stops the program."""
     outside = next(i for i in range(64) if not mesh_mask(s.mesh) >> i & 1)
     idma = {"src": 0, "dst": 256, "table": TABLES_AT, "count": 2, "row": 4}
     def table(entry):
         return dict(enumerate(_table_words([(0, 0), entry], n), TABLES_AT))
     per_word = entries_per_word(n)
+    fit = s.words // (1 << ENTRY_ROW_BITS)  # rows of this many words: the last row ends last
+    last_table = {s.words - 3 + i: 0 for i in range(3)}
     return [
         ("an IDMA entry's row past the scratchpad",
          [op(Opcode.IDMA, **idma | {"row": 64}), HALT], table((1023, 0)), "BAD_INDEX", 0),
@@ -415,6 +421,20 @@ def idma_errors(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], 
          {}, "BAD_ADDRESS", 0),
         ("an IDMA's consecutive rows past the scratchpad",
          [op(Opcode.IDMA, **idma | {"dst": s.words - 7}), HALT], {}, "BAD_ADDRESS", 0),
+        ("an IDMA table ending on the scratchpad's last word",
+         [op(Opcode.IDMA, **idma | {"table": s.words - 3, "count": 2 * per_word + 1,
+                                    "row": 1}), HALT], last_table, "NONE", 1),
+        ("an IDMA's consecutive rows ending on the scratchpad's last word",
+         [op(Opcode.IDMA, **idma | {"dst": s.words - 15, "count": 3, "row": 5}), HALT],
+         table((1, 0)), "NONE", 1),
+        ("IDMA entries of alternating row bits from an odd base",
+         [op(Opcode.IDMA, **idma | {"src": 1, "row": 3}), HALT], table((0x155, 0)) | dict(
+             enumerate(_table_words([(0x2AA, 0), (0x155, 0)], n), TABLES_AT)), "NONE", 1),
+        ("an IDMA entry's row ending on the scratchpad's last word",
+         [op(Opcode.IDMA, **idma | {"row": fit}), HALT], table((1023, 0)), "NONE", 1),
+        ("an IDMA entry's row one word past the scratchpad, from an odd base",
+         [op(Opcode.IDMA, **idma | {"row": fit, "src": 1}), HALT], table((1023, 0)),
+         "BAD_INDEX", 0),
     ]
 
 
@@ -604,19 +624,27 @@ def _sums_just_too_wide() -> list[tuple[str, list[int], str, int]]:
     """For every field WITH adds to but a DMA's tiles, through each of WITH's slots: the
     field at 1 plus a register of all ones in the field's width, a sum one past it
     (for 16-bit fields a sum with no bit set but bit 16, which must still count as too
-    wide): BAD_REGISTER. A bit of the register lost on the way makes the sum fit."""
+    wide); through the first slot, sums of each higher power of two up to 2**16, so
+    every bit above the field counts: BAD_REGISTER. A bit of the register lost on the
+    way makes the sum fit."""
     bases = {Opcode.GEMM: gemm, Opcode.VEC: vec, Opcode.DMA: dma,
              Opcode.WAIT: lambda **f: encode(Opcode.WAIT, **f),
              Opcode.SIGNAL: lambda **f: encode(Opcode.SIGNAL, **f),
              Opcode.LOAD: lambda **f: encode(Opcode.LOAD, **f),
              Opcode.IDMA: lambda **f: encode(Opcode.IDMA, **({"row": 1} | f))}
-    return [(f"WITH slot {slot}: {opcode.name} {name} + r = 2**{field_width(opcode, name)}",
-             [op(Opcode.SET, rd=1, value=(1 << field_width(opcode, name)) - 1),
-              with_(*[(0, 0)] * slot, (number, 1)), bases[opcode](**{name: 1}), HALT],
-             "BAD_REGISTER", 2)
-            for opcode, names in WITH_FIELDS.items()
-            for number, name in enumerate(names, 1) if name != "tiles"
-            for slot in range(WITH_SLOTS)]
+    out = []
+    for opcode, names in WITH_FIELDS.items():
+        for number, name in enumerate(names, 1):
+            width = field_width(opcode, name)
+            if name == "tiles":
+                continue
+            sums = [(slot, width) for slot in range(WITH_SLOTS)]
+            sums += [(0, power) for power in range(width + 1, REG_BITS + 1)]
+            out += [(f"WITH slot {slot}: {opcode.name} {name} + r = 2**{power}",
+                     [op(Opcode.SET, rd=1, value=(1 << power) - 1),
+                      with_(*[(0, 0)] * slot, (number, 1)), bases[opcode](**{name: 1}), HALT],
+                     "BAD_REGISTER", 2) for slot, power in sums]
+    return out
 
 
 def _sums_at_the_top(s: Sizes, n: int) -> list[tuple[str, list[int], str, int]]:

@@ -27,7 +27,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
-    idma_errors,
+    idma_edges,
     loaded_words,
     model_outcome,
     outcome,
@@ -208,6 +208,7 @@ async def tile_network(dut):
     await _signal_only_dmas(driver, own, other)
     await _long_dma_under_backpressure(driver, own, other)
     await _longest_local_dma(driver, own)
+    await _dmas_at_alternating_address_bits(driver, own, config.spad_words)
     await _local_dma_beside_a_gemm(driver, own)
     await _dma_behind_a_dma(driver, own)
     await _idma_rows_to_both_tiles(driver, own, other)
@@ -321,6 +322,36 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
     assert got == words, "the local copy differs"
 
 
+async def _dmas_at_alternating_address_bits(driver: TileDriver, own: int,
+                                            words: int) -> None:
+    """Two local DMAs of three words between addresses of alternating bits (0x1555…
+    and 0x2AAA… within the scratchpad), one each way: a wrong bit of a source or
+    destination address moves the wrong words."""
+    mask = (1 << (words - 1).bit_length()) - 1
+    low, high = 0x5555 & mask & ~7, 0xAAAA & mask & ~7  # room for three words
+    low, high = min(low, words - 3), min(high, words - 3)
+    rng = np.random.default_rng(8)
+    source = {a + i: int(rng.integers(0, 1 << 62)) for a in (low, high) for i in range(3)}
+    await driver.load([  # (the words at ``high`` are written again before the second)
+        encode(Opcode.DMA, src=low, dst=high, length=3, tiles=own,
+               signal={"enable": 1, "semaphore": 2}),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.HALT)], source, [])
+    run = await driver.execute(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    got, _ = await driver.read([high + i for i in range(3)])
+    assert got == [source[low + i] for i in range(3)], "0x1555... to 0x2AAA... differs"
+    await driver.load([
+        encode(Opcode.DMA, src=high, dst=low, length=3, tiles=own,
+               signal={"enable": 1, "semaphore": 2}),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.HALT)], {high + i: source[high + i] for i in range(3)}, [])
+    run = await driver.execute(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    got, _ = await driver.read([low + i for i in range(3)])
+    assert got == [source[high + i] for i in range(3)], "0x2AAA... to 0x1555... differs"
+
+
 async def _longest_local_dma(driver: TileDriver, own: int) -> None:
     """4,095 words (the longest DMA: every bit of its counters) to this tile: each
     word copied, read back in pieces the host port's memories hold."""
@@ -405,10 +436,11 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         await driver.load(program, {}, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
-    for what, program, spad, error, pc in idma_errors(sizes, config.n):
+    for what, program, spad, error, pc in idma_edges(sizes, config.n):
         model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
                           slots=config.slots, position=(x, y), mesh=sizes.mesh)
-        start = {a: int(rng.integers(0, 1 << 62)) for a in range(64)} | spad
+        ends = [*range(64), *range(config.spad_words - 64, config.spad_words)]
+        start = {a: int(rng.integers(0, 1 << 62)) for a in ends} | spad
         start |= {a: 0 for a in range(256, 320)}
         for address, word in start.items():
             model.spad[address] = word

@@ -23,7 +23,7 @@ from sim.sequencer_cases import (
     fitting_program,
     gemm,
     high_bit_instructions,
-    idma_errors,
+    idma_edges,
     loaded_words,
     model_outcome,
     op,
@@ -384,11 +384,12 @@ def test_register_errors_stop_at_their_instruction(what, program, error, pc):
     coverage.sequencer_error(error)
 
 
-@pytest.mark.parametrize(("what", "program", "spad", "error", "pc"), idma_errors(SIZES, 8),
+@pytest.mark.parametrize(("what", "program", "spad", "error", "pc"), idma_edges(SIZES, 8),
                          ids=lambda x: x if isinstance(x, str) and " " in x else "")
-def test_idma_errors_stop_with_the_rows_before_them_moved(what, program, spad, error, pc):
+def test_idma_edges_end_where_the_model_ends(what, program, spad, error, pc):
     """A bad entry stops the IDMA after the rows before it (BAD_INDEX), a bad shape or
-    region before any row; the model dispatches and stops the same."""
+    region before any row, regions that just fit run; the model dispatches and ends the
+    same."""
     trace = run(program, depth=DEPTH, spad=spad)
     status = trace["status"]
     assert (status["error"].name, status["pc"], status["halted"]) == (error, pc, 1), what
