@@ -37,6 +37,29 @@ def test_a_mutation_that_keeps_a_constant_bit_is_a_no_op():
     assert why(mode="cnot1", port="B", portbit="0", ctrlbit="1") is None
 
 
+def _cell(kind: str, inputs: dict, width: int) -> dict:
+    """A Yosys-JSON cell of ``kind`` with input ``inputs`` (net bits) and a 1-bit Y."""
+    params = {f"{port}_{what}": format(value, "032b") for port, bits in inputs.items()
+              for what, value in (("SIGNED", 0), ("WIDTH", len(bits)))}
+    return {"type": kind, "parameters": params | {"Y_WIDTH": format(width, "032b")},
+            "port_directions": {port: "input" for port in inputs} | {"Y": "output"},
+            "connections": inputs | {"Y": [99 + i for i in range(width)]}}
+
+
+def test_a_mutation_a_cell_cannot_see_is_proven_a_no_op(tmp_path):
+    """A flip of one input of a reduction, enabled by another input being 1, never
+    changes whether any is set (SAT proves it); forcing an AND's input does."""
+    cells = {"c": _cell("$logic_not", {"A": [2, 3]}, 1),
+             "d": _cell("$and", {"A": [4], "B": [5]}, 1)}
+    assert no_op({"cell": "c", "mode": "cnot1", "port": "A", "portbit": "0",
+                  "ctrlbit": "1"}, cells, tmp_path) == (
+        "$logic_not's outputs are the same for every input (SAT)")
+    assert no_op({"cell": "c", "mode": "inv", "port": "A", "portbit": "0"},
+                 cells, tmp_path) is None
+    assert no_op({"cell": "d", "mode": "const1", "port": "A", "portbit": "0"},
+                 cells, tmp_path) is None
+
+
 def test_bad_options_are_refused(capsys):
     for argv in (["--mutants", "0"], ["--blocks", "scratchpad"]):
         try:

