@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
@@ -406,15 +407,10 @@ class Sequencer(wiring.Component):
                 m.next = "IDMA_ENTRY"
             stop_on_overflow()
         with m.State("IDMA_ENTRY"):
-            resp = self.spad_resp
-            m.d.comb += resp.ready.eq(1)
-            with m.If(resp.valid):
-                with m.If(failed(resp.payload.status)):
-                    fail(ErrorCode.MEMORY_ERROR)
-                with m.Else():
-                    lane = rows.index[:shift] if shift else 0
-                    m.d.sync += rows.entry.eq(resp.payload.data.word_select(lane, ENTRY_BITS))
-                    m.next = "IDMA_ROW"
+            with self._spad_word(m, fail) as data:
+                lane = rows.index[:shift] if shift else 0
+                m.d.sync += rows.entry.eq(data.word_select(lane, ENTRY_BITS))
+                m.next = "IDMA_ROW"
             stop_on_overflow()
         with m.State("IDMA_ROW"):
             self._idma_command(m, idma, rows)
@@ -460,18 +456,25 @@ class Sequencer(wiring.Component):
             command.signal.eq(Mux(last, idma.signal, 0)),
         ]
 
-    def _load_response(self, m: Module, load, regs, fail, advance) -> None:
-        """LOAD's response: bytes ``lane`` and ``lane + 1`` of the word into ``rd``, or
-        MEMORY_ERROR for an uncorrectable word."""
+    @contextmanager
+    def _spad_word(self, m: Module, fail):
+        """The body runs on the cycle the word read on the ``seq`` port arrives, with its
+        data; an uncorrectable word stops the program instead (MEMORY_ERROR)."""
         resp = self.spad_resp
         m.d.comb += resp.ready.eq(1)
         with m.If(resp.valid):
             with m.If(failed(resp.payload.status)):
                 fail(ErrorCode.MEMORY_ERROR)
             with m.Else():
-                word = Cat(resp.payload.data, Const(0, 8))
-                m.d.sync += regs[load.rd].eq(word.bit_select(load.lane * 8, REG_BITS))
-                advance()
+                yield resp.payload.data
+
+    def _load_response(self, m: Module, load, regs, fail, advance) -> None:
+        """LOAD's response: bytes ``lane`` and ``lane + 1`` of the word into ``rd``, or
+        MEMORY_ERROR for an uncorrectable word."""
+        with self._spad_word(m, fail) as data:
+            word = Cat(data, Const(0, 8))
+            m.d.sync += regs[load.rd].eq(word.bit_select(load.lane * 8, REG_BITS))
+            advance()
 
     def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch,
                  scalar_cases, idma_start) -> None:

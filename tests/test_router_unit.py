@@ -217,6 +217,13 @@ def test_each_read_port_takes_turns_among_its_outputs():
     assert checked == 12  # local: both ports; east and west inputs: both ports; 2 VCs
 
 
+def _requesters(router: Router, output: Port) -> tuple[tuple[int, int], list]:
+    """A destination behind ``output``, and the input VCs that may route to it."""
+    dst = next(node for node in REACHABLE[Port.L] if router.route_table[node] is output)
+    return dst, [(source, vc) for source in Port if dst in REACHABLE[source]
+                 and source is not output or source is Port.L for vc in range(2)]
+
+
 def test_round_robin_shares_every_output_fairly():
     """For each output, every input VC that can reach it streams single flits to it at
     once: while all are backlogged, any run of as many grants as there are requesters
@@ -224,10 +231,7 @@ def test_round_robin_shares_every_output_fairly():
     router = bench_router()
     per_requester = 10
     for output in Port:
-        # A destination behind this output, and the inputs that may route to it.
-        dst = next(node for node in REACHABLE[Port.L] if router.route_table[node] is output)
-        requesters = [(source, vc) for source in Port if dst in REACHABLE[source]
-                      and source is not output or source is Port.L for vc in range(2)]
+        dst, requesters = _requesters(router, output)
         packets = [Packet(i * len(requesters) + r, source, vc=vc, dst=dst)
                    for i in range(per_requester) for r, (source, vc) in enumerate(requesters)]
         board = run(packets)["board"]
@@ -252,9 +256,7 @@ def test_every_pair_of_requesters_takes_turns_on_each_output():
     router = bench_router()
     per_requester = 4
     for output in Port:
-        dst = next(node for node in REACHABLE[Port.L] if router.route_table[node] is output)
-        requesters = [(source, vc) for source in Port if dst in REACHABLE[source]
-                      and source is not output or source is Port.L for vc in range(2)]
+        dst, requesters = _requesters(router, output)
         packets, phases = [], []
         for phase, pair in enumerate(itertools.combinations(requesters, 2)):
             first = len(packets)
