@@ -375,6 +375,8 @@ class Sequencer(wiring.Component):
                                step=Signal(ADDR_BITS, name="idma_step"),
                                entry=Signal(ENTRY_BITS, name="idma_entry"),
                                command=Signal(DmaArgs(), name="idma_command"),
+                               indexed=Signal(ADDR_BITS + ENTRY_ROW_BITS, name="idma_indexed"),
+                               in_mesh=Signal(name="idma_in_mesh"),
                                ok=Signal(name="idma_ok"), last=Signal(name="idma_last"))
         rows.per_word = entries_per_word(self.array_size)
         return rows
@@ -397,7 +399,7 @@ class Sequencer(wiring.Component):
 
     def _idma_rows(self, m: Module, idma, rows, fail, advance, stop_on_overflow) -> None:
         """The states of an IDMA's rows: read the entry's table word, take the entry,
-        make and check the row's DMA, then hand it to the DMA engine (BAD_INDEX for a
+        make the row's DMA, check it, then hand it to the DMA engine (BAD_INDEX for a
         row past the scratchpad or a tile outside the mesh)."""
         shift = ceil_log2(rows.per_word)
         with m.State("IDMA_READ"):
@@ -414,6 +416,10 @@ class Sequencer(wiring.Component):
             stop_on_overflow()
         with m.State("IDMA_ROW"):
             self._idma_command(m, idma, rows)
+            m.next = "IDMA_CHECK"
+            stop_on_overflow()
+        with m.State("IDMA_CHECK"):
+            self._idma_check(m, idma, rows)
             m.next = "IDMA_SEND"
             stop_on_overflow()
         with m.State("IDMA_SEND"):
@@ -431,29 +437,34 @@ class Sequencer(wiring.Component):
             stop_on_overflow()
 
     def _idma_command(self, m: Module, idma, rows) -> None:
-        """The DMA of entry ``rows.index`` (registered): ``row`` words from or to the
-        entry's row, to the entry's tile; whether that row fits and the tile is in the
-        mesh."""
+        """IDMA_ROW: the DMA of entry ``rows.index`` (registered), ``row`` words to the
+        entry's tile, and the first word of the entry's row (its product registered
+        before IDMA_CHECK adds and compares it)."""
         columns, mesh_rows = self.mesh
         row = rows.entry[:ENTRY_ROW_BITS]
         tile = rows.entry[ENTRY_ROW_BITS:]
         x_bits = ceil_log2(MASK_COLUMNS)
-        in_mesh = (tile[:x_bits] < columns) & (tile[x_bits:] < mesh_rows)
-        indexed = Signal(ADDR_BITS + ENTRY_ROW_BITS, name="idma_indexed")
-        m.d.comb += indexed.eq(Mux(idma.scatter, idma.dst, idma.src) + row * idma.row)
         last = rows.index == idma.count - 1
         command = rows.command
         m.d.sync += [
-            rows.ok.eq(in_mesh & ((indexed + idma.row) <= self.scratchpad_words)),
+            rows.indexed.eq(Mux(idma.scatter, idma.dst, idma.src) + row * idma.row),
+            rows.in_mesh.eq((tile[:x_bits] < columns) & (tile[x_bits:] < mesh_rows)),
             rows.last.eq(last),
-            command.src.eq(Mux(idma.scatter, rows.step, indexed)),
-            command.dst.eq(Mux(idma.scatter, indexed, rows.step)),
             command.length.eq(idma.row),
             command.tiles.eq(Cat(*(tile == index for index in range(TILE_MASK_BITS)))
                              & self.valid_tiles),
             command.remote_signal.eq(idma.remote_signal),
             command.remote_semaphore.eq(idma.remote_semaphore),
             command.signal.eq(Mux(last, idma.signal, 0)),
+        ]
+
+    def _idma_check(self, m: Module, idma, rows) -> None:
+        """IDMA_CHECK: the row's addresses, and whether it fits the scratchpad and its
+        tile is in the mesh."""
+        m.d.sync += [
+            rows.ok.eq(rows.in_mesh & ((rows.indexed + idma.row) <= self.scratchpad_words)),
+            rows.command.src.eq(Mux(idma.scatter, rows.step, rows.indexed)),
+            rows.command.dst.eq(Mux(idma.scatter, rows.indexed, rows.step)),
         ]
 
     @contextmanager
