@@ -324,9 +324,10 @@ def outcome(error_name: str) -> str:
 #: 2 and 1.
 COUNTS_WORD = 3 | 2 << 16 | 1 << 32
 COUNTS_AT = 90
-#: A word of distinct bytes, each lane of which is LOADed (at :data:`LANES_AT`).
+#: A word of distinct bytes, each lane of which is LOADed (at :data:`LANES_AT`), and
+#: then the word of its complement (at ``LANES_AT + 1``): every bit read as 0 and as 1.
 LANES_WORD = 0x8E2DF1A73C59B46B
-LANES_AT = 91
+LANES_AT = 88
 
 
 #: Where the IDMA programs' index tables start.
@@ -360,7 +361,9 @@ def loaded_words(n: int, own_index: int) -> dict[int, int]:
     """The scratchpad words the register programs LOAD or take as IDMA tables, by
     address, for ``n`` lanes on the tile of index ``own_index`` (the caller writes
     them)."""
-    out = {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & ((1 << 8 * n) - 1)}
+    lanes = (1 << 8 * n) - 1
+    out = {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & lanes,
+           LANES_AT + 1: ~LANES_WORD & lanes}
     for at, words in _tables(n, own_index).values():
         out |= {at + i: word for i, word in enumerate(words)}
     return out
@@ -438,17 +441,18 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
     ]
 
 
-def _every_lane(n: int) -> list[int]:
-    """LOAD each of the ``n`` lanes of :data:`LANES_WORD` and compare it with its value:
-    SKIPs over a HALT either way when equal, so a wrong register halts early."""
-    word = LANES_WORD & ((1 << 8 * n) - 1)
+def _every_lane(n: int, at: int) -> list[int]:
+    """LOAD each of the ``n`` lanes of word ``at`` of :func:`loaded_words` and compare
+    it with its value: SKIPs over a HALT either way when equal, so a wrong register
+    halts early."""
+    word = loaded_words(n, 0)[at]
     program = []
     for lane in range(n):
-        at = len(program)
-        program += [op(Opcode.LOAD, rd=1, addr=LANES_AT, lane=lane),
+        pc = len(program)
+        program += [op(Opcode.LOAD, rd=1, addr=at, lane=lane),
                     op(Opcode.SET, rd=2, value=word >> 8 * lane & 0xFFFF),
-                    op(Opcode.SKIP, ra=1, rb=2, target=at + 4), HALT,  # r1 >= r2
-                    op(Opcode.SKIP, ra=2, rb=1, target=at + 6), HALT]  # r2 >= r1
+                    op(Opcode.SKIP, ra=1, rb=2, target=pc + 4), HALT,  # r1 >= r2
+                    op(Opcode.SKIP, ra=2, rb=1, target=pc + 6), HALT]  # r2 >= r1
     return program + [HALT]
 
 
@@ -529,7 +533,8 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
             ("nested loops", nested),
             ("a loop skipped when it runs zero times", zero_trip),
             ("a loop whose trip count and DMA length are LOADed", loaded),
-            ("every lane of a word LOADed", _every_lane(n)),
+            ("every lane of a word LOADed", _every_lane(n, LANES_AT)),
+            ("every lane of its complement LOADed", _every_lane(n, LANES_AT + 1)),
             *_idma_programs(n, own_index)]
 
 
