@@ -78,7 +78,9 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
         elif kind == VecDst.SCALAR:
             writes |= region(f["dst"], 1)
         elif kind == VecDst.SPAD:
-            writes |= set(range(f["dst"], f["dst"] + rows * beats))
+            stride = f.get("dst_stride", 0)
+            writes |= ({f["dst"] + r * stride + j for r in range(rows) for j in range(beats)}
+                       if stride else set(range(f["dst"], f["dst"] + rows * beats)))
         if f.get("total_write"):
             writes |= region(f["total"], 1)
     elif op == Opcode.DMA:

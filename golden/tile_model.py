@@ -30,6 +30,7 @@ from golden.gemm import wrap
 from golden.vector_model import LANE_BITS, VectorOpcode, VectorUnitModel, opcode_of
 from spec.config import ceil_div
 from spec.isa import (
+    EMPTY_ENTRY,
     ENTRY_BITS,
     ENTRY_ROW_BITS,
     MASK_COLUMNS,
@@ -57,13 +58,13 @@ SEMAPHORES, COUNT_BITS = 16, 16
 FIELDS = {
     "HALT": (), "NOP": (),
     "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
-             "acc_shift", "a_limbs", "a_lo"),
+             "acc_shift", "a_limbs", "a_lo", "a_row_major", "b_row_major"),
     "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
             "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
-            "shift", "sat", "lo", "hi", "causal"),
+            "shift", "sat", "lo", "hi", "causal", "dst_stride"),
     "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore"),
     "IDMA": ("signal", "src", "dst", "table", "count", "row", "scatter", "remote_signal",
-             "remote_semaphore"),
+             "remote_semaphore", "tile_base"),
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
     "SET": ("rd", "value"), "ADD": ("rd", "ra", "imm"),
     "LOOP": ("counter", "limit", "target", "bound"), "SKIP": ("ra", "rb", "target"),
@@ -345,7 +346,11 @@ class TileModel:
         n, m, k = self.n, f["m"], f["k"]
         tm, tk = ceil_div(m, n), ceil_div(k, n)
         a = np.zeros((tm * n, k), np.int64)  # rows >= m: zero unless the words hold them
-        if f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
+        if f["a_rows"] and f["a_row_major"]:  # word a + i*tk + c = A[i, c*N : c*N + N]
+            self._spad_region(what, base, tk * m)
+            rows = self._block(base, tk * m).reshape(m, tk * n)
+            a[:m, :] = rows[:, :k]
+        elif f["a_rows"]:  # word a + c*m + i = A[i, c*N : c*N + N]; lanes past k unused
             self._spad_region(what, base, tk * m)
             for c in range(tk):
                 a[:m, c * n:(c + 1) * n] = self._block(base + c * m, m)[:, :k - c * n]
@@ -368,6 +373,9 @@ class TileModel:
             self._spad_region("GEMM B", f["b"], tk * p)
             for c in range(tk):
                 b[c * n:(c + 1) * n, :p] = self._block(f["b"] + c * p, p)[:, :k - c * n].T
+        elif f["b_row_major"]:  # word b + kk*tp + t = B[kk, t*N : t*N + N]
+            self._spad_region("GEMM B", f["b"], tp * k)
+            b[:, :] = self._block(f["b"], tp * k).reshape(k, tp * n)
         else:  # word b + t*k + kk = B[kk, t*N : t*N + N]
             self._spad_region("GEMM B", f["b"], tp * k)
             for t in range(tp):
@@ -417,7 +425,9 @@ class TileModel:
         elif kind == VecDst.SPAD:
             if f["pack"] not in (VecPack.BYTE, VecPack.LIMB_LO, VecPack.LIMB_HI):
                 raise ValueError(f"VEC pack {f['pack']} is not a VecPack")
-            self._spad_region("VEC dst", f["dst"], rows * beats)
+            stride = f["dst_stride"]
+            self._spad_region("VEC dst", f["dst"],
+                              (rows - 1) * stride + beats if stride else rows * beats)
         if f["total_write"]:
             self._acc_entry("VEC total", f["total"] + scalar_last)
             # The engine writes the totals of a block of N rows together after the
@@ -476,7 +486,8 @@ class TileModel:
                     low = (0, 0, 7)[f["pack"]]
                     bits = (8, 7, 7)[f["pack"]]
                     word = [(int(x) >> low) & ((1 << bits) - 1) for x in data]
-                    self.spad[f["dst"] + j * rows + r] = lanes_word(word, n)
+                    at = r * f["dst_stride"] + j if f["dst_stride"] else j * rows + r
+                    self.spad[f["dst"] + at] = lanes_word(word, n)
                 if f["total_write"] and j == beats - 1:
                     write(f["total"] + row_entry, [row_lane], {row_lane: total})
 
@@ -503,8 +514,9 @@ class TileModel:
 
     def _idma(self, f: dict) -> None:
         """IDMA (``spec.isa.IdmaArgs``): the checks of the whole instruction, then one
-        DMA per table entry, the signal on the last (ProgramError BAD_INDEX at an entry
-        past the scratchpad or the mesh, the rows before it moved)."""
+        DMA per table entry that is not empty, the signal after the last entry
+        (ProgramError BAD_INDEX at an entry past the scratchpad or the mesh, the rows
+        before it moved)."""
         count, row, per_word = f["count"], f["row"], entries_per_word(self.n)
         if row == 0:
             raise ValueError("IDMA of rows of 0 words")
@@ -512,26 +524,34 @@ class TileModel:
         self._spad_region("IDMA table", f["table"], ceil_div(count, per_word))
         self._spad_region(f"IDMA {step}", f[step], count * row)
         quiet = {"enable": 0, "semaphore": 0}
-        if count == 0:
-            self._finished("DMA", {"signal": f["signal"], "src": 0, "dst": 0, "length": 0,
-                                   "tiles": 0, "remote_signal": 0, "remote_semaphore": 0})
-            return
+        nothing = {"src": 0, "dst": 0, "length": 0, "tiles": 0, "remote_signal": 0,
+                   "remote_semaphore": 0}
         columns, rows = self.mesh
+        moved = 0
         for i in range(count):
+            last = i == count - 1
             word = self.spad[f["table"] + i // per_word]
             entry = word >> ENTRY_BITS * (i % per_word) & ((1 << ENTRY_BITS) - 1)
-            r, tile = entry & ((1 << ENTRY_ROW_BITS) - 1), entry >> ENTRY_ROW_BITS
+            if entry == EMPTY_ENTRY:
+                if last:  # the signal still comes after the last entry
+                    self._finished("DMA", {"signal": f["signal"], **nothing})
+                continue
+            r = entry & ((1 << ENTRY_ROW_BITS) - 1)
+            tile = (entry >> ENTRY_ROW_BITS) + f["tile_base"]
             base = f[indexed] + r * row
             x, y = tile % MASK_COLUMNS, tile // MASK_COLUMNS
             if base + row > self.spad_words or not (x < columns and y < rows):
                 raise ProgramError("BAD_INDEX", f"IDMA entry {i} = row {r} of tile {tile}: "
                                                 f"past the scratchpad or the mesh")
-            d = {"signal": f["signal"] if i == count - 1 else quiet, indexed: base,
-                 step: f[step] + i * row, "length": row, "tiles": tile_bit(x, y),
+            d = {"signal": f["signal"] if last else quiet, indexed: base,
+                 step: f[step] + moved * row, "length": row, "tiles": tile_bit(x, y),
                  "remote_signal": f["remote_signal"],
                  "remote_semaphore": f["remote_semaphore"]}
             self._dma(d)
             self._finished("DMA", d)
+            moved += 1
+        if count == 0:
+            self._finished("DMA", {"signal": f["signal"], **nothing})
 
     def check_receive(self, dst: int, length: int) -> None:
         """Refuse (ValueError) DMA words that would run past this tile's scratchpad."""

@@ -28,10 +28,12 @@ class OperandFetch(data.StructLayout):
     starting at word ``start`` (the fetcher's caller keeps it as a running sum, so no
     multiply sits on the address path).
 
-    ``rows = 0``: k consecutive words from ``start = base + block * k``. ``rows = 1``:
+    ``rows = 0``: k consecutive words from ``start = base + block * k`` (with
+    ``row_major``, k words ⌈extent/N⌉ apart from ``start = base + block``). ``rows = 1``:
     the block's N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks,
     word ``start + chunk * extent + i`` with ``start = base + block * N``, transposed
-    into k beats.
+    into k beats; with ``row_major`` as well, word ``start + i * ⌈k/N⌉ + chunk`` with
+    ``start = base + block * N * ⌈k/N⌉`` (rows of consecutive words).
 
     With ``limbs`` (a fetch layout for a streamer built with ``limbs``): the values are
     joined from two int8 limbs, the high limbs from ``start`` on, the low ones at the
@@ -41,7 +43,7 @@ class OperandFetch(data.StructLayout):
     def __init__(self, addr_bits: int, limbs: bool = False):
         fields = {
             "start": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
-            "extent": unsigned(DIM_BITS), "rows": 1,
+            "extent": unsigned(DIM_BITS), "rows": 1, "row_major": 1,
         }
         if limbs:
             fields.update(start_lo=unsigned(addr_bits), limbs=1)
@@ -152,21 +154,25 @@ class OperandStreamer(wiring.Component):
                 step.eq(issuing & tags.w_rdy & (zero_word | self.req.ready)),
             ]
         m.d.comb += tags.w_en.eq(step)
+        # Rows layout: the step from a row's word to the next row's, and from a chunk to
+        # the next (chunk-major: 1 and extent; row-major: ⌈k/N⌉ and 1).
+        row_step = Mux(f.row_major, (f.k + (n - 1)) >> log_n, 1)
+        chunk_step = Mux(f.row_major, 1, f.extent)
         with m.If(step):
             with m.If(~f.rows):
-                m.d.sync += addr.eq(addr + 1)
+                m.d.sync += addr.eq(addr + Mux(f.row_major, (f.extent + (n - 1)) >> log_n, 1))
                 m.d.sync += remaining.eq(remaining - 1)
                 with m.If(remaining == 1):
                     m.d.sync += issuing.eq(0)
             with m.Elif(lane == n - 1):  # next chunk: rows block*N.. of chunk + 1
                 m.d.sync += [lane.eq(0), row.eq(f.block << log_n),
-                             chunk_base.eq(chunk_base + f.extent),
-                             addr.eq(chunk_base + f.extent),
+                             chunk_base.eq(chunk_base + chunk_step),
+                             addr.eq(chunk_base + chunk_step),
                              remaining.eq(remaining - 1)]
                 with m.If(remaining == 1):
                     m.d.sync += issuing.eq(0)
             with m.Else():
-                m.d.sync += [lane.eq(lane + 1), row.eq(row + 1), addr.eq(addr + 1)]
+                m.d.sync += [lane.eq(lane + 1), row.eq(row + 1), addr.eq(addr + row_step)]
         st.__dict__.update(tags=tags, descs=descs, desc_layout=desc_layout, f=f, addr=addr,
                            chunk_base=chunk_base, row=row, lane=lane, remaining=remaining,
                            issuing=issuing, step=step,
@@ -433,11 +439,11 @@ class GemmEngine(wiring.Component):
         cmd = Signal(GemmArgs())
         row_tiles, col_tiles = Signal(DIM_BITS), Signal(DIM_BITS)
         # First word of the current A and B blocks: running sums, advanced by k (block
-        # layout) or N (row layout) as the tiles advance.
+        # layout), N (row layout) or N rows of ⌈k/N⌉ words (row-major) as the tiles
+        # advance.
         a_start, b_start = Signal(self.addr_bits), Signal(self.addr_bits)
         a_lo_start = Signal(self.addr_bits)
-        a_step = Mux(cmd.a_rows, n, cmd.k)
-        b_step = Mux(cmd.b_rows, n, cmd.k)
+
         ti, tj = Signal(DIM_BITS), Signal(DIM_BITS)
         a_sent, b_sent = Signal(), Signal()
         feeding = Signal()
@@ -445,6 +451,9 @@ class GemmEngine(wiring.Component):
 
         def blocks(size):
             return (size + (n - 1)) >> log_n
+
+        a_step = Mux(cmd.a_rows, Mux(cmd.a_row_major, blocks(cmd.k) << log_n, n), cmd.k)
+        b_step = Mux(cmd.b_rows, n, Mux(cmd.b_row_major, 1, cmd.k))
 
         # Commands wait in a queue, so the sequencer can dispatch past a GEMM that waits
         # for the one before it (to the vector engine, say).
@@ -477,11 +486,13 @@ class GemmEngine(wiring.Component):
             f = streamer.fetch.payload
             if layout == "a":
                 m.d.comb += [f.start.eq(a_start), f.block.eq(ti), f.extent.eq(cmd.m),
-                             f.rows.eq(cmd.a_rows), f.start_lo.eq(a_lo_start),
+                             f.rows.eq(cmd.a_rows), f.row_major.eq(cmd.a_rows & cmd.a_row_major),
+                             f.start_lo.eq(a_lo_start),
                              f.limbs.eq(cmd.a_limbs)]
             else:
                 m.d.comb += [f.start.eq(b_start), f.block.eq(tj), f.extent.eq(cmd.p),
-                             f.rows.eq(cmd.b_rows)]
+                             f.rows.eq(cmd.b_rows),
+                             f.row_major.eq(~cmd.b_rows & cmd.b_row_major)]
             m.d.comb += [f.k.eq(cmd.k), streamer.fetch.valid.eq(feeding & ~sent)]
         a_now = fetch_a.fetch.valid & fetch_a.fetch.ready
         b_now = fetch_b.fetch.valid & fetch_b.fetch.ready

@@ -17,6 +17,7 @@ from spec.isa import (
     ARGS_OF,
     COUNT_BITS,
     DIM_BITS,
+    EMPTY_ENTRY,
     ENTRY_BITS,
     ENTRY_ROW_BITS,
     INSTRUCTION,
@@ -377,7 +378,8 @@ class Sequencer(wiring.Component):
                                command=Signal(DmaArgs(), name="idma_command"),
                                indexed=Signal(ADDR_BITS + ENTRY_ROW_BITS, name="idma_indexed"),
                                in_mesh=Signal(name="idma_in_mesh"),
-                               ok=Signal(name="idma_ok"), last=Signal(name="idma_last"))
+                               ok=Signal(name="idma_ok"), last=Signal(name="idma_last"),
+                               empty=Signal(name="idma_empty"))
         rows.per_word = entries_per_word(self.array_size)
         return rows
 
@@ -425,7 +427,10 @@ class Sequencer(wiring.Component):
         with m.State("IDMA_SEND"):
             with m.If(~rows.ok):
                 fail(ErrorCode.BAD_INDEX)
-            with m.Else():
+            with m.Elif(rows.empty & ~rows.last):  # nothing moves: on to the next entry
+                m.d.sync += rows.index.eq(rows.index + 1)
+                m.next = "IDMA_READ"
+            with m.Else():  # a row, or the last entry's signal on a DMA of no words
                 m.d.comb += [self.dma.valid.eq(1), self.dma.payload.eq(rows.command)]
                 with m.If(self.dma.ready):
                     m.d.sync += [rows.index.eq(rows.index + 1),
@@ -442,19 +447,24 @@ class Sequencer(wiring.Component):
         before IDMA_CHECK adds and compares it)."""
         columns, mesh_rows = self.mesh
         row = rows.entry[:ENTRY_ROW_BITS]
-        tile = rows.entry[ENTRY_ROW_BITS:]
+        tile = Signal(ENTRY_BITS - ENTRY_ROW_BITS + 1, name="idma_tile")
         x_bits = ceil_log2(MASK_COLUMNS)
         last = rows.index == idma.count - 1
+        empty = rows.entry == EMPTY_ENTRY
         command = rows.command
+        m.d.comb += tile.eq(rows.entry[ENTRY_ROW_BITS:] + idma.tile_base)
         m.d.sync += [
             rows.indexed.eq(Mux(idma.scatter, idma.dst, idma.src) + row * idma.row),
+            # (a sum past tile 63 has y >= 8: outside every mesh)
             rows.in_mesh.eq((tile[:x_bits] < columns) & (tile[x_bits:] < mesh_rows)),
             rows.last.eq(last),
-            command.length.eq(idma.row),
-            command.tiles.eq(Cat(*(tile == index for index in range(TILE_MASK_BITS)))
-                             & self.valid_tiles),
-            command.remote_signal.eq(idma.remote_signal),
-            command.remote_semaphore.eq(idma.remote_semaphore),
+            rows.empty.eq(empty),
+            command.length.eq(Mux(empty, 0, idma.row)),
+            command.tiles.eq(Mux(empty, 0,
+                                 Cat(*(tile == index for index in range(TILE_MASK_BITS)))
+                                 & self.valid_tiles)),
+            command.remote_signal.eq(idma.remote_signal & ~empty),
+            command.remote_semaphore.eq(Mux(empty, 0, idma.remote_semaphore)),
             command.signal.eq(Mux(last, idma.signal, 0)),
         ]
 
@@ -462,9 +472,10 @@ class Sequencer(wiring.Component):
         """IDMA_CHECK: the row's addresses, and whether it fits the scratchpad and its
         tile is in the mesh."""
         m.d.sync += [
-            rows.ok.eq(rows.in_mesh & ((rows.indexed + idma.row) <= self.scratchpad_words)),
-            rows.command.src.eq(Mux(idma.scatter, rows.step, rows.indexed)),
-            rows.command.dst.eq(Mux(idma.scatter, rows.indexed, rows.step)),
+            rows.ok.eq(rows.empty
+                       | rows.in_mesh & ((rows.indexed + idma.row) <= self.scratchpad_words)),
+            rows.command.src.eq(Mux(rows.empty, 0, Mux(idma.scatter, rows.step, rows.indexed))),
+            rows.command.dst.eq(Mux(rows.empty, 0, Mux(idma.scatter, rows.indexed, rows.step))),
         ]
 
     @contextmanager
@@ -681,7 +692,9 @@ class _Checks:
             self.c_entries.eq((blocks(gemm.m) * blocks(gemm.p)) << ceil_log2(self.n)),
             self.tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(self.n)),
             self.scalar_entries.eq(blocks(vec.rows)),
-            self.spad_words.eq(vec.rows * vec.beats),
+            self.spad_words.eq(Mux(vec.dst_stride != 0,
+                                   (vec.rows - 1)[:7] * vec.dst_stride + vec.beats,
+                                   vec.rows * vec.beats)),
             self.idma_words.eq(self.args.idma.count * self.args.idma.row),
             self.table_words.eq((self.args.idma.count + (self.per_word - 1))
                                 >> ceil_log2(self.per_word)),

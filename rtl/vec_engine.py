@@ -55,6 +55,7 @@ class _Flight(data.StructLayout):
             "total_write": 1,
             "rows": unsigned(COUNT_FIELD_BITS),
             "beats": unsigned(COUNT_FIELD_BITS),
+            "dst_stride": unsigned(COUNT_FIELD_BITS),
         })
 
 
@@ -67,7 +68,8 @@ class VecEngine(wiring.Component):
     for a scalar operand), builds one :class:`rtl.vector_unit.VectorOp` (lane mask from
     the key bounds ``lo``/``hi`` + r·``causal``; slot ``slot + r``; ``first`` on j = 0)
     and writes the result as ``dst_kind`` says: a whole tile entry, one lane of a
-    scalar entry, or a packed scratchpad word ``dst + j·rows + r``; at the last beat of
+    scalar entry, or a packed scratchpad word ``dst + j·rows + r`` (``dst + r·s + j``
+    with a ``dst_stride`` s); at the last beat of
     a row, the row's total into lane r mod N of entry ``total + r // N`` (the totals of
     the N rows sharing an entry are written together, after those rows' results). It
     is the hardware of :meth:`golden.tile_model.TileModel._vec`.
@@ -468,15 +470,19 @@ class VecEngine(wiring.Component):
         with m.Elif(w_last):
             m.d.sync += w_busy.eq(0)
 
-        spad_row = Signal(ADDR_BITS)  # dst + r
-        spad_ptr = Signal(ADDR_BITS)  # dst + j·rows + r
+        # Chunk-major (no stride): a beat steps by rows, a row by 1; with a stride s, a
+        # beat steps by 1 and a row by s.
+        spad_row = Signal(ADDR_BITS)  # dst + r (dst + r·s)
+        spad_ptr = Signal(ADDR_BITS)  # dst + j·rows + r (dst + r·s + j)
+        strided = wins.dst_stride != 0
         with m.If(w_load):
             m.d.sync += [spad_row.eq(nxt.dst), spad_ptr.eq(nxt.dst)]
         with m.Elif(wr_go):
+            next_row = spad_row + Mux(strided, wins.dst_stride, 1)
             with m.If(wr["last_beat"]):
-                m.d.sync += [spad_row.eq(spad_row + 1), spad_ptr.eq(spad_row + 1)]
+                m.d.sync += [spad_row.eq(next_row), spad_ptr.eq(next_row)]
             with m.Else():
-                m.d.sync += spad_ptr.eq(spad_ptr + wins.rows)
+                m.d.sync += spad_ptr.eq(spad_ptr + Mux(strided, 1, wins.rows))
 
         res = results.payload
         kind = wins.dst_kind

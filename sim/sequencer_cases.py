@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from golden.tile_model import ProgramError, TileModel
 from spec.isa import (
+    EMPTY_ENTRY,
     ENTRY_BITS,
     ENTRY_ROW_BITS,
     REG_BITS,
@@ -125,6 +126,13 @@ def _blocks(size: int, n: int) -> int:
     return -(-size // n)
 
 
+def _spad_words(f: dict) -> int:
+    """The scratchpad words a VEC's SPAD destination spans (chunk-major, or rows
+    ``dst_stride`` apart)."""
+    rows, beats, stride = f["rows"], f["beats"], f.get("dst_stride", 0)
+    return (rows - 1) * stride + beats if stride and rows else rows * beats
+
+
 def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
     """The ErrorCode name the sequencer must give one GEMM, VEC or DMA with fields ``f``
     (docs/isa.md): the shape first, then every region against its memory, then the tile
@@ -149,7 +157,7 @@ def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
             return "BAD_SHAPE"
         tile, scalar = _blocks(rows, n) * beats * n, _blocks(rows, n)
         dst = {VecDst.TILE: (tile, entries), VecDst.SCALAR: (scalar, entries),
-               VecDst.SPAD: (rows * beats, words), VecDst.NONE: (0, 1 << 16)}
+               VecDst.SPAD: (_spad_words(f), words), VecDst.NONE: (0, 1 << 16)}
         length, limit = dst[f["dst_kind"]]
         ok = (fits(f["a"], scalar if f["a_scalar"] else tile, entries)
               and fits(f["b"], scalar if f["b_scalar"] else tile, entries)
@@ -176,6 +184,7 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
             f = {"m": int(rng.integers(0, 25)), "k": int(rng.integers(0, 40)),
                  "p": int(rng.integers(0, 25)), "a_rows": int(rng.integers(2)),
                  "b_rows": int(rng.integers(2)), "a_limbs": int(rng.integers(2)),
+                 "a_row_major": int(rng.integers(2)), "b_row_major": int(rng.integers(2)),
                  "a": 0, "b": 1024, "a_lo": 2048, "c": 0}
             m, k, p = f["m"], f["k"], f["p"]
             a = _blocks(k, n) * m if f["a_rows"] else _blocks(m, n) * k
@@ -193,13 +202,14 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
                  "a_scalar": int(rng.integers(2)), "b_scalar": int(rng.integers(2)),
                  "c_imm": int(rng.integers(2)), "total": 96,
                  "total_write": int(rng.integers(2)), "dst": 128,
-                 "dst_kind": VecDst(int(rng.integers(4)))}
+                 "dst_kind": VecDst(int(rng.integers(4))),
+                 "dst_stride": int(rng.choice([0, 0, 1, 3, 127]))}
             tile, scalar = _blocks(rows, n) * f["beats"] * n, _blocks(rows, n)
             edge = rng.choice(["a", "b", "c", "total", "dst"])
             size = {"a": scalar if f["a_scalar"] else tile,
                     "b": scalar if f["b_scalar"] else tile, "c": scalar, "total": scalar,
                     "dst": {VecDst.TILE: tile, VecDst.SCALAR: scalar,
-                            VecDst.SPAD: rows * f["beats"], VecDst.NONE: 0}[f["dst_kind"]]}
+                            VecDst.SPAD: _spad_words(f), VecDst.NONE: 0}[f["dst_kind"]]}
             limit = s.words if edge == "dst" and f["dst_kind"] == VecDst.SPAD else s.entries
             f[edge] = min(max(0, limit - size[edge] + int(rng.integers(-2, 3))), limit)
         else:
@@ -332,26 +342,32 @@ LANES_AT = 88
 
 #: Where the IDMA programs' index tables start.
 TABLES_AT = 92
-#: The IDMA programs' tables: (row, tile) entries, the tile ``None`` for this tile.
+#: The IDMA programs' tables: (row, tile) entries, the tile ``None`` for this tile
+#: (``"base"``: tile 0, an IDMA's ``tile_base`` names this tile), ``EMPTY`` an empty
+#: entry.
+EMPTY = None
 _TABLES = {"gather": [(3, None), (0, None), (5, None), (3, None), (1, None)],
-           "scatter": [(2, None), (0, None), (1, None)]}
+           "scatter": [(2, None), (0, None), (1, None)],
+           "sparse": [EMPTY, (2, "base"), EMPTY, EMPTY, (4, "base"), (0, "base"), EMPTY]}
 
 
-def _table_words(entries: list[tuple[int, int]], n: int) -> list[int]:
-    """The words of an IDMA index table of (row, tile index) ``entries``."""
+def _table_words(entries: list[tuple[int, int] | None], n: int) -> list[int]:
+    """The words of an IDMA index table of (row, tile index) ``entries`` (or EMPTY)."""
     per_word = entries_per_word(n)
     words = [0] * -(-len(entries) // per_word)
-    for i, (row, tile) in enumerate(entries):
-        words[i // per_word] |= index_entry(row, tile) << ENTRY_BITS * (i % per_word)
+    for i, entry in enumerate(entries):
+        value = EMPTY_ENTRY if entry is EMPTY else index_entry(*entry)
+        words[i // per_word] |= value << ENTRY_BITS * (i % per_word)
     return words
 
 
 def _tables(n: int, own_index: int) -> dict[str, tuple[int, list[int]]]:
     """Per IDMA table name: its address and words, for ``n`` lanes on tile ``own_index``."""
+    tiles = {None: own_index, "base": 0}
     out, at = {}, TABLES_AT
     for name, entries in _TABLES.items():
-        words = _table_words([(row, own_index if tile is None else tile)
-                              for row, tile in entries], n)
+        words = _table_words([entry if entry is EMPTY else (entry[0], tiles[entry[1]])
+                              for entry in entries], n)
         out[name] = (at, words)
         at += len(words)
     return out
@@ -372,9 +388,12 @@ def loaded_words(n: int, own_index: int) -> dict[int, int]:
 def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
     """IDMAs of rows of this tile: a gather over two table words (each row's DMA asking
     for an arrival on semaphore 4, the last one's signalling semaphore 2), a scatter
-    into rows, and one of no rows then one of two, their counts from a register."""
+    into rows, one of no rows then one of two, their counts from a register, and a
+    gather and a scatter over a table of empty entries (the last one too) whose tiles
+    are relative to ``tile_base``."""
     tables = _tables(n, own_index)
-    gather, scatter = tables["gather"][0], tables["scatter"][0]
+    gather, scatter, sparse = (tables[name][0] for name in ("gather", "scatter", "sparse"))
+    entries = len(_TABLES["sparse"])
     count = _field(Opcode.IDMA, "count")
     signal = {"signal": {"enable": 1, "semaphore": 2}}
     return [
@@ -392,6 +411,13 @@ def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
             op(Opcode.WAIT, semaphore=2, count=1),
             op(Opcode.SET, rd=1, value=2), with_((count, 1)),
             op(Opcode.IDMA, src=0, dst=280, table=gather, row=4, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1), HALT]),
+        ("IDMAs passing over empty entries, tiles relative to a base", [
+            op(Opcode.IDMA, src=0, dst=256, table=sparse, count=entries, row=3,
+               remote_signal=1, remote_semaphore=4, tile_base=own_index, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1),
+            op(Opcode.IDMA, src=8, dst=300, table=sparse, count=entries - 1, row=2,
+               scatter=1, tile_base=own_index, **signal),
             op(Opcode.WAIT, semaphore=2, count=1), HALT]),
     ]
 
@@ -438,6 +464,15 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
         ("an IDMA entry's row one word past the scratchpad, from an odd base",
          [op(Opcode.IDMA, **idma | {"row": fit, "src": 1}), HALT], table((1023, 0)),
          "BAD_INDEX", 0),
+        ("an IDMA entry's tile plus its base outside the mesh",
+         [op(Opcode.IDMA, **idma | {"tile_base": outside}), HALT], table((0, 0)),
+         "BAD_INDEX", 0),
+        ("an IDMA entry's tile plus its base past tile 63 (not tile 0 again)",
+         [op(Opcode.IDMA, **idma | {"tile_base": 1, "count": 1}), HALT],
+         dict(enumerate(_table_words([(0, 63)], n), TABLES_AT)), "BAD_INDEX", 0),
+        ("an empty IDMA entry, whose row and tile would be past everything",
+         [op(Opcode.IDMA, **idma | {"row": 64, "tile_base": 63}), HALT],
+         dict(enumerate(_table_words([EMPTY, EMPTY], n), TABLES_AT)), "NONE", 1),
     ]
 
 

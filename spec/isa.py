@@ -24,7 +24,7 @@ from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ACC_ADDR_BITS", "ADDR_BITS", "ENTRY_BITS", "ENTRY_ROW_BITS", "INSTRUCTION",
+    "ACC_ADDR_BITS", "ADDR_BITS", "EMPTY_ENTRY", "ENTRY_BITS", "ENTRY_ROW_BITS", "INSTRUCTION",
     "INSTRUCTION_BITS", "MASK_COLUMNS", "PC_BITS", "REGISTERS", "REG_BITS", "SEMAPHORES", "SIGNAL",
     "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs", "GemmArgs", "IdmaArgs", "LoadArgs",
     "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst", "VecPack", "WaitArgs",
@@ -110,8 +110,13 @@ class GemmArgs(data.StructLayout):
 
     - ``a_rows = 0``: ⌈m⌉ blocks of k words, word = a column of an N-row block of A
       (``A[rows, kk]``, the tensor core's beat); ``a_rows = 1``: A row-major in chunks,
-      word ``a + c·m + i`` = ``A[i, c·N : c·N + N]`` (⌈k⌉ chunks of m words).
-    - ``b_rows = 0``: ⌈p⌉ blocks of k words, word = a row of an N-column block of B;
+      word ``a + c·m + i`` = ``A[i, c·N : c·N + N]`` (⌈k⌉ chunks of m words); with
+      ``a_row_major`` as well, row after row: word ``a + i·⌈k⌉ + c`` (a row is ⌈k⌉
+      consecutive words, the rows an indexed DMA moves; ``a_row_major`` without
+      ``a_rows`` changes nothing).
+    - ``b_rows = 0``: ⌈p⌉ blocks of k words, word = a row of an N-column block of B
+      (with ``b_row_major``, B row after row instead: word ``b + kk·⌈p⌉ + t`` =
+      ``B[kk, t·N : t·N + N]``, the rows an indexed DMA moves; ignored with ``b_rows``);
       ``b_rows = 1``: Bᵀ row-major in chunks, word ``b + c·p + j`` = ``B[c·N : c·N + N, j]``
       (a KV page: one word per key per chunk of N channels).
     - ``a_limbs = 1``: A is joined from two int8 limb regions of the same layout,
@@ -138,6 +143,8 @@ class GemmArgs(data.StructLayout):
             "acc_shift": unsigned(4),
             "a_limbs": 1,
             "a_lo": unsigned(ADDR_BITS),
+            "a_row_major": 1,
+            "b_row_major": 1,
         })
 
 
@@ -146,7 +153,8 @@ class VecDst(enum.Enum, shape=2):
 
     TILE = 0  # accumulator entries, the C-tile layout
     SCALAR = 1  # lane 0 of each row into lane (row mod N) of entry dst + row // N
-    SPAD = 2  # scratchpad words, chunk-major: word dst + beat·rows + row (see VecPack)
+    SPAD = 2  # scratchpad words: word dst + beat·rows + row, or dst + row·stride + beat
+    #           with a dst_stride (see VecPack)
     NONE = 3  # nothing (only the total, or only the unit's slot state, is wanted)
 
 
@@ -169,6 +177,9 @@ class VecArgs(data.StructLayout):
     the block, stepping one key per row for a causal prefill). ``first`` is set on beat 0
     of every row. Results: lanes to ``dst`` as ``dst_kind`` says; the row's final
     ``total`` into lane ``r mod N`` of entry ``total + r // N`` when ``total_write``.
+    Scratchpad words (``SPAD``) are chunk-major, word ``dst + j·rows + r``, or with a
+    ``dst_stride`` s > 0 row after row, word ``dst + r·s + j`` (the region is then
+    ``(rows - 1)·s + beats`` words).
     """
 
     def __init__(self):
@@ -196,6 +207,7 @@ class VecArgs(data.StructLayout):
             "lo": signed(BOUND_BITS),
             "hi": signed(BOUND_BITS),
             "causal": 1,
+            "dst_stride": unsigned(COUNT_FIELD_BITS),
         })
 
 
@@ -222,6 +234,9 @@ class DmaArgs(data.StructLayout):
 #: :data:`ENTRY_ROW_BITS` and a tile index (:func:`tile_index`) above them.
 ENTRY_BITS = 16
 ENTRY_ROW_BITS = 10
+#: The empty entry: an IDMA passes over it (no row moves, the consecutive side does not
+#: advance), so a table may list every candidate row and mark those that do not go.
+EMPTY_ENTRY = (1 << ENTRY_BITS) - 1
 
 
 def index_entry(row: int, tile: int) -> int:
@@ -230,7 +245,10 @@ def index_entry(row: int, tile: int) -> int:
         raise ValueError(f"index entry row {row} does not fit {ENTRY_ROW_BITS} bits")
     if not 0 <= tile < TILE_MASK_BITS:
         raise ValueError(f"index entry tile {tile} is past the {TILE_MASK_BITS}-tile mask")
-    return row | tile << ENTRY_ROW_BITS
+    entry = row | tile << ENTRY_ROW_BITS
+    if entry == EMPTY_ENTRY:
+        raise ValueError(f"index entry row {row} of tile {tile} is the empty entry")
+    return entry
 
 
 def entries_per_word(n: int) -> int:
@@ -242,19 +260,22 @@ class IdmaArgs(data.StructLayout):
     """Indexed DMA: ``count`` rows of ``row`` words each, one per entry of the index
     table at scratchpad word ``table`` (entries packed :func:`entries_per_word` to a
     word, entry i in bits 16·(i mod e) .. of word ``table + i div e``; see
-    :func:`index_entry`). Entry i = (r, t) moves one row to tile t:
+    :func:`index_entry`). Entry i = (r, t) moves one row to tile ``t + tile_base``, the
+    q-th row moved (empty entries, :data:`EMPTY_ENTRY`, move nothing and are not
+    counted in q):
 
-    - gather (``scatter = 0``): local words ``src + r·row ..`` to ``dst + i·row ..``;
-    - scatter (``scatter = 1``): local words ``src + i·row ..`` to ``dst + r·row ..``.
+    - gather (``scatter = 0``): local words ``src + r·row ..`` to ``dst + q·row ..``;
+    - scatter (``scatter = 1``): local words ``src + q·row ..`` to ``dst + r·row ..``.
 
-    Each row is a DMA of ``row`` words to tile t alone, in entry order, raising
+    Each row is a DMA of ``row`` words to its tile alone, in entry order, raising
     ``remote_semaphore`` there when ``remote_signal`` is set (so a receiver counts
-    rows); ``signal`` is raised once, when the last row is done (at once when
-    ``count`` is 0). The table and the consecutive side are checked before anything
-    moves (BAD_ADDRESS; ``row`` = 0 is BAD_SHAPE); an entry whose row runs past the
-    scratchpad or whose tile is outside the mesh stops the program at this instruction
-    (BAD_INDEX) with the rows before it moved and none after; an uncorrectable table
-    word stops it too (MEMORY_ERROR).
+    rows); ``signal`` is raised once, after the last entry (an empty last entry, or
+    ``count`` 0, sends a DMA of no words to no tile that carries it). The table and the
+    consecutive side (``count·row`` words) are checked before anything moves
+    (BAD_ADDRESS; ``row`` = 0 is BAD_SHAPE); an entry whose row runs past the
+    scratchpad or whose tile (plus ``tile_base``) is outside the mesh stops the
+    program at this instruction (BAD_INDEX) with the rows before it moved and none
+    after; an uncorrectable table word stops it too (MEMORY_ERROR).
     """
 
     def __init__(self):
@@ -268,6 +289,7 @@ class IdmaArgs(data.StructLayout):
             "scatter": 1,
             "remote_signal": 1,
             "remote_semaphore": unsigned(4),
+            "tile_base": unsigned(6),
         })
 
 

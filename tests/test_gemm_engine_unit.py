@@ -34,11 +34,19 @@ class Bench(wiring.Component):
         return m
 
 
-def place(a: np.ndarray, rows_layout: bool, n: int) -> list[np.ndarray]:
-    """Words (n int8 each) of operand ``a`` (extent x k) in the block or row layout."""
+def place(a: np.ndarray, layout: int, n: int) -> list[np.ndarray]:
+    """Words (n int8 each) of operand ``a`` (extent x k) in the block (0), row (1) or
+    row-major (2) layout."""
     extent, k = a.shape
     words = []
-    if rows_layout:  # word c*extent + i = a[i, c*n : c*n + n]
+    if layout == 2:  # word i*⌈k⌉ + c = a[i, c*n : c*n + n]
+        for i in range(extent):
+            for c in range(-(-k // n)):
+                w = np.zeros(n, np.int8)
+                chunk = a[i, c * n:(c + 1) * n]
+                w[:chunk.size] = chunk
+                words.append(w)
+    elif layout:  # word c*extent + i = a[i, c*n : c*n + n]
         for c in range(-(-k // n)):
             for i in range(extent):
                 w = np.zeros(n, np.int8)
@@ -83,10 +91,13 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
     spad: dict[int, int] = {}
     commands = []
     for g in gemms:
-        regions = [(g["a"], place(g["A"], g.get("a_rows", 0), n)),
-                   (g["b"], place(g["B"].T, g.get("b_rows", 0), n))]
+        a_layout = g.get("a_rows", 0) * (1 + g.get("a_row_major", 0))  # 0 ignores row-major
+        b_layout = 2 if g.get("b_row_major") and not g.get("b_rows") else g.get("b_rows", 0)
+        regions = [(g["a"], place(g["A"], a_layout, n)),
+                   (g["b"], place(g["B"].T, b_layout, n) if b_layout < 2
+                    else place(g["B"], 2, n))]  # B row after row: B's rows, not Bᵀ's
         if "A_lo" in g:
-            regions.append((g["a_lo"], place(g["A_lo"], g.get("a_rows", 0), n)))
+            regions.append((g["a_lo"], place(g["A_lo"], a_layout, n)))
         for base, words in regions:
             for i, w in enumerate(words):
                 spad[base + i] = to_int(w)
@@ -108,7 +119,8 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
             ctx.set(engine.cmd.valid, 1)
             await ctx.tick().until(engine.cmd.ready)
             ctx.set(engine.cmd.valid, 0)
-            for name in ("a_rows", "b_rows", "accumulate", "acc_shift", "a_limbs"):
+            for name in ("a_rows", "b_rows", "accumulate", "acc_shift", "a_limbs",
+                         "a_row_major", "b_row_major"):
                 ctx.set(getattr(engine.cmd.payload, name), 0)
 
     def scratchpad(req, resp):
@@ -167,20 +179,31 @@ def operands(rng, m, k, p):
             rng.integers(-128, 128, (k, p), dtype=np.int64).astype(np.int8))
 
 
-@pytest.mark.parametrize("a_rows", [0, 1])
-@pytest.mark.parametrize("b_rows", [0, 1])
-def test_layouts(a_rows, b_rows, seed):
+#: A's layouts: block (a_rows 0; the row-major flag alone changes nothing), chunk-major
+#: rows (a_rows 1), row-major rows.
+A_LAYOUTS = {"block": {"a_rows": 0, "a_row_major": 1}, "rows": {"a_rows": 1},
+             "row_major": {"a_rows": 1, "a_row_major": 1}}
+#: B's layouts: blocks, Bᵀ in chunks (the row-major flag ignored), B row after row.
+B_LAYOUTS = {"block": {"b_rows": 0}, "rows": {"b_rows": 1, "b_row_major": 1},
+             "row_major": {"b_rows": 0, "b_row_major": 1}}
+
+
+@pytest.mark.parametrize("a_layout", list(A_LAYOUTS))
+@pytest.mark.parametrize("b_layout", list(B_LAYOUTS))
+def test_layouts(a_layout, b_layout, seed):
     n = 4
-    rng = np.random.default_rng(a_rows * 2 + b_rows + 4 * seed)
+    layout_no = list(A_LAYOUTS).index(a_layout)
+    b_rows = list(B_LAYOUTS).index(b_layout)
+    rng = np.random.default_rng(layout_no * 2 + b_rows + 4 * seed)
     shapes = [(5, 6, 7), (4, 4, 4), (1, 3, 2), (9, 9, 5)]
     gemms, c = [], 0
     for m, k, p in shapes:
         a, b = operands(rng, m, k, p)
         gemms.append({"A": a, "B": b, "a": 0 + 100 * len(gemms), "b": 1000 + 100 * len(gemms),
-                      "c": c, "a_rows": a_rows, "b_rows": b_rows,
+                      "c": c, **A_LAYOUTS[a_layout], **B_LAYOUTS[b_layout],
                       "signal": {"enable": 1, "semaphore": len(gemms)}})
         c += -(-m // n) * -(-p // n) * n
-    acc, dones, error = run(n, gemms, seed=a_rows + 2 * b_rows + 4 * seed)
+    acc, dones, error = run(n, gemms, seed=layout_no + 2 * b_rows + 4 * seed)
     assert dones == [(1, i) for i in range(len(gemms))]
     assert error == 0
     c = 0
@@ -215,26 +238,27 @@ def test_accumulate_with_shift_combines_limbs(stall, seed):
     assert dones == [(0, 0), (1, 3)]
 
 
-@pytest.mark.parametrize("a_rows", [0, 1])
+@pytest.mark.parametrize("a_layout", list(A_LAYOUTS))
 @pytest.mark.parametrize("stall", [0.0, 0.3])
-def test_joined_limbs_multiply_in_one_pass(a_rows, stall, seed):
+def test_joined_limbs_multiply_in_one_pass(a_layout, stall, seed):
     """A = hi·2⁷ + lo from two regions read in step, between plain GEMMs; the limbs
     are any int8 (negative ones too), so the joined value spans 16 bits."""
     n = 4
-    rng = np.random.default_rng(11 + a_rows + 2 * seed)
+    layout_no = list(A_LAYOUTS).index(a_layout)
+    rng = np.random.default_rng(11 + layout_no + 2 * seed)
     gemms, c, wants = [], 0, []
     for index, (m, k, p) in enumerate([(5, 6, 7), (4, 16, 8), (9, 3, 2)]):
         hi, b = operands(rng, m, k, p)
         lo, _ = operands(rng, m, k, p)
         g = {"A": hi, "B": b, "a": 100 * index, "b": 1000 + 100 * index, "c": c,
-             "a_rows": a_rows, "signal": {"enable": 1, "semaphore": index}}
+             **A_LAYOUTS[a_layout], "signal": {"enable": 1, "semaphore": index}}
         if index != 1:  # the middle GEMM is a plain one
             g.update(A_lo=lo, a_lo=500 + 100 * index, a_limbs=1)
         joined = (hi.astype(np.int64) << 7) + (lo.astype(np.int64) if index != 1 else 0)
         wants.append((c, joined, b))
         gemms.append(g)
         c += -(-m // n) * -(-p // n) * n
-    acc, dones, error = run(n, gemms, seed=5 + a_rows + 2 * seed, stall=stall)
+    acc, dones, error = run(n, gemms, seed=5 + layout_no + 2 * seed, stall=stall)
     assert dones == [(1, i) for i in range(len(gemms))] and error == 0
     for (c, joined, b), g in zip(wants, gemms, strict=True):
         if "A_lo" not in g:

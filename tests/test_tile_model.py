@@ -110,6 +110,32 @@ def test_gemm_joins_a_from_two_limb_regions(a_rows):
     assert (got == want).all()
 
 
+def test_gemm_reads_a_and_b_row_major():
+    """``a_row_major``: row i of A in words a + i·⌈k⌉ …; ``b_row_major``: row kk of B in
+    words b + kk·⌈p⌉ … (lanes past the row unused)."""
+    n, m, k, p = 4, 6, 9, 5
+    rng = np.random.default_rng(8)
+    a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, p))
+    model = TileModel(n, spad_words=512, acc_depth=256)
+    tk = -(-k // n)
+    for i in range(m):
+        for c in range(tk):
+            part = np.zeros(n, np.int64)
+            part[:len(a[i, c * n:(c + 1) * n])] = a[i, c * n:(c + 1) * n]
+            model.spad[10 + i * tk + c] = lanes_word(part, n)
+    tp = -(-p // n)
+    for kk in range(k):  # B row after row too: word b + kk·⌈p⌉ + t
+        for t in range(tp):
+            part = np.zeros(n, np.int64)
+            part[:len(b[kk, t * n:(t + 1) * n])] = b[kk, t * n:(t + 1) * n]
+            model.spad[200 + kk * tp + t] = lanes_word(part, n)
+    model.step("GEMM", {"a": 10, "b": 200, "c": 0, "m": m, "k": k, "p": p, "a_rows": 1,
+                        "a_row_major": 1, "b_row_major": 1})
+    got = np.array([[model.acc[((i // n) * tp + j // n) * n + i % n, j % n]
+                     for j in range(p)] for i in range(m)])
+    assert (got == gemm(a, b)).all()
+
+
 def test_gemm_accumulate_with_shift_wraps_at_48_bits():
     n = 2
     model = TileModel(n, spad_words=16, acc_depth=8)
@@ -150,6 +176,25 @@ def test_vec_add_tile_scalar_and_spad_pack():
         model.step("VEC", {"op": VOP.SUM, "a": 48, "dst": 10, "dst_kind": VecDst.SPAD,
                            "pack": pack, "rows": 1, "beats": 1, "hi": n})
         assert word_lanes(model.spad[10], n).tolist() == want
+
+
+def test_vec_spad_rows_a_stride_apart():
+    """``dst_stride`` s: word dst + r·s + j; the region is (rows - 1)·s + beats words."""
+    n = 4
+    model = TileModel(n, spad_words=64, acc_depth=64, slots=8)
+    model.acc[:24] = np.arange(24 * n).reshape(24, n) % 100
+    model.step("VEC", {"op": VOP.SUM, "a": 0, "dst": 20, "dst_kind": VecDst.SPAD,
+                       "rows": 5, "beats": 3, "hi": 3 * n, "dst_stride": 4})
+    for r in range(5):
+        for j in range(3):
+            e = (r // n) * 3 * n + j * n + r % n
+            assert word_lanes(model.spad[20 + 4 * r + j], n).tolist() == model.acc[e].tolist()
+        assert model.spad[20 + 4 * r + 3] == 0  # the gap between rows is not written
+    model.step("VEC", {"op": VOP.SUM, "a": 0, "dst": 64 - 13, "dst_kind": VecDst.SPAD,
+                       "rows": 3, "beats": 3, "hi": 3 * n, "dst_stride": 5})  # ends last
+    with pytest.raises(ValueError, match="VEC dst"):
+        model.step("VEC", {"op": VOP.SUM, "a": 0, "dst": 64 - 12, "dst_kind": VecDst.SPAD,
+                           "rows": 3, "beats": 3, "hi": 3 * n, "dst_stride": 5})
 
 
 def test_vec_row_max_with_total_write_and_causal_mask():
@@ -200,6 +245,33 @@ def test_idma_gathers_listed_rows_and_scatters_into_them():
     model.step("IDMA", {"src": 60, "dst": 80, "table": 40, "count": 2, "row": 2,
                         "scatter": 1})  # row i to row entry i: 80 + 4·2, then 80 + 0
     assert model.spad[88:90] == [108, 109] and model.spad[80:82] == [100, 101]
+
+
+def test_idma_passes_over_empty_entries_to_tiles_from_a_base():
+    """Empty entries move nothing and leave no gap on the packed side; tiles are relative
+    to ``tile_base``; an empty last entry still raises the signal (a DMA of no words)."""
+    model = TileModel(4, spad_words=128, acc_depth=4, position=(1, 1), mesh=(2, 2))
+    model.spad[:12] = list(range(100, 112))  # six rows of two words
+    per_word = entries_per_word(model.n)
+    entries = [isa.EMPTY_ENTRY, index_entry(4, 0), isa.EMPTY_ENTRY, index_entry(1, 0),
+               isa.EMPTY_ENTRY]
+    for i, entry in enumerate(entries):
+        model.spad[40 + i // per_word] |= entry << ENTRY_BITS * (i % per_word)
+    signal = {"enable": 1, "semaphore": 3}
+    model.step("IDMA", {"src": 0, "dst": 60, "table": 40, "count": 5, "row": 2,
+                        "remote_signal": 1, "remote_semaphore": 7, "signal": signal,
+                        "tile_base": 9})  # tile index 9 is (1, 1): this tile
+    assert model.spad[60:66] == [108, 109, 102, 103, 0, 0]
+    assert model.semaphores[7] == 2 and model.semaphores[3] == 1
+    assert [(f["length"], f["signal"]["enable"]) for _, f in model.issued] == [
+        (2, 0), (2, 0), (0, 1)]
+    model.step("IDMA", {"src": 60, "dst": 80, "table": 40, "count": 4, "row": 2,
+                        "scatter": 1, "tile_base": 9})  # packed rows back to rows 4 and 1
+    assert model.spad[88:90] == [108, 109] and model.spad[82:84] == [102, 103]
+    with pytest.raises(ProgramError) as stopped:
+        model.step("IDMA", {"src": 0, "dst": 60, "table": 40, "count": 2, "row": 2,
+                            "tile_base": 4})  # tile index 4 is (4, 0): outside the mesh
+    assert stopped.value.code == "BAD_INDEX"
 
 
 def test_idma_of_no_rows_raises_its_signal_alone():

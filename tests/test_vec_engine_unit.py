@@ -259,6 +259,16 @@ def _operands(rng, code, rows, beats, n):
     return a, b, c, extra
 
 
+def _spad_words(rng, fields) -> int:
+    """Half of the scratchpad destinations row after row (a ``dst_stride`` from 1, rows
+    overlapping, to beats + 2, rows apart): sets the stride, returns the region's words."""
+    rows, beats = fields["rows"], fields["beats"]
+    if rng.random() < 0.5:
+        return rows * beats
+    stride = fields["dst_stride"] = int(rng.integers(1, beats + 3))
+    return (rows - 1) * stride + beats
+
+
 def random_vec(rng, n, slots, ring, spad_ring, code):
     """One random VEC instruction with its LOAD step (operands in fresh regions)."""
     rows = int(rng.integers(1, min(slots, 2 * n + 1) + 1))
@@ -305,7 +315,7 @@ def random_vec(rng, n, slots, ring, spad_ring, code):
     elif kind == VecDst.SCALAR:
         fields["dst"] = ring.take(blocks)
     elif kind == VecDst.SPAD:
-        fields["dst"] = spad_ring.take(rows * beats)
+        fields["dst"] = spad_ring.take(_spad_words(rng, fields))
     if fields["total_write"]:
         fields["total"] = ring.take(blocks)
     return ("LOAD", {"acc": acc}), ("VEC", fields)
@@ -434,7 +444,7 @@ def dependent_program(seed, n, slots, count, acc_depth):
             f["dst"] = mem.fresh(size, 0, 1)
             writes |= _region(f["dst"], size)
         elif kind == VecDst.SPAD:
-            f["dst"] = spad_ring.take(rows * beats)
+            f["dst"] = spad_ring.take(_spad_words(rng, f))
         if f["total_write"]:
             f["total"] = mem.fresh(blocks, 0, 1)
             writes |= _region(f["total"], blocks)
