@@ -26,7 +26,7 @@ from collections import Counter
 from compiler.hazards import accesses
 from compiler.program import Op
 from golden.vector_model import VectorOpcode
-from spec.isa import Opcode, VecDst, VecPack
+from spec.isa import WITH_FIELDS, WITH_SLOTS, Opcode, VecDst, VecPack
 
 __all__ = ["ENGINE_SEMAPHORES", "Emitter", "MemoryFull", "Regions"]
 
@@ -64,9 +64,11 @@ class Emitter:
             self.known[e] = max(self.known[e], i)
         self.known[engine] = max(self.known[engine], index)
 
-    def engine(self, op: Opcode, fields: dict) -> int:
-        """Emit one engine operation after the WAITs it needs; its index."""
-        reads, writes = accesses(op, fields, self.n)
+    def engine(self, op: Opcode, fields: dict, *, assume: dict | None = None,
+               prefix: Op | None = None) -> int:
+        """Emit one engine operation after the WAITs it needs (and ``prefix``, a WITH,
+        right before it), its accesses those of ``fields | assume``; its index."""
+        reads, writes = accesses(op, {**fields, **(assume or {})}, self.n)
         need: dict[Opcode, int] = {}
 
         def depends(i: int) -> None:
@@ -85,6 +87,8 @@ class Emitter:
         for e in self._ENGINES:
             if e in need and self.known[e] < need[e]:
                 self._wait_for(need[e])
+        if prefix is not None:
+            self.ops.append(prefix)
         j = len(self.ops)
         self.ops.append((op, fields))
         self.snapshot[j] = dict(self.known)
@@ -95,15 +99,39 @@ class Emitter:
             self.readers.pop(address, None)
         return j
 
+    def dynamic(self, op: Opcode, fields: dict, registers: list[tuple[str, int]],
+                assume: dict) -> int:
+        """An engine operation with registers added to its fields at run time (a WITH
+        of ``registers``, (field name, register) pairs, right before it): its hazards
+        are found as if the fields were ``fields | assume`` (the largest region the
+        registers may make, within a stretch the builder fences with :meth:`drain`).
+        Its index."""
+        if not 1 <= len(registers) <= WITH_SLOTS:
+            raise ValueError(f"a WITH takes 1..{WITH_SLOTS} registers, not {len(registers)}")
+        slots = {}
+        for i, (name, reg) in enumerate(registers):
+            slots |= {f"field{i}": WITH_FIELDS[op].index(name) + 1, f"reg{i}": reg}
+        return self.engine(op, fields, assume=assume, prefix=(Opcode.WITH, slots))
+
+    def drain(self) -> None:
+        """WAIT until every engine operation emitted so far has finished (a fence: code
+        after it, a loop body run again say, starts with every engine idle)."""
+        for engine in self._ENGINES:
+            last = max((i for i, (op, _) in enumerate(self.ops) if op == engine), default=-1)
+            if last > self.known[engine]:
+                self._wait_for(last)
+
     def gemm(self, **fields) -> None:
         self.engine(Opcode.GEMM, fields)
 
     def vec(self, op: VectorOpcode, rows: int, beats: int, a: int, *, a_scalar: int = 0,
             b: int | None = None, b_scalar: int | None = None, c: int | None = None,
             imm: int | None = None, dst_kind: VecDst = VecDst.NONE,
-            pack: VecPack = VecPack.BYTE, **fields) -> None:
+            pack: VecPack = VecPack.BYTE, registers: list[tuple[str, int]] | None = None,
+            assume: dict | None = None, **fields) -> None:
         """A VEC: ``b`` defaults to ``a`` and ``b_scalar`` to ``a_scalar``; ``imm`` (an
-        immediate C) or ``c`` (an accumulator entry)."""
+        immediate C) or ``c`` (an accumulator entry); with ``registers``, a
+        :meth:`dynamic` one."""
         fields.update(op=int(op), rows=rows, beats=beats, a=a, a_scalar=a_scalar,
                       b=a if b is None else b,
                       b_scalar=a_scalar if b_scalar is None else b_scalar,
@@ -112,7 +140,10 @@ class Emitter:
             fields.update(c_imm=1, imm=imm)
         elif c is not None:
             fields["c"] = c
-        self.engine(Opcode.VEC, fields)
+        if registers:
+            self.dynamic(Opcode.VEC, fields, registers, assume or {})
+        else:
+            self.engine(Opcode.VEC, fields)
 
     def dma(self, **fields) -> None:
         self.engine(Opcode.DMA, fields)

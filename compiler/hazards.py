@@ -50,7 +50,9 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
     if op == Opcode.GEMM:
         m, k, p = f["m"], f["k"], f["p"]
         a_words = ceil_div(k, n) * m if f.get("a_rows") else ceil_div(m, n) * k
-        b_words = ceil_div(k, n) * p if f.get("b_rows") else ceil_div(p, n) * k
+        b_words = (ceil_div(k, n) * p if f.get("b_rows")
+                   else (k - 1) * f["b_stride"] + ceil_div(p, n) if f.get("b_stride")
+                   else ceil_div(p, n) * k)
         reads |= set(range(f["a"], f["a"] + a_words)) | set(range(f["b"], f["b"] + b_words))
         if f.get("a_limbs"):
             reads |= set(range(f["a_lo"], f["a_lo"] + a_words))

@@ -72,7 +72,9 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
         m, k, p = f["m"], f["k"], f["p"]
         macs += m * k * p
         chunks_k = -(-k // n)
-        b_words = chunks_k * p if f.get("b_rows") else -(-p // n) * k
+        b_words = (chunks_k * p if f.get("b_rows")
+                   else (k - 1) * f["b_stride"] + -(-p // n) if f.get("b_stride")
+                   else -(-p // n) * k)
         for base, words in ((f["a"], chunks_k * m if f.get("a_rows") else -(-m // n) * k),
                             (f["b"], b_words)):
             if config.kv_start <= base < config.kv_end:

@@ -58,7 +58,7 @@ SEMAPHORES, COUNT_BITS = 16, 16
 FIELDS = {
     "HALT": (), "NOP": (),
     "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
-             "acc_shift", "a_limbs", "a_lo", "a_row_major", "b_row_major"),
+             "acc_shift", "a_limbs", "a_lo", "a_row_major", "b_stride"),
     "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
             "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
             "shift", "sat", "lo", "hi", "causal", "dst_stride"),
@@ -373,9 +373,12 @@ class TileModel:
             self._spad_region("GEMM B", f["b"], tk * p)
             for c in range(tk):
                 b[c * n:(c + 1) * n, :p] = self._block(f["b"] + c * p, p)[:, :k - c * n].T
-        elif f["b_row_major"]:  # word b + kk*tp + t = B[kk, t*N : t*N + N]
-            self._spad_region("GEMM B", f["b"], tp * k)
-            b[:, :] = self._block(f["b"], tp * k).reshape(k, tp * n)
+        elif f["b_stride"]:  # word b + kk*s + t = B[kk, t*N : t*N + N]
+            s = f["b_stride"]
+            self._spad_region("GEMM B", f["b"], (k - 1) * s + tp)
+            rows = self._block(f["b"], (k - 1) * s + tp)
+            for kk in range(k):
+                b[kk, :] = rows[kk * s:kk * s + tp].ravel()
         else:  # word b + t*k + kk = B[kk, t*N : t*N + N]
             self._spad_region("GEMM B", f["b"], tp * k)
             for t in range(tp):

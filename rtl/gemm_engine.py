@@ -13,7 +13,7 @@ from amaranth.utils import ceil_log2
 from rtl.accumulator import AccWrite, Entry
 from rtl.scratchpad import Request, Response, failed
 from rtl.tensor_core import OperandBeat, TensorCore
-from spec.isa import ACC_ADDR_BITS, ADDR_BITS, SIGNAL, GemmArgs
+from spec.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, GemmArgs
 from spec.numerics import NUMERICS
 from spec.params import check_array_size, check_int
 
@@ -28,8 +28,8 @@ class OperandFetch(data.StructLayout):
     starting at word ``start`` (the fetcher's caller keeps it as a running sum, so no
     multiply sits on the address path).
 
-    ``rows = 0``: k consecutive words from ``start = base + block * k`` (with
-    ``row_major``, k words ⌈extent/N⌉ apart from ``start = base + block``). ``rows = 1``:
+    ``rows = 0``: k consecutive words from ``start = base + block * k`` (with a
+    ``stride`` s > 0, k words s apart from ``start = base + block``). ``rows = 1``:
     the block's N rows (row ``block * N + i``, zero when ``>= extent``) of ⌈k/N⌉ chunks,
     word ``start + chunk * extent + i`` with ``start = base + block * N``, transposed
     into k beats; with ``row_major`` as well, word ``start + i * ⌈k/N⌉ + chunk`` with
@@ -44,6 +44,7 @@ class OperandFetch(data.StructLayout):
         fields = {
             "start": unsigned(addr_bits), "block": unsigned(DIM_BITS), "k": unsigned(DIM_BITS),
             "extent": unsigned(DIM_BITS), "rows": 1, "row_major": 1,
+            "stride": unsigned(COUNT_FIELD_BITS),
         }
         if limbs:
             fields.update(start_lo=unsigned(addr_bits), limbs=1)
@@ -160,7 +161,7 @@ class OperandStreamer(wiring.Component):
         chunk_step = Mux(f.row_major, 1, f.extent)
         with m.If(step):
             with m.If(~f.rows):
-                m.d.sync += addr.eq(addr + Mux(f.row_major, (f.extent + (n - 1)) >> log_n, 1))
+                m.d.sync += addr.eq(addr + Mux(f.stride != 0, f.stride, 1))
                 m.d.sync += remaining.eq(remaining - 1)
                 with m.If(remaining == 1):
                     m.d.sync += issuing.eq(0)
@@ -453,7 +454,7 @@ class GemmEngine(wiring.Component):
             return (size + (n - 1)) >> log_n
 
         a_step = Mux(cmd.a_rows, Mux(cmd.a_row_major, blocks(cmd.k) << log_n, n), cmd.k)
-        b_step = Mux(cmd.b_rows, n, Mux(cmd.b_row_major, 1, cmd.k))
+        b_step = Mux(cmd.b_rows, n, Mux(cmd.b_stride != 0, 1, cmd.k))
 
         # Commands wait in a queue, so the sequencer can dispatch past a GEMM that waits
         # for the one before it (to the vector engine, say).
@@ -492,7 +493,7 @@ class GemmEngine(wiring.Component):
             else:
                 m.d.comb += [f.start.eq(b_start), f.block.eq(tj), f.extent.eq(cmd.p),
                              f.rows.eq(cmd.b_rows),
-                             f.row_major.eq(~cmd.b_rows & cmd.b_row_major)]
+                             f.stride.eq(Mux(cmd.b_rows, 0, cmd.b_stride))]
             m.d.comb += [f.k.eq(cmd.k), streamer.fetch.valid.eq(feeding & ~sent)]
         a_now = fetch_a.fetch.valid & fetch_a.fetch.ready
         b_now = fetch_b.fetch.valid & fetch_b.fetch.ready

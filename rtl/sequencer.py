@@ -688,7 +688,10 @@ class _Checks:
         gemm, vec, blocks = self.args.gemm, self.args.vec, self.blocks
         self.m.d.sync += [
             self.a_words.eq(Mux(gemm.a_rows, blocks(gemm.k) * gemm.m, blocks(gemm.m) * gemm.k)),
-            self.b_words.eq(Mux(gemm.b_rows, blocks(gemm.k) * gemm.p, blocks(gemm.p) * gemm.k)),
+            self.b_words.eq(Mux(gemm.b_rows, blocks(gemm.k) * gemm.p,
+                                Mux(gemm.b_stride != 0,
+                                    (gemm.k - 1)[:DIM_BITS] * gemm.b_stride + blocks(gemm.p),
+                                    blocks(gemm.p) * gemm.k))),
             self.c_entries.eq((blocks(gemm.m) * blocks(gemm.p)) << ceil_log2(self.n)),
             self.tile_entries.eq((blocks(vec.rows) * vec.beats) << ceil_log2(self.n)),
             self.scalar_entries.eq(blocks(vec.rows)),

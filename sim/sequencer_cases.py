@@ -126,6 +126,14 @@ def _blocks(size: int, n: int) -> int:
     return -(-size // n)
 
 
+def _b_words(f: dict, n: int) -> int:
+    """The scratchpad words a GEMM's B operand spans."""
+    k, p, stride = f["k"], f["p"], f.get("b_stride", 0)
+    if f["b_rows"]:
+        return _blocks(k, n) * p
+    return (k - 1) * stride + _blocks(p, n) if stride and k else _blocks(p, n) * k
+
+
 def _spad_words(f: dict) -> int:
     """The scratchpad words a VEC's SPAD destination spans (chunk-major, or rows
     ``dst_stride`` apart)."""
@@ -146,7 +154,7 @@ def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
         if min(m, k, p) == 0:
             return "BAD_SHAPE"
         a = _blocks(k, n) * m if f["a_rows"] else _blocks(m, n) * k
-        b = _blocks(k, n) * p if f["b_rows"] else _blocks(p, n) * k
+        b = _b_words(f, n)
         c = _blocks(m, n) * _blocks(p, n) * n
         ok = (fits(f["a"], a, words) and fits(f["b"], b, words) and fits(f["c"], c, entries)
               and (not f["a_limbs"] or fits(f["a_lo"], a, words)))
@@ -184,13 +192,14 @@ def boundary_instructions(s: Sizes, n: int, own: int, rng, count: int) -> list[t
             f = {"m": int(rng.integers(0, 25)), "k": int(rng.integers(0, 40)),
                  "p": int(rng.integers(0, 25)), "a_rows": int(rng.integers(2)),
                  "b_rows": int(rng.integers(2)), "a_limbs": int(rng.integers(2)),
-                 "a_row_major": int(rng.integers(2)), "b_row_major": int(rng.integers(2)),
+                 "a_row_major": int(rng.integers(2)),
+                 "b_stride": int(rng.choice([0, 0, 1, 2, 127])),
                  "a": 0, "b": 1024, "a_lo": 2048, "c": 0}
             m, k, p = f["m"], f["k"], f["p"]
             a = _blocks(k, n) * m if f["a_rows"] else _blocks(m, n) * k
             edge = rng.choice(["a", "b", "a_lo", "c"])
             size = {"a": a, "a_lo": a,
-                    "b": _blocks(k, n) * p if f["b_rows"] else _blocks(p, n) * k,
+                    "b": _b_words(f, n),
                     "c": _blocks(m, n) * _blocks(p, n) * n}[edge]
             limit = s.entries if edge == "c" else s.words
             f[edge] = max(0, limit - size + int(rng.integers(-2, 3)))

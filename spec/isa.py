@@ -115,8 +115,9 @@ class GemmArgs(data.StructLayout):
       consecutive words, the rows an indexed DMA moves; ``a_row_major`` without
       ``a_rows`` changes nothing).
     - ``b_rows = 0``: ⌈p⌉ blocks of k words, word = a row of an N-column block of B
-      (with ``b_row_major``, B row after row instead: word ``b + kk·⌈p⌉ + t`` =
-      ``B[kk, t·N : t·N + N]``, the rows an indexed DMA moves; ignored with ``b_rows``);
+      (with a ``b_stride`` s > 0, B row after row instead: word ``b + kk·s + t`` =
+      ``B[kk, t·N : t·N + N]``, rows s words apart as an indexed DMA leaves them, the
+      region ``(k - 1)·s + ⌈p⌉`` words; ignored with ``b_rows``);
       ``b_rows = 1``: Bᵀ row-major in chunks, word ``b + c·p + j`` = ``B[c·N : c·N + N, j]``
       (a KV page: one word per key per chunk of N channels).
     - ``a_limbs = 1``: A is joined from two int8 limb regions of the same layout,
@@ -144,7 +145,7 @@ class GemmArgs(data.StructLayout):
             "a_limbs": 1,
             "a_lo": unsigned(ADDR_BITS),
             "a_row_major": 1,
-            "b_row_major": 1,
+            "b_stride": unsigned(COUNT_FIELD_BITS),
         })
 
 

@@ -92,10 +92,15 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
     commands = []
     for g in gemms:
         a_layout = g.get("a_rows", 0) * (1 + g.get("a_row_major", 0))  # 0 ignores row-major
-        b_layout = 2 if g.get("b_row_major") and not g.get("b_rows") else g.get("b_rows", 0)
-        regions = [(g["a"], place(g["A"], a_layout, n)),
-                   (g["b"], place(g["B"].T, b_layout, n) if b_layout < 2
-                    else place(g["B"], 2, n))]  # B row after row: B's rows, not Bᵀ's
+        stride = 0 if g.get("b_rows") else g.get("b_stride", 0)
+        regions = [(g["a"], place(g["A"], a_layout, n))]
+        if stride:  # B row after row, rows `stride` words apart (the gaps left unwritten)
+            width = -(-g["B"].shape[1] // n)
+            rows = place(g["B"], 2, n)
+            for kk in range(g["B"].shape[0]):
+                regions.append((g["b"] + kk * stride, rows[kk * width:(kk + 1) * width]))
+        else:
+            regions.append((g["b"], place(g["B"].T, g.get("b_rows", 0), n)))
         if "A_lo" in g:
             regions.append((g["a_lo"], place(g["A_lo"], a_layout, n)))
         for base, words in regions:
@@ -120,7 +125,7 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
             await ctx.tick().until(engine.cmd.ready)
             ctx.set(engine.cmd.valid, 0)
             for name in ("a_rows", "b_rows", "accumulate", "acc_shift", "a_limbs",
-                         "a_row_major", "b_row_major"):
+                         "a_row_major", "b_stride"):
                 ctx.set(getattr(engine.cmd.payload, name), 0)
 
     def scratchpad(req, resp):
@@ -183,9 +188,10 @@ def operands(rng, m, k, p):
 #: rows (a_rows 1), row-major rows.
 A_LAYOUTS = {"block": {"a_rows": 0, "a_row_major": 1}, "rows": {"a_rows": 1},
              "row_major": {"a_rows": 1, "a_row_major": 1}}
-#: B's layouts: blocks, Bᵀ in chunks (the row-major flag ignored), B row after row.
-B_LAYOUTS = {"block": {"b_rows": 0}, "rows": {"b_rows": 1, "b_row_major": 1},
-             "row_major": {"b_rows": 0, "b_row_major": 1}}
+#: B's layouts: blocks, Bᵀ in chunks (a stride ignored), B row after row (rows one
+#: word further apart than their length, the stride set per GEMM).
+B_LAYOUTS = {"block": {"b_rows": 0}, "rows": {"b_rows": 1, "b_stride": 3},
+             "row_major": {"b_rows": 0}}
 
 
 @pytest.mark.parametrize("a_layout", list(A_LAYOUTS))
@@ -201,6 +207,7 @@ def test_layouts(a_layout, b_layout, seed):
         a, b = operands(rng, m, k, p)
         gemms.append({"A": a, "B": b, "a": 0 + 100 * len(gemms), "b": 1000 + 100 * len(gemms),
                       "c": c, **A_LAYOUTS[a_layout], **B_LAYOUTS[b_layout],
+                      **({"b_stride": -(-p // n) + 1} if b_layout == "row_major" else {}),
                       "signal": {"enable": 1, "semaphore": len(gemms)}})
         c += -(-m // n) * -(-p // n) * n
     acc, dones, error = run(n, gemms, seed=layout_no + 2 * b_rows + 4 * seed)

@@ -111,8 +111,8 @@ def test_gemm_joins_a_from_two_limb_regions(a_rows):
 
 
 def test_gemm_reads_a_and_b_row_major():
-    """``a_row_major``: row i of A in words a + i·⌈k⌉ …; ``b_row_major``: row kk of B in
-    words b + kk·⌈p⌉ … (lanes past the row unused)."""
+    """``a_row_major``: row i of A in words a + i·⌈k⌉ …; ``b_stride`` s: row kk of B in
+    words b + kk·s … (lanes past the row unused)."""
     n, m, k, p = 4, 6, 9, 5
     rng = np.random.default_rng(8)
     a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, p))
@@ -124,13 +124,13 @@ def test_gemm_reads_a_and_b_row_major():
             part[:len(a[i, c * n:(c + 1) * n])] = a[i, c * n:(c + 1) * n]
             model.spad[10 + i * tk + c] = lanes_word(part, n)
     tp = -(-p // n)
-    for kk in range(k):  # B row after row too: word b + kk·⌈p⌉ + t
+    for kk in range(k):  # B row after row too, rows 3 words apart: word b + kk·3 + t
         for t in range(tp):
             part = np.zeros(n, np.int64)
             part[:len(b[kk, t * n:(t + 1) * n])] = b[kk, t * n:(t + 1) * n]
-            model.spad[200 + kk * tp + t] = lanes_word(part, n)
+            model.spad[200 + kk * 3 + t] = lanes_word(part, n)
     model.step("GEMM", {"a": 10, "b": 200, "c": 0, "m": m, "k": k, "p": p, "a_rows": 1,
-                        "a_row_major": 1, "b_row_major": 1})
+                        "a_row_major": 1, "b_stride": 3})
     got = np.array([[model.acc[((i // n) * tp + j // n) * n + i % n, j % n]
                      for j in range(p)] for i in range(m)])
     assert (got == gemm(a, b)).all()

@@ -1,0 +1,695 @@
+"""The MoE layer dispatched sparsely over a k x k chip: each token travels only to the
+tiles of its k experts, and each expert computes exactly the tokens it received.
+
+:func:`build_sparse_moe` compiles ``golden.moe.moe_layer`` (as :func:`compiler.moe.build_moe`
+does, same arguments and the same :class:`compiler.moe.MoeChipProgram`), bit for bit,
+with programs that follow the routing at run time (docs/moe_mapping.md, "Sparse
+dispatch"):
+
+- **Home tile** (0, 0) holds the tokens as rows (``hidden / N`` words each). Per block of
+  N tokens it computes the router logits, their top k (TOPK over logits made distinct
+  and ordered, ``v = (L << 8) + c8``), the gates in top-k order (golden's softmax over
+  the k selected logits, ``L = floor(v / 256)``) and two selection masks by the
+  vector unit's SiLU table: a token's rank of each expert (j + 1, 0 if not chosen) and
+  0/1. From the masks, GEMMs with constant matrices build **index tables** on chip: per
+  expert, the rows of its tokens (others the empty entry) and where its results go (row
+  ``t + T·j`` of the home's slot buffer for a token's j-th expert), and its token count.
+- **Dispatch**: one indexed DMA (IDMA gather) per expert sends exactly its tokens' rows,
+  packed, to its tile; the count and the result table go along.
+- **Experts** run their SwiGLU FFN in a loop over blocks of at most N received rows, the
+  trip count and the rows of the last block from the count (registers, ``WITH``), then
+  scatter the results into the home's slot buffers (IDMA scatter over the result table).
+  Shared experts see every token (the rows multicast once).
+- **Combine** on home: per block, ``Σ_j diag(G_j) · Y_j`` by GEMMs whose A operand is the
+  diagonal of slot j's gates (Q0.15 as a 1-bit and a 14-bit part, the latter as joined
+  7-bit limbs) and whose B operand is slot j's rows; shared experts add ``2^15 · y``.
+
+Expert e runs on tile ``e mod k²`` (round-robin, routed then shared). Semaphores: 0 GEMM,
+1 VEC, 2 DMA (local completions), 3 inputs arrived (counts and tables, shared experts'
+tokens), 4 results arrived (home), 5 + i the rows of a tile's i-th routed expert.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.emit import Emitter
+from compiler.moe import (
+    EVERY_TILE,
+    G_BITS,
+    MAX_COUNT,
+    SILU_ENTRIES,
+    MoeChipProgram,
+    MoeLayer,
+    Projection,
+    _bump,
+    _column_layout,
+    _encoding,
+    _int8,
+    _token_layout,
+    _Words,
+)
+from compiler.program import OutputRows, TileProgram, encode_ops, summarise
+from golden.decoder import IDENTITY, project_residual
+from golden.exp import NEG_INF
+from golden.moe import MoEScales, MoEWeights, router_logits, topk
+from golden.vector_model import VectorOpcode as VOP
+from golden.vector_model import default_max_top_k
+from spec.config import TileConfig, ceil_div
+from spec.isa import (
+    MAX_DMA_LENGTH,
+    MAX_GEMM_DIM,
+    SEMAPHORES,
+    Opcode,
+    VecDst,
+    VecPack,
+    entries_per_word,
+    tile_bit,
+    tile_index,
+)
+
+__all__ = ["SEM_INPUTS", "SEM_RESULTS", "build_sparse_moe"]
+
+#: Arrival semaphores (above the engines' 0, 1, 2): inputs of an expert tile, results on
+#: home, then one per routed expert of a tile for its rows.
+SEM_INPUTS, SEM_RESULTS, FIRST_ROWS_SEM = 3, 4, 5
+#: Registers of the expert loop: rows left, rows of this block, the block's first word,
+#: N, N - 1, the loop counter, its limit, and r7, never written, 0.
+R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_ZERO = range(8)
+
+
+def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
+                     top_k: int, x: np.ndarray, projection: Projection | None = None
+                     ) -> MoeChipProgram:
+    """Compile ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a ``k`` x ``k``
+    chip of ``config`` tiles with sparse dispatch (module docstring); arguments and
+    result as :func:`compiler.moe.build_moe`. The output is read from home's rows.
+    ``summary``: ``macs_sparse`` (the router, each token's top_k routed experts and the
+    shared ones: what the programs execute, plus the table, gating and combine GEMMs
+    counted at run time), ``instructions``, ``experts_per_tile``, ``tokens``.
+    ValueError before anything is built if the mesh, the tile or the shapes cannot run
+    it."""
+    build = _SparseBuild(config, k, MoeLayer.from_golden(weights, scales, top_k), weights,
+                         top_k, np.asarray(x), projection)
+    build.place()
+    build.emit_home_inputs()
+    build.emit_gating()
+    build.emit_tables_and_dispatch()
+    build.emit_experts()
+    build.emit_combine()
+    return build.program()
+
+
+class _SparseBuild:
+    """The stages of :func:`build_sparse_moe` and the state they share."""
+
+    home = 0
+
+    def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
+                 top_k: int, x: np.ndarray, projection: Projection | None):
+        self.config, self.k, self.layer, self.weights = config, k, layer, weights
+        self.top_k, self.projection = top_k, projection
+        self.n = n = config.n
+        self.tiles = k * k if isinstance(k, int) else 0
+        self.expert_tile = tuple(e % max(1, self.tiles) for e in range(layer.total))
+        self._check(x)
+        self.tokens, self.hidden, self.ffn = x.shape[0], layer.hidden, layer.ffn
+        self.experts = layer.experts
+        self.residual = x
+        if projection is not None:
+            self.attn_out, self.w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+            x = project_residual(self.attn_out, self.w_o, x, projection.scales)
+        self.x = x
+        t = self.tokens
+        self.tb = ceil_div(t, n)
+        self.hc, self.fc, self.ec = (ceil_div(self.hidden, n), ceil_div(self.ffn, n),
+                                     ceil_div(self.experts, n))
+        self.tw = ceil_div(t, entries_per_word(n))  # words of one expert's index table
+        self.meta_words = 1 + self.tw  # per expert: its count, then its result table
+        self.block_rows = [min(n, t - b * n) for b in range(self.tb)]
+        self.r_load = min(n, config.slots)
+        self.q_entries = ceil_div(SILU_ENTRIES, self.r_load)
+        self.q_words = ceil_div(self.q_entries, n) * n
+        self.emitters = [Emitter(n) for _ in range(self.tiles)]
+        self.remote_shared_dmas = 0
+
+    def _check(self, x: np.ndarray) -> None:
+        """One ValueError naming every reason the layer cannot run this way."""
+        config, layer, n, top_k = self.config, self.layer, self.n, self.top_k
+        if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
+            raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
+                             f"{x.dtype}")
+        if not isinstance(self.k, int) or not 1 <= self.k <= 8:
+            raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
+        tokens, problems = x.shape[0], []
+        if top_k > default_max_top_k(n):
+            problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
+                            f"{default_max_top_k(n)} entries (N = {n})")
+        if layer.experts > 128:
+            problems.append(f"{layer.experts} routed experts: the encoded logits hold at "
+                            "most 128 expert codes in a byte")
+        if tokens > 126 or tokens * top_k > 256:
+            problems.append(f"{tokens} tokens x top_k {top_k}: a sparse round takes at most "
+                            "126 tokens and 256 token-expert pairs (index-table rows are "
+                            "built as bytes)")
+        if config.slots < max(min(n, tokens), top_k):
+            problems.append(f"the vector unit has {config.slots} slots; a token block needs "
+                            f"{max(min(n, tokens), top_k)}")
+        for name, dim in (("hidden", layer.hidden), ("ffn", layer.ffn),
+                          ("experts", layer.experts)):
+            if dim > MAX_GEMM_DIM:
+                problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
+            if ceil_div(dim, n) > MAX_COUNT:
+                problems.append(f"{name} {dim} needs {ceil_div(dim, n)} beats of {n} lanes; a "
+                                f"VEC has at most {MAX_COUNT}")
+        busiest = max(sum(1 for e in range(layer.experts) if self.expert_tile[e] == t)
+                      for t in range(self.tiles))
+        if FIRST_ROWS_SEM + busiest > SEMAPHORES:
+            problems.append(f"{busiest} routed experts on one tile: each needs a semaphore "
+                            f"for its rows, {SEMAPHORES - FIRST_ROWS_SEM} are free")
+        if self.projection is not None:
+            o, w_o = np.asarray(self.projection.o), np.asarray(self.projection.w_o)
+            if o.dtype != np.int8 or o.ndim != 2 or o.shape[0] != tokens:
+                problems.append(f"the attention output must be int8 ({tokens}, channels), "
+                                f"got {o.shape} {o.dtype}")
+            elif w_o.dtype != np.int8 or w_o.shape != (o.shape[1], layer.hidden):
+                problems.append(f"w_o must be int8 ({o.shape[1]}, {layer.hidden}), got "
+                                f"{w_o.shape} {w_o.dtype}")
+            elif o.shape[1] > MAX_GEMM_DIM:
+                problems.append(f"{o.shape[1]} attention output channels exceed a GEMM's "
+                                "12-bit field")
+        if problems:
+            raise ValueError("cannot map this MoE layer sparsely: " + "; ".join(problems))
+
+    def experts_on(self, t: int) -> list[int]:
+        return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
+
+    def routed_on(self, t: int) -> list[int]:
+        return [e for e in self.experts_on(t) if e < self.experts]
+
+    def index_of(self, t: int) -> int:
+        """Tile t's index in a tile mask (``spec.isa.tile_index``)."""
+        return tile_index(t % self.k, t // self.k)
+
+    # -- scratchpad and accumulator ------------------------------------------------------
+
+    def place(self) -> None:
+        config, n, t, hc = self.config, self.n, self.tokens, self.hc
+        glob = _bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
+        self.a_bank, self.b_bank = config.banks // 2, 0
+        self.xr = glob.take(t * hc, "token rows", self.a_bank)
+        self.meta = glob.take(self.experts * self.meta_words, "counts and result tables")
+        self.spad = [_bump(glob.end, config.kv_start, "scratchpad",
+                           f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
+                     for i in range(self.tiles)]
+        self.words = [_Words(n) for _ in range(self.tiles)]
+        self._place_home()
+        self._place_experts()
+        self.plans = [self._acc_plan(i) for i in range(self.tiles)]
+
+    def _place_home(self) -> None:
+        n, t, hc, ec, home, top_k = self.n, self.tokens, self.hc, self.ec, self.home, self.top_k
+        spad, words, a, b = self.spad[home], self.words[home], self.a_bank, self.b_bank
+        if self.projection is None:
+            words.put(self.xr, [row[c * n:(c + 1) * n] for row in self.x for c in range(hc)])
+        else:
+            self.channels = self.attn_out.shape[1]
+            self.o_addr = spad.take(self.tb * self.channels, "attention outputs", a)
+            self.res_addr = spad.take(t * hc, "residual rows", b)
+            self.wo_addr = spad.take(hc * self.channels, "output projection", b)
+            words.put(self.o_addr, _token_layout(self.attn_out, n))
+            words.put(self.res_addr, [row[c * n:(c + 1) * n] for row in self.residual
+                                      for c in range(hc)])
+            words.put(self.wo_addr, _column_layout(self.w_o, n))
+        self.router_addr = spad.take(ec * self.hidden, "router weights", b)
+        words.put(self.router_addr, _column_layout(self.weights.router, n))
+        a2, b2, self.cb = _encoding(self.experts, t)
+        self.enc_a = spad.take(self.tb * 2, "encoding constants", a)
+        words.put(self.enc_a, _token_layout(a2, n))
+        self.enc_b = spad.take(ec * 2, "encoding constants", b)
+        words.put(self.enc_b, _column_layout(b2, n))
+        # Accumulator constants: zero, -128 (N rows), rank j + 1 and 1 per lane, identity.
+        consts = np.zeros((4 * n, n), np.int64)
+        consts[1:1 + n] = -128
+        consts[1 + n, :top_k] = np.arange(1, top_k + 1)
+        consts[2 + n] = 1
+        consts[3 + n:3 + 2 * n] = np.eye(n, dtype=np.int64)
+        self.const_addr = spad.take(4 * n, "accumulator constants", b)
+        words.put(self.const_addr, consts)
+        # The masks, transposed: word j·T + t = expert block j of token t.
+        self.sel_rank = spad.take(ec * t, "rank mask", a)
+        self.sel_one = spad.take(ec * t, "selection mask", a)
+        self.ones_col = spad.take(1, "ones", a)
+        words.put(self.ones_col, [np.ones(n, np.int64)])
+        tw2 = ceil_div(2 * t, n)
+        self.neg_row = spad.take(tw2, "minus ones", b)
+        words.put(self.neg_row, [np.full(n, -1)] * tw2)
+        self.ones_tn = spad.take(t, "ones", b)
+        words.put(self.ones_tn, [np.ones(n, np.int64)] * t)
+        # Per token block, what its tokens' 0/1 and rank masks add to the low and high
+        # bytes of their entries (columns 2t and 2t + 1; see emit_tables_and_dispatch).
+        self.d_gather, self.d_result, self.d_rank = [], [], []
+        for blk, rows in enumerate(self.block_rows):
+            first = blk * n + np.arange(rows)
+            for name, low, high, out in (("gather", first + 1, 1, self.d_gather),
+                                         ("result", first + 1 - t, 1, self.d_result),
+                                         ("rank", np.full(rows, t), 0, self.d_rank)):
+                d = np.zeros((rows, 2 * rows), np.int64)
+                d[np.arange(rows), 2 * np.arange(rows)] = low
+                d[np.arange(rows), 2 * np.arange(rows) + 1] = high
+                out.append(spad.take(2 * rows, f"{name} table constants", b))
+                words.put(out[-1], _column_layout(d, n))
+        self.gtab = spad.take(self.experts * self.tw, "gather tables")
+        self.slot_rows = spad.take(top_k * t * hc, "results by top-k slot", b)
+        shared = range(self.experts, self.layer.total)
+        self.shared_rows = {s: spad.take(t * hc, f"expert{s} results", b) for s in shared}
+        diag = self.tb * top_k * n
+        self.d_lo = spad.take(diag, "gate diagonals, low limbs", a)
+        self.d_hi = spad.take(diag, "gate diagonals, high limbs", a)
+        self.d_top = spad.take(diag, "gate diagonals, bit 14", a)
+        self.d_two = spad.take(n, "2 on the diagonal", a)
+        words.put(self.d_two, 2 * np.eye(n, dtype=np.int64))
+        self.out_addr = spad.take(t * hc, "output rows")
+
+    def _place_experts(self) -> None:
+        n, t, hc, a, b, q_words = self.n, self.tokens, self.hc, self.a_bank, self.b_bank, \
+            self.q_words
+        self.ident, self.iota, self.h_addr = {}, {}, {}
+        self.w_addr, self.tbl_addr, self.recv, self.y_rows = {}, {}, {}, {}
+        iota_rows = np.zeros((q_words, n), np.int64)
+        for q in range(self.q_entries):
+            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
+            iota_rows[q, :len(values)] = _int8(values)
+        for i in range(self.tiles):
+            spad, words, mine = self.spad[i], self.words[i], self.experts_on(i)
+            if not mine and i != self.home:
+                continue
+            self.ident[i] = spad.take(n, "identity", a)
+            words.put(self.ident[i], np.eye(n, dtype=np.int64))
+            self.iota[i] = spad.take(q_words, "table-index constants", b)
+            words.put(self.iota[i], iota_rows)
+            self.h_addr[i] = spad.take(self.fc * n, "SwiGLU activations", a)
+            for e in mine:
+                wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b)
+                wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b)
+                wd = spad.take(hc * self.ffn, f"expert{e} down weights", b)
+                self.w_addr[e] = (wg, wu, wd)
+                words.put(wg, _column_layout(self.weights.w_gate[e], n))
+                words.put(wu, _column_layout(self.weights.w_up[e], n))
+                words.put(wd, _column_layout(self.weights.w_down[e], n))
+                self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b)
+                table = np.zeros((q_words, n), np.int64)
+                for q in range(self.q_entries):
+                    part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
+                    table[q, :len(part)] = part
+                words.put(self.tbl_addr[e], table)
+                if e < self.experts:
+                    self.recv[e] = spad.take(t * hc, f"expert{e} token rows", a)
+                if e < self.experts or i != self.home:
+                    self.y_rows[e] = spad.take(t * hc, f"expert{e} result rows")
+                else:  # a shared expert on home writes its results in place
+                    self.y_rows[e] = self.shared_rows[e]
+
+    def _acc_plan(self, i: int) -> dict:
+        """Tile i's accumulator entries: constants, then phases that overlay one another."""
+        n, depth, hc = self.n, self.config.acc_depth, self.hc
+        bump = _bump(0, depth, "accumulator memory", f"tile {i}")
+        plan = {"iota": bump.take(self.q_words, "table-index entries"),
+                "table": bump.take(self.q_words, "SiLU table entries")}
+        if i == self.home:  # the constants' words, in their order (see _place_home)
+            at = bump.take(4 * n, "constants")
+            plan.update(zero=at, m128=at + 1, rank=at + 1 + n, one=at + 2 + n, eye=at + 3 + n,
+                        eye15=bump.take(n, "identity x 2^15"))
+        base = bump.end
+        ffn = _bump(base, depth, "accumulator memory", f"tile {i}")
+        plan["g"] = ffn.take(self.fc * n, "FFN gate")
+        plan["u"] = ffn.take(self.fc * n, "FFN up")
+        plan["y_tiles"] = min(hc, (depth - plan["g"]) // n)
+        if plan["y_tiles"] < 1:
+            ffn.take(n, "FFN output")
+        if i == self.home:
+            gating = _bump(base, depth, "accumulator memory", f"tile {i}")
+            for name, size in (("v", self.ec * n), ("s", self.ec * n), ("rank_mask", self.ec * n),
+                               ("k128", n), ("gt", n), ("max", 1), ("sum", 1),
+                               ("gs", self.top_k)):
+                plan[name] = gating.take(size, name)
+            plan["one_mask"] = plan["s"]  # the top-k tile is dead once k128 holds its list
+            tables = _bump(base, depth, "accumulator memory", f"tile {i}")
+            plan["tab"] = tables.take(ceil_div(2 * self.tokens, n) * n, "index tables")
+            plan["cnt"] = tables.take(n, "token counts")
+            # The combine and the projection in column chunks of what is left.
+            plan["c_tiles"] = min(hc, (depth - base) // n)
+            plan["comb"] = plan["proj"] = _bump(base, depth, "accumulator memory",
+                                                f"tile {i}").take(n, "combine sum")
+        return plan
+
+    # -- instructions --------------------------------------------------------------------
+
+    def load_words(self, i: int, src: int, entry: int, count: int) -> None:
+        """count words (a multiple of N) into count consecutive entries: I · words."""
+        self.emitters[i].gemm(a=self.ident[i], b=src, c=entry, m=self.n, k=self.n, p=count,
+                              a_rows=1, b_rows=0)
+
+    def load_table(self, i: int, value_entry: int | None) -> None:
+        """The 256-entry SiLU table from the plan's table entries, or one value entry."""
+        plan = self.plans[i]
+        for q in range(self.q_entries):
+            rows = min(self.r_load, SILU_ENTRIES - q * self.r_load)
+            a = plan["table"] + q if value_entry is None else value_entry
+            self.emitters[i].vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q,
+                                 lo=0, hi=1)
+
+    def emit_home_inputs(self) -> None:
+        """Constants into the accumulator, the token rows (from the projection), the
+        rows multicast to remote shared experts, the SiLU table cleared."""
+        home, n, plan = self.home, self.n, self.plans[self.home]
+        e = self.emitters[home]
+        self.load_words(home, self.const_addr, plan["zero"], 4 * n)
+        e.vec(VOP.LOGIT, n, 1, plan["eye"], mult=1, shift=-G_BITS, imm=NEG_INF,
+              dst=plan["eye15"], dst_kind=VecDst.TILE, lo=0, hi=n)
+        if self.projection is not None:
+            self._emit_projection()
+        shared_tiles = {self.expert_tile[s] for s in range(self.experts, self.layer.total)}
+        others = sorted(t for t in shared_tiles if t != home)
+        if others:
+            mask = sum(tile_bit(t % self.k, t // self.k) for t in others)
+            size = self.tokens * self.hc
+            for start in range(0, size, MAX_DMA_LENGTH):
+                e.dma(src=self.xr + start, dst=self.xr + start,
+                      length=min(MAX_DMA_LENGTH, size - start), tiles=mask, remote_signal=1,
+                      remote_semaphore=SEM_INPUTS)
+        self.x_dmas = ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
+        self.load_words(home, self.iota[home], plan["iota"], self.q_words)
+        self.load_table(home, plan["zero"])
+
+    def _emit_projection(self) -> None:
+        """x = clamp(residual + rq(o · W_o)) into the token rows, block by block."""
+        n, hc, home = self.n, self.hc, self.home
+        e, plan = self.emitters[home], self.plans[home]
+        pm, ps = self.projection.scales.multiplier()
+        proj, chunk = plan["proj"], plan["c_tiles"]
+        for b, rows in enumerate(self.block_rows):
+            for j0 in range(0, hc, chunk):
+                width = min(chunk, hc - j0)
+                cols, every = min(width * n, self.hidden - j0 * n), {"lo": 0, "hi": width * n}
+                e.gemm(a=self.o_addr + b * self.channels,
+                       b=self.wo_addr + j0 * self.channels, c=proj, m=rows, k=self.channels,
+                       p=cols, a_rows=0, b_rows=0)
+                e.vec(VOP.REQUANT, rows, width, proj, mult=pm, shift=ps, dst=proj,
+                      dst_kind=VecDst.TILE, **every)
+                e.gemm(a=self.ident[home], b=self.res_addr + b * n * hc + j0, c=proj, m=rows,
+                       k=rows, p=cols, a_rows=1, b_rows=0, b_stride=hc, accumulate=1,
+                       acc_shift=0)
+                e.vec(VOP.REQUANT, rows, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
+                      dst=self.xr + b * n * hc + j0, dst_kind=VecDst.SPAD, dst_stride=hc,
+                      **every)
+
+    def emit_gating(self) -> None:
+        """Per block: router logits, top k, the rank and 0/1 masks (transposed into the
+        scratchpad), the gates in top-k order and their diagonals."""
+        n, ec, experts, top_k, t = self.n, self.ec, self.experts, self.top_k, self.tokens
+        e, plan = self.emitters[self.home], self.plans[self.home]
+        lanes = {"lo": 0, "hi": experts}
+        batch = min(SILU_ENTRIES >> self.cb, n)
+        for b, rows in enumerate(self.block_rows):
+            v, s = plan["v"], plan["s"]
+            e.gemm(a=self.xr + b * n * self.hc, b=self.router_addr, c=v, m=rows,
+                   k=self.hidden, p=experts, a_rows=1, a_row_major=1, b_rows=0)
+            e.gemm(a=self.enc_a + 2 * b, b=self.enc_b, c=v, m=rows, k=2, p=experts,
+                   a_rows=0, b_rows=0, accumulate=1, acc_shift=8)
+            e.vec(VOP.TOPK, rows, ec, v, imm=0, dst=s, dst_kind=VecDst.TILE, **lanes)
+            e.vec(VOP.ADD, rows, 1, s + (ec - 1) * n, b=plan["m128"], dst=plan["k128"],
+                  dst_kind=VecDst.TILE, lo=0, hi=n)
+            for o in range(0, rows, batch):
+                group = range(o, min(rows, o + batch))
+                for value, mask in ((plan["rank"], plan["rank_mask"]),
+                                    (plan["one"], plan["one_mask"])):
+                    for row in group:  # table[c8 of the row's j-th expert] = value lane j
+                        e.vec(VOP.SILU_LOAD, top_k, 1, value, a_scalar=1,
+                              c=plan["k128"] + row, lo=0, hi=1)
+                    e.vec(VOP.SILU, len(group), ec, v + o, dst=mask + o,
+                          dst_kind=VecDst.TILE, **lanes)
+                for row in group:
+                    e.vec(VOP.SILU_LOAD, top_k, 1, plan["zero"], a_scalar=1,
+                          c=plan["k128"] + row, lo=0, hi=1)
+            for j in range(ec):
+                for mask, dst in ((plan["rank_mask"], self.sel_rank),
+                                  (plan["one_mask"], self.sel_one)):
+                    e.vec(VOP.REQUANT, rows, 1, mask + j * n, mult=IDENTITY[0],
+                          shift=IDENTITY[1], dst=dst + j * t + b * n, dst_kind=VecDst.SPAD,
+                          lo=0, hi=n)
+            self._emit_gates(b, rows)
+
+    def _emit_gates(self, b: int, rows: int) -> None:
+        """Golden's softmax over the k selected logits, L = floor(v / 256) of the top-k
+        list, then per slot j the diagonal of the gates as the combine's A operand."""
+        n, top_k = self.n, self.top_k
+        e, plan = self.emitters[self.home], self.plans[self.home]
+        gt, slots = plan["gt"], {"lo": 0, "hi": top_k}
+        lm, ls = self.layer.logit
+        e.vec(VOP.LOGIT, rows, 1, plan["k128"], mult=1, shift=8, imm=NEG_INF, dst=gt,
+              dst_kind=VecDst.TILE, **slots)
+        e.vec(VOP.LOGIT, rows, 1, gt, mult=lm, shift=ls, imm=NEG_INF, dst=gt,
+              dst_kind=VecDst.TILE, total=plan["max"], total_write=1, **slots)
+        e.vec(VOP.EXP, rows, 1, gt, c=plan["max"], shift=G_BITS, dst=gt, dst_kind=VecDst.TILE,
+              total=plan["sum"], total_write=1, **slots)
+        e.vec(VOP.RECIP, rows, 1, plan["sum"], a_scalar=1, c=plan["sum"], lo=0, hi=1)
+        e.vec(VOP.DIV, rows, 1, gt, shift=G_BITS, sat=1, dst=gt, dst_kind=VecDst.TILE,
+              **slots)
+        for j in range(top_k):
+            e.vec(VOP.SUM, rows, 1, gt, total=plan["gs"] + j, total_write=1, lo=j, hi=j + 1)
+            at = (b * top_k + j) * n
+            zero = {"b": plan["zero"], "b_scalar": 1, "c": plan["gs"] + j, "lo": 0, "hi": n}
+            for pack, dst in ((VecPack.LIMB_LO, self.d_lo), (VecPack.LIMB_HI, self.d_hi)):
+                e.vec(VOP.RESCALE, rows, 1, plan["eye15"], dst=dst + at,
+                      dst_kind=VecDst.SPAD, pack=pack, **zero)  # lane r: gate bits 0-13
+            e.vec(VOP.RESCALE, rows, 1, plan["eye"], dst=self.d_top + at,
+                  dst_kind=VecDst.SPAD, **zero)  # lane r: (gate + 2^14) >> 15, bit 14
+
+    def emit_tables_and_dispatch(self) -> None:
+        """Per group of N experts: counts, result tables (into each expert's metadata) and
+        gather tables; then each remote expert's metadata and every expert's rows go."""
+        n, t, ec, home = self.n, self.tokens, self.ec, self.home
+        e, plan = self.emitters[home], self.plans[home]
+        tab, tw2 = plan["tab"], ceil_div(2 * t, n)
+        for g in range(ec):
+            rows = min(n, self.experts - g * n)
+            one, rank = self.sel_one + g * t, self.sel_rank + g * t
+            e.gemm(a=one, b=self.ones_tn, c=plan["cnt"], m=rows, k=t, p=n, a_rows=0, b_rows=0)
+            self._rows_out(plan["cnt"], rows, 1, self.meta + g * n * self.meta_words,
+                           self.meta_words, VOP.REQUANT)
+            for dst, stride, terms in (
+                    (self.meta + g * n * self.meta_words + 1, self.meta_words,
+                     ((one, self.d_result), (rank, self.d_rank))),
+                    (self.gtab + g * n * self.tw, self.tw, ((one, self.d_gather),))):
+                # Token block b's entries are columns 2bN .. of the table: one GEMM per
+                # block over its own tokens (the constants are block-diagonal).
+                for blk, block_rows in enumerate(self.block_rows):
+                    for index, (a, d) in enumerate(terms):
+                        e.gemm(a=a + blk * n, b=d[blk], c=tab + 2 * blk * n, m=rows,
+                               k=block_rows, p=2 * block_rows, a_rows=0, b_rows=0,
+                               accumulate=int(index > 0), acc_shift=0)
+                e.gemm(a=self.ones_col, b=self.neg_row, c=tab, m=rows, k=1, p=2 * t,
+                       a_rows=0, b_rows=0, accumulate=1, acc_shift=0)
+                self._rows_out(tab, rows, tw2, dst, stride, VOP.LOGIT)
+        for ex in range(self.experts):
+            tile = self.expert_tile[ex]
+            if tile != home:
+                at = self.meta + ex * self.meta_words
+                e.dma(src=at, dst=at, length=self.meta_words,
+                      tiles=tile_bit(tile % self.k, tile // self.k), remote_signal=1,
+                      remote_semaphore=SEM_INPUTS)
+        e.drain()  # the tables and the token rows are written: the IDMAs read them
+        for ex in range(self.experts):
+            tile = self.expert_tile[ex]
+            e.ops.append((Opcode.IDMA, {
+                "src": self.xr, "dst": self.recv[ex], "table": self.gtab + ex * self.tw,
+                "count": t, "row": self.hc, "tile_base": self.index_of(tile),
+                "remote_signal": 1, "remote_semaphore": self._rows_sem(ex)}))
+
+    def _rows_out(self, entries: int, rows: int, beats: int, dst: int, stride: int,
+                  op: VOP) -> None:
+        """Rows (experts) of a tile of entries into the scratchpad, row r at
+        ``dst + r·stride``, as bytes (REQUANT: clamped; LOGIT by 1: the low 8 bits)."""
+        e, n = self.emitters[self.home], self.n
+        step = min(n, self.config.slots)
+        scale = {"mult": IDENTITY[0], "shift": IDENTITY[1]} if op == VOP.REQUANT else {
+            "mult": 1, "shift": 0, "imm": NEG_INF}
+        for r0 in range(0, rows, step):
+            part = min(step, rows - r0)
+            e.vec(op, part, beats, entries + r0, dst=dst + r0 * stride, dst_kind=VecDst.SPAD,
+                  dst_stride=stride, lo=0, hi=beats * n, **scale)
+
+    def _rows_sem(self, ex: int) -> int:
+        return FIRST_ROWS_SEM + self.routed_on(self.expert_tile[ex]).index(ex)
+
+    def emit_experts(self) -> None:
+        """Each expert tile: its inputs, then per expert the FFN over the rows it
+        received and the results back to home."""
+        n, t = self.n, self.tokens
+        for i in range(self.tiles):
+            mine = self.experts_on(i)
+            if not mine:
+                continue
+            e, plan = self.emitters[i], self.plans[i]
+            if i != self.home:
+                inputs = len(self.routed_on(i))
+                if any(x >= self.experts for x in mine):
+                    inputs += self.x_dmas
+                e.wait_arrivals(SEM_INPUTS, inputs)
+                self.load_words(i, self.iota[i], plan["iota"], self.q_words)
+            for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
+                e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
+            for ex in mine:
+                e.drain()
+                if ex < self.experts:
+                    e.ops.append((Opcode.LOAD, {"rd": R_LEFT,
+                                                "addr": self.meta + ex * self.meta_words,
+                                                "lane": n - 1}))
+                    e.ops.append((Opcode.WITH, {"field0": 1, "reg0": R_LEFT}))
+                    e.ops.append((Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0}))
+                    source = self.recv[ex]
+                else:
+                    e.ops.append((Opcode.SET, {"rd": R_LEFT, "value": t}))
+                    source = self.xr
+                self._expert_loop(i, ex, source)
+                self._send_results(i, ex)
+
+    def _expert_loop(self, i: int, ex: int, source: int) -> None:
+        """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
+        at a time, the results as rows into the expert's result rows."""
+        n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
+        e, plan, layer = self.emitters[i], self.plans[i], self.layer
+        wg, wu, wd = self.w_addr[ex]
+        (gm, gs), (um, us) = layer.gate[ex], layer.up[ex]
+        (hm, hs), (dm, ds) = layer.swiglu[ex], layer.down[ex]
+        ops = e.ops
+        ops.append((Opcode.SET, {"rd": R_OFF, "value": 0}))
+        ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
+        skip_all = len(ops)  # no rows: not even the SiLU table is loaded
+        ops.append((Opcode.SKIP, {"ra": R_ZERO, "rb": R_LEFT, "target": 0}))
+        self.load_words(i, self.tbl_addr[ex], plan["table"], self.q_words)
+        self.load_table(i, None)
+        e.drain()
+        body = len(ops)
+        ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
+        short = len(ops)
+        ops.append((Opcode.SKIP, {"ra": R_NM1, "rb": R_LEFT, "target": 0}))
+        ops.append((Opcode.SET, {"rd": R_ROWS, "value": n}))
+        ops[short][1]["target"] = len(ops)
+        rows, full = [("m", R_ROWS)], {"m": n}
+        for w, c in ((wg, plan["g"]), (wu, plan["u"])):
+            e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": ffn,
+                                    "a_rows": 1, "a_row_major": 1, "b_rows": 0},
+                      [("a", R_OFF)] + rows, full)
+        by_rows = {"registers": [("rows", R_ROWS)], "assume": {"rows": n}}
+        every = {"lo": 0, "hi": fc * n}
+        e.vec(VOP.REQUANT, 0, fc, plan["g"], mult=gm, shift=gs, dst=plan["g"],
+              dst_kind=VecDst.TILE, **every, **by_rows)
+        e.vec(VOP.REQUANT, 0, fc, plan["u"], mult=um, shift=us, dst=plan["u"],
+              dst_kind=VecDst.TILE, **every, **by_rows)
+        e.vec(VOP.SWIGLU, 0, fc, plan["g"], b=plan["u"], mult=hm, shift=hs, sat=1,
+              dst=self.h_addr[i], dst_kind=VecDst.SPAD, **every, **by_rows)
+        chunk = plan["y_tiles"]
+        for j0 in range(0, hc, chunk):
+            width = min(chunk, hc - j0)
+            e.dynamic(Opcode.GEMM, {"a": self.h_addr[i], "b": wd + j0 * ffn, "c": plan["g"],
+                                    "m": 0, "k": ffn, "p": min(width * n, hidden - j0 * n),
+                                    "a_rows": 1, "b_rows": 0}, rows, full)
+            e.vec(VOP.REQUANT, 0, width, plan["g"], mult=dm, shift=ds,
+                  dst=self.y_rows[ex] + j0, dst_kind=VecDst.SPAD, dst_stride=hc, lo=0,
+                  hi=width * n, registers=[("rows", R_ROWS), ("dst", R_OFF)],
+                  assume={"rows": n})
+        e.drain()
+        done = len(ops)
+        ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_LEFT, "target": 0}))
+        ops.append((Opcode.ADD, {"rd": R_LEFT, "ra": R_LEFT, "imm": -n}))
+        ops.append((Opcode.ADD, {"rd": R_OFF, "ra": R_OFF, "imm": n * hc}))
+        ops.append((Opcode.LOOP, {"counter": R_IT, "limit": R_LIM, "target": body,
+                                  "bound": ceil_div(self.tokens, n)}))
+        ops[skip_all][1]["target"] = ops[done][1]["target"] = len(ops)
+
+    def _send_results(self, i: int, ex: int) -> None:
+        """A routed expert's rows into home's slot buffer (IDMA scatter over its result
+        table); a remote shared expert's rows to home by DMA."""
+        e, t, hc = self.emitters[i], self.tokens, self.hc
+        if ex < self.experts:
+            e.ops.append((Opcode.IDMA, {
+                "src": self.y_rows[ex], "dst": self.slot_rows,
+                "table": self.meta + ex * self.meta_words + 1, "count": t, "row": hc,
+                "scatter": 1, "tile_base": self.index_of(self.home), "remote_signal": 1,
+                "remote_semaphore": SEM_RESULTS}))
+        elif i != self.home:
+            home = tile_bit(self.home % self.k, self.home // self.k)
+            size = t * hc
+            for start in range(0, size, MAX_DMA_LENGTH):
+                e.dma(src=self.y_rows[ex] + start, dst=self.shared_rows[ex] + start,
+                      length=min(MAX_DMA_LENGTH, size - start), tiles=home, remote_signal=1,
+                      remote_semaphore=SEM_RESULTS)
+                self.remote_shared_dmas += 1
+
+    def emit_combine(self) -> None:
+        """Home: once every result has arrived, per block ``Σ_j diag(G_j)·Y_j`` (+ the
+        shared experts' 2^15·y) in two passes (bit 14 first, shifted by 14 under the
+        low 14 bits), requantised into the output rows."""
+        n, hc, home, top_k, t = self.n, self.hc, self.home, self.top_k, self.tokens
+        e, plan = self.emitters[home], self.plans[home]
+        e.drain()
+        e.wait_arrivals(SEM_RESULTS, t * top_k + self.remote_shared_dmas)
+        comb, chunk = plan["comb"], plan["c_tiles"]
+        shared = range(self.experts, self.layer.total)
+        om, osh = self.layer.out
+        for b, rows in enumerate(self.block_rows):
+            slot = [self.slot_rows + (j * t + b * n) * hc for j in range(top_k)]
+            terms = [({"a": self.d_top + (b * top_k + j) * n}, slot[j]) for j in range(top_k)]
+            terms += [({"a": self.d_two}, self.shared_rows[s] + b * n * hc) for s in shared]
+            terms += [({"a": self.d_hi + (b * top_k + j) * n, "a_lo": self.d_lo
+                        + (b * top_k + j) * n, "a_limbs": 1}, slot[j]) for j in range(top_k)]
+            for j0 in range(0, hc, chunk):
+                width = min(chunk, hc - j0)
+                for index, (a, rows_at) in enumerate(terms):
+                    e.gemm(**a, b=rows_at + j0, c=comb, m=rows, k=rows,
+                           p=min(width * n, self.hidden - j0 * n), a_rows=1, b_rows=0,
+                           b_stride=hc, accumulate=int(index > 0),
+                           acc_shift=14 if index == top_k + len(shared) else 0)
+                e.vec(VOP.REQUANT, rows, width, comb, mult=om, shift=osh,
+                      dst=self.out_addr + b * n * hc + j0, dst_kind=VecDst.SPAD,
+                      dst_stride=hc, lo=0, hi=width * n)
+
+    def program(self) -> MoeChipProgram:
+        n, hc, k, home, config, t = self.n, self.hc, self.k, self.home, self.config, self.tokens
+        shape = (t, self.hidden)
+        output_words = [self.out_addr + r * hc + j for r in range(t) for j in range(hc)]
+        reader = OutputRows(shape, n, self.hidden, [
+            ((r,), [self.out_addr + r * hc + j for j in range(hc)]) for r in range(t)])
+        programs = []
+        for i in range(self.tiles):
+            ops = self.emitters[i].halt()
+            if len(ops) > config.program_depth:
+                raise ValueError(f"tile {i} ({i % k}, {i // k}) needs {len(ops)} "
+                                 f"instructions; the program memory holds program_depth = "
+                                 f"{config.program_depth}")
+            summary = summarise(config, ops, self.spad[i].end, config.acc_depth,
+                                {"experts": len(self.experts_on(i))})
+            at_home = i == home
+            programs.append(TileProgram(
+                config, "moe", encode_ops(ops), ops, self.words[i].writes, None, [], [], {},
+                output_words if at_home else [], shape if at_home else (0,),
+                summary, reader if at_home else OutputRows((0,), n, 0, [])))
+        layer = self.layer
+        chosen = topk(router_logits(self.x, self.weights), self.top_k)
+        load = np.bincount(chosen.ravel(), minlength=self.experts)
+        per_token = 3 * self.hidden * self.ffn
+        summary = {
+            "tokens": t, "mesh": f"{k}x{k}", "home": home, "dispatch": "sparse",
+            "macs_sparse": (t * self.hidden * self.experts
+                            + (self.top_k + layer.shared) * t * per_token
+                            + (0 if self.projection is None
+                               else t * self.channels * self.hidden)),
+            "expert_load": load.tolist(),
+            "instructions": [p.summary.length for p in programs],
+            "experts_per_tile": [len(self.experts_on(i)) for i in range(self.tiles)],
+            "scratchpad_words": [p.summary.spad_words for p in programs],
+        }
+        return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
+                              shape, summary, reader)
