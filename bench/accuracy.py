@@ -57,9 +57,9 @@ def measure(workload: str, overrides: dict, layer: int, batch: int, prefill: int
     when it fits the chip, else attention alone)."""
     cfg = get_workload(workload, **overrides)
     try:
-        config, moe = chip_config(cfg, moe=True), True
+        config, moe = chip_config(cfg, moe="sparse"), "sparse"
     except ValueError:  # the MoE layer does not fit a 2x2 chip
-        config, moe = chip_config(cfg, moe=False), False
+        config, moe = chip_config(cfg, moe="off"), "off"
     rounds = layer_rounds(config, cfg, layer, batch=batch, prefill=prefill, context=context,
                           steps=steps, seed=seed, moe=moe)
     return accuracy(rounds)

@@ -36,7 +36,7 @@ def run(quick: bool) -> dict:
     local = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
                            steps=1, placement="local")
     striped = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
-                             steps=1, placement="striped", moe=False)
+                             steps=1, placement="striped", moe="off")
     lf, sf = chip_figures(local, K, N), chip_figures(striped, K, N)
     out = {f"chip__{WORKLOAD}__{key.split('__', 1)[1]}": value for key, value in lf.items()
            if key.startswith(("chip__prefill__", "chip__decode__"))
@@ -50,7 +50,7 @@ def run(quick: bool) -> dict:
     energy = {}
     for placement in ("local", "striped"):
         result = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, context=context,
-                                steps=2, placement=placement, moe=False, activity=True)
+                                steps=2, placement=placement, moe="off", activity=True)
         energy[placement] = result["energy"].total
         out[f"chip__{placement}__decode_energy_per_token"] = round(
             result["energy"].total / (2 * BATCH))
@@ -59,10 +59,10 @@ def run(quick: bool) -> dict:
 
     # The other miniatures' attention (prefill 32, one decode step), one build each.
     for name in () if quick else ATTENTION_ONLY:
-        wl, chip = get_workload(name), chip_config(name, k=K, n=N, moe=False)
+        wl, chip = get_workload(name), chip_config(name, k=K, n=N, moe="off")
         fits = min(context, chip.tile.max_pages * chip.tile.page_size - 1)  # tiny: 63
         result = simulate_layer(chip, name, len(wl.windows) - 1, batch=BATCH, prefill=32,
-                                context=fits, steps=1, moe=False)
+                                context=fits, steps=1, moe="off")
         out[f"chip__{name}__decode__context"] = fits
         figures = chip_figures(result, K, N)
         out[f"chip__{name}__prefill__attention_cycles"] = figures["chip__prefill__cycles"]

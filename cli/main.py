@@ -219,7 +219,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
 
     n, tiles = args.array, args.mesh * args.mesh
     fmax, fmax_text = report.fmax_line(n)
-    layer = ("golden.attention, golden.decoder and golden.moe" if args.moe
+    layer = ("golden.attention, golden.decoder and golden.moe" if args.moe != "off"
              else "golden.attention")
     rows = [("result", f"PASS: all {metrics['outputs']} int8 outputs of "
                        f"{len(result['rounds'])} rounds bit-exact with {layer}")]
@@ -230,11 +230,8 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
         for key in ("cosine", "cosine_min_output", "max_lsb_error", "saturated",
                     "saturated_share"):
             metrics[f"chip__{phase.replace('-', '_')}__accuracy_{key}"] = figures[key]
-    if args.moe:
-        ratio = max(r.get("dense_over_sparse", 0) for r in result["rounds"]
-                    if r["phase"].endswith("moe"))
-        rows.append(("MoE", f"dense-masked: the experts compute every token, {ratio:.1f}x "
-                            "the MACs of a sparse dispatch (docs/moe_mapping.md)"))
+    if args.moe != "off":
+        rows.append(("MoE", _moe_line(args.moe, result["rounds"], metrics)))
     tile_area = (report.area_line(TILE_DESIGNS[n]) + f" per tile (FPGA size), x {tiles}"
                  if n in TILE_DESIGNS else
                  f"not measured: synth/designs.py has no N = {n} tile")
@@ -257,6 +254,19 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
         rows.append(("dump", report.dump_line(args.dump,
                                               vars(args) | {"chip": asdict(config)})))
     return rows, phase_accuracy
+
+
+def _moe_line(dispatch: str, rounds: list[dict], metrics: dict) -> str:
+    """What the MoE rounds executed against a sparse dispatch's MACs (the tiles'
+    counters), and how."""
+    moe = [r for r in rounds if r["phase"].endswith("moe")]
+    ratio = sum(r["macs"] for r in moe) / max(sum(r["macs_sparse"] for r in moe), 1)
+    metrics["moe__executed_over_sparse_macs"] = round(ratio, 4)
+    how = ("sparse dispatch: each token to its experts' tiles by indexed DMA, each expert "
+           "over the tokens it received" if dispatch == "sparse" else
+           "dense-masked: every expert over every token")
+    return (f"{how}; {ratio:.2f}x the MACs of the router and the top-k experts, counted "
+            "by the tiles (docs/moe_mapping.md)")
 
 
 def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> list:
@@ -306,7 +316,8 @@ def agent(args: argparse.Namespace) -> int:
         return 2
     k = args.mesh
     print(f"serrano agent: {k}x{k} chip of N={args.array} tiles, {cfg.name} layer {layer}"
-          f"{' + MoE' if args.moe else ''}: {args.turns} turns of (tool result {args.tool} "
+          f"{'' if args.moe == 'off' else f' + MoE ({args.moe})'}: {args.turns} turns of "
+          f"(tool result {args.tool} "
           f"tokens -> answer {args.answer} tokens) after a {args.prompt}-token prompt; the KV "
           f"cache kept (hit) or evicted and recomputed (miss); seed {args.seed}", flush=True)
     totals, results = {}, {}
@@ -446,9 +457,7 @@ def _add_sim_parser(commands) -> None:
     for name, what in options.SHAPE_OPTIONS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=options.dimension, default=None,
                                 help=f"custom shape: {what} (default: the workload's)")
-    parser.add_argument("--no-moe", dest="moe", action="store_false",
-                        help="attention alone (the MoE layer is run after every phase "
-                             "step by default)")
+    options.add_moe_options(parser, "after every phase step")
     parser.add_argument("--seed", type=options.non_negative, default=1,
                         help="seed of the workload's tensors: one layer's weights, "
                              "each sequence's tokens from its own stream")
@@ -498,9 +507,7 @@ def _add_agent_parser(commands) -> None:
                         help="tokens of each tool result (default 8)")
     parser.add_argument("--answer", type=options.positive, default=2,
                         help="tokens decoded per answer (default 2)")
-    parser.add_argument("--no-moe", dest="moe", action="store_false",
-                        help="attention alone (the MoE layer follows every step by "
-                             "default)")
+    options.add_moe_options(parser, "after every step")
     options.add_run_options(parser)
     parser.add_argument("--seed", type=options.non_negative, default=1,
                         help="seed of the tensors (default 1)")

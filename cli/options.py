@@ -207,6 +207,21 @@ def list_of(parse):
     return parse_list
 
 
+def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
+    """``--moe sparse|dense|off`` (default sparse) and ``--no-moe``, an alias of off;
+    ``after``: when the MoE layer runs."""
+    from compiler.chip import MOE_MODES
+
+    parser.add_argument("--moe", choices=MOE_MODES, default="sparse",
+                        help=f"the MoE layer {after}: sparse dispatch (each token to its "
+                             "experts' tiles, each expert over its own tokens; default), "
+                             "dense-masked (every expert over every token, unchosen ones "
+                             "weighted 0), or off (attention alone); one build runs all "
+                             "three")
+    parser.add_argument("--no-moe", dest="moe", action="store_const", const="off",
+                        help="attention alone (= --moe off)")
+
+
 def placement(text: str) -> str:
     from compiler.chip import PLACEMENTS
 

@@ -146,7 +146,8 @@ def sweep(args: argparse.Namespace) -> int:
         return 2
     todo = points(args)
     print(f"serrano sweep: {args.workload}, one decode step from context {args.context}"
-          f"{'' if args.moe else ' (attention only)'}, {len(todo)} runs on "
+          f"{' (attention only)' if args.moe == 'off' else f', MoE {args.moe}'}, "
+          f"{len(todo)} runs on "
           f"{len({(p['mesh'], p['array']) for p in todo})} design points"
           f"{', energy proxy on' if args.energy else ''}", flush=True)
     header = (f"{'mesh':>5} {'N':>3} {'placement':>9} {'batch':>5} {'cycles/token':>12} "
@@ -205,8 +206,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         metavar="B[,B]", help="batch sizes (default 1,2,4)")
     parser.add_argument("--context", type=options.non_negative, default=256,
                         help="tokens of the longest sequence before the step (default 256)")
-    parser.add_argument("--no-moe", dest="moe", action="store_false",
-                        help="attention alone")
+    options.add_moe_options(parser, "after every step")
     parser.add_argument("--energy", action="store_true",
                         help="measure the energy proxy of every run (SAIF-traced builds)")
     parser.add_argument("--seed", type=options.non_negative, default=1,

@@ -43,14 +43,17 @@ from rtl.scratchpad import KvOp
 from spec.config import ChipConfig
 from spec.isa import Opcode, encode
 
-__all__ = ["MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull", "Step",
-           "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",
+__all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull",
+           "Step", "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",
            "layer_rounds", "moe_round", "moe_words"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
 #: Tokens per MoE round (more tokens take several rounds).
 MOE_TOKENS = 32
+#: How a run does the MoE layer: sparse dispatch (compiler.moe_sparse), dense-masked
+#: (compiler.moe), or not at all.
+MOE_MODES = ("sparse", "dense", "off")
 #: The semaphore striped pages raise on their compute tile (the attention programs use
 #: semaphores 0..2).
 SEM_KV = 15
@@ -82,11 +85,15 @@ class Job:
 @dataclass
 class TileLoad:
     """What the host gives one tile before a round: program words, scratchpad words,
-    KV requests."""
+    KV requests. ``dispatched``: for a program whose work depends on data (registers,
+    loops, indexed DMA), the GEMM, VEC and DMA operations it dispatches at run time,
+    as the chip's functional model ran it (registers added, an IDMA's rows as DMAs);
+    ``None`` when its instructions say it."""
 
     instructions: list[int]
     spad_writes: dict[int, int]
     kv_requests: list[dict]
+    dispatched: list[tuple[Opcode, dict]] | None = None
 
 
 @dataclass
@@ -99,6 +106,8 @@ class ChipRound:
     jobs: list[Job]
     #: Scratchpad words moved across the network in this round (striped KV pages).
     network_words: int = 0
+    #: MACs of the GEMMs the round's programs dispatch (what the tiles' ``macs``
+    #: counters must add up to).
     macs: int = 0
     kv_bytes: int = 0
     summaries: list[dict] = field(default_factory=list)
@@ -465,15 +474,18 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
 def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
     """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
     ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
-    results), compiled on a tile whose whole scratchpad is working space."""
+    results), compiled on a tile whose whole scratchpad is working space: the larger of
+    the sparse and the dense-masked mapping, so one build runs both."""
     from compiler.moe import Projection, build_moe, moe_tile_config
+    from compiler.moe_sparse import build_sparse_moe
 
     wl = generate(cfg, moe_tokens=MOE_TOKENS)
     o = np.zeros((MOE_TOKENS, cfg.heads * cfg.v_head_dim), np.int8)
-    program = build_moe(moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(),
-                        cfg.top_k, wl.tensors["moe.x"],
-                        Projection(o, wl.tensors["attn0.w_o"], wl.projection_scales(0)))
-    return max(program.summary["scratchpad_words"])
+    args = (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
+            wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
+                                            wl.projection_scales(0)))
+    return max(max(build(*args).summary["scratchpad_words"])
+               for build in (build_moe, build_sparse_moe))
 
 
 @dataclass
@@ -486,15 +498,21 @@ class _MoeOutput:
 
 
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
-              x: np.ndarray, o: np.ndarray | None = None, layer: int = 0) -> ChipRound:
+              x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
+              dispatch: str = "sparse") -> ChipRound:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
     the same tokens, ``x`` is the residual stream and the home tile first computes the
     layer's input ``clamp(x + rq(o · W_o))`` of attention layer ``layer``
     (``golden.decoder``). The host writes every tile's weights before the round
-    (attention rounds reuse the working space)."""
-    from compiler.moe import Projection, build_moe
+    (attention rounds reuse the working space). ``dispatch``: ``sparse``
+    (:func:`compiler.moe_sparse.build_sparse_moe`; its programs run on the chip's
+    functional model here, which gives the MACs and network words they execute at run
+    time, the hardware's counters checked against them) or ``dense``
+    (:func:`compiler.moe.build_moe`, static counts)."""
+    from compiler.moe import Projection, build_moe, run_on_chip_model
+    from compiler.moe_sparse import build_sparse_moe
     from golden.decoder import project_residual
     from golden.moe import moe_layer, moe_layer_float, router_logits
 
@@ -506,8 +524,22 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer))
         x = project_residual(o, projection.w_o, residual, projection.scales,
                              saturation=saturation)
-    program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual, projection)
+    if dispatch not in ("sparse", "dense"):
+        raise ValueError(f"MoE dispatch {dispatch!r} is not sparse or dense")
+    build = build_sparse_moe if dispatch == "sparse" else build_moe
+    program = build(chip.tile, chip.k, weights, scales, cfg.top_k, residual, projection)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
+    s = program.summary
+    if dispatch == "sparse":  # what the programs do at run time, on the functional model
+        functional, model = run_on_chip_model(program)
+        if not np.array_equal(functional, golden.out):
+            raise AssertionError("the sparse MoE programs differ from golden.moe on the "
+                                 "chip's functional model")
+        macs = sum(f["m"] * f["k"] * f["p"] for tile in model.tiles
+                   for op, f in tile.issued if op == "GEMM")
+        network_words = sum(model.words_sent)
+    else:
+        macs, network_words = s["macs_executed"], s["network_words_sent"]
     # The float64 twin starts from the layer's int8 input (golden.decoder's output, within
     # half an LSB of its own float64 twin unless clamped, which is counted): routing that
     # flips across a near-tie between a rounded and an unrounded input is no arithmetic
@@ -517,7 +549,9 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
-    loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [])
+    loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [],
+                         None if dispatch == "dense" else
+                         [(Opcode[name], f) for name, f in model.tiles[t].issued])
              for t, p in enumerate(program.tiles)}
     # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
@@ -525,13 +559,12 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
                                                 program.summary), golden.out, inputs,
               reference, float(scales.out), saturation)
-    s = program.summary
-    return ChipRound(f"{phase}-moe", contexts_, loads, [job],
-                     network_words=s["network_words_sent"], macs=s["macs_executed"],
-                     summaries=[{"macs_sparse": s["macs_sparse"],
-                                 "dense_over_sparse": s["dense_over_sparse"],
-                                 "expert_load": [int(c) for c in golden.load],
-                                 "tied": tied}])
+    return ChipRound(f"{phase}-moe", contexts_, loads, [job], network_words=network_words,
+                     macs=macs, summaries=[{"dispatch": dispatch,
+                                            "macs_sparse": s["macs_sparse"],
+                                            "executed_over_sparse": macs / s["macs_sparse"],
+                                            "expert_load": [int(c) for c in golden.load],
+                                            "tied": tied}])
 
 
 @functools.lru_cache(maxsize=4)
@@ -546,10 +579,11 @@ def batch_workloads(cfg: WorkloadConfig, batch: int, tokens: int, seed: int) -> 
 
 def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                  batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
-                 placement: str = "local", seed: int = 1, moe: bool = True,
+                 placement: str = "local", seed: int = 1, moe: str = "sparse",
                  schedule: list[Step] | None = None) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
-    each step followed (``moe``) by the MoE layer on the tokens the step produced, in
+    each step followed (``moe`` ``sparse`` or ``dense``, not ``off``: the dispatch of
+    :func:`moe_round`) by the MoE layer on the tokens the step produced, in
     rounds of :data:`MOE_TOKENS` (sequence after sequence: a prefill's every token, a
     decode step's newest one). Every round runs the same layer: one set of weights and
     scales for the whole run. ``schedule``: as for :func:`attention_rounds`. The
@@ -559,7 +593,9 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule)
-    if not moe:
+    if moe not in MOE_MODES:
+        raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
+    if moe == "off":
         return rounds
     out: list[ChipRound] = []
     step: list[ChipRound] = []
@@ -583,7 +619,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         for offset in range(0, x.shape[0], MOE_TOKENS):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + MOE_TOKENS], o[offset:offset + MOE_TOKENS],
-                                 layer))
+                                 layer, moe))
         step = []
     return out
 

@@ -3,7 +3,7 @@ engine (vector unit) and DMA engine, with a host port and a network port."""
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, unsigned
+from amaranth import Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -15,7 +15,7 @@ from rtl.scratchpad import COUNTER_BITS as ECC_COUNTER_BITS
 from rtl.scratchpad import Scratchpad
 from rtl.sequencer import ProgramWrite, Sequencer, SequencerStatus
 from rtl.vec_engine import VecEngine
-from spec.isa import TILE_MASK_BITS
+from spec.isa import DIM_BITS, TILE_MASK_BITS
 from spec.params import check_array_size, check_bool, check_coord, check_grid
 
 __all__ = ["Counters", "Tile"]
@@ -27,11 +27,13 @@ COUNTER_BITS = 32
 class Counters(data.StructLayout):
     """Cycle counts from ``go`` until the program halts: every running cycle, split
     into exclusive phases by which engines are busy (``stall``: none is, the sequencer
-    is fetching or waiting), and the tensor core's accepted operand beats."""
+    is fetching or waiting), the tensor core's accepted operand beats, and the MACs of
+    the GEMMs dispatched (m·k·p of each as the GEMM engine takes it, registers added:
+    the work a program does at run time, modulo 2^32)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
-            "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "tc_beats")})
+            "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "tc_beats", "macs")})
 
 
 def _join(m: Module, source, sink) -> None:
@@ -176,6 +178,12 @@ class Tile(wiring.Component):
         c = self.counters
         running = seq.status.running | ~seq.status.halted & (gemm.busy | vec.busy | dma.busy)
         g, v, d = gemm.busy, vec.busy, dma.busy
+        # A dispatched GEMM's m·k, then its product with p a cycle later (GEMMs are
+        # dispatched at most one per instruction, five cycles apart).
+        taken = gemm.cmd.valid & gemm.cmd.ready
+        mk, gemm_p, product_due = Signal(2 * DIM_BITS), Signal(DIM_BITS), Signal()
+        m.d.sync += [mk.eq(gemm.cmd.payload.m * gemm.cmd.payload.k),
+                     gemm_p.eq(gemm.cmd.payload.p), product_due.eq(taken)]
         with m.If(self.go & ~seq.status.running):
             m.d.sync += c.eq(0)
         with m.Elif(running):
@@ -187,6 +195,7 @@ class Tile(wiring.Component):
                 c.dma.eq(c.dma + (d & ~g & ~v)),
                 c.stall.eq(c.stall + ~(g | v | d)),
                 c.tc_beats.eq(c.tc_beats + gemm.beat),
+                c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
             ]
         return m
 

@@ -93,15 +93,15 @@ def simulate_chip(config: ChipConfig, testcase: str, params: dict, *, seed: int 
 
 def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    prefill: int = 0, context: int = 0, steps: int = 1,
-                   placement: str = "local", seed: int = 1, moe: bool = True,
+                   placement: str = "local", seed: int = 1, moe: str = "sparse",
                    schedule: list | None = None, simulator: str | None = None,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
                    faults: FaultPlan | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
-    and, with ``moe``, the MoE layer), every output checked against golden; returns the
-    rounds' cycles, counters and traffic. ``schedule``: the steps of
+    and the MoE layer, ``moe`` sparse, dense or off), every output checked against
+    golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
     ``compiler.chip.attention_rounds`` (e.g. an agent loop) instead of prefill/steps.
     ``workload``: a name or a :class:`golden.workloads.WorkloadConfig`; ``progress``: a
     file the simulation appends a line to after every round; ``dump``: a directory that
@@ -128,7 +128,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
-           f"{'' if moe else '-nomoe'}")
+           f"{'' if moe == 'sparse' else '-moe' + moe}")
     if faults:
         tag += f"-faults-s{faults.seed}"
     if schedule:
@@ -142,7 +142,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
-                vcs: int = 2, moe: bool = True) -> ChipConfig:
+                vcs: int = 2, moe: str = "sparse") -> ChipConfig:
     """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
     with a 64 Ki-word scratchpad each (at most what the workload needs): working space
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
@@ -150,7 +150,7 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     8 block-table rows (4 jobs per tile under ``local`` placement, 2 under ``striped``) of
     ``max_context`` tokens (default 2048 with pages of at least N tokens, else 64, at
     most what the 1024-entry block table maps);
-    ``moe`` False: attention only, no room kept for the MoE layer. One
+    ``moe`` "off": attention only, no room kept for the MoE layer. One
     build serves every batch, context and placement that fits it; what does not fit is
     refused by the compiler with the reason."""
     from compiler.chip import moe_words
@@ -164,7 +164,7 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     max_context = kv_context(rows, cfg.page_size, max_context,
                              2048 if cfg.page_size >= n else 64)
     working = WORKING_WORDS
-    if moe:
+    if moe != "off":
         try:
             working = max(working, moe_words(cfg, k, n))
         except ValueError as error:
@@ -210,7 +210,7 @@ def chip_figures(result: dict, k: int, n: int) -> dict:
         name = "cycles" if phase == "prefill" else "cycles_per_token"
         out[f"chip__{phase}__{name}"] = cycles
         out[f"chip__{phase}__attention_cycles"] = attn_cycles
-        if moe:
+        if moe != "off":
             out[f"chip__{phase}__moe_cycles"] = moe_cycles
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases

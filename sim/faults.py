@@ -9,13 +9,16 @@ to put faults into stored words and to count what the chip made of them.
 Where and when. Before each round starts (after the host has loaded it, before ``go``)
 every tile's *targets* are listed: the scratchpad words the round's program reads and no
 instruction of the round writes (:func:`round_targets`: the tile's own GEMM, VEC and DMA
-reads minus its own writes and the words other tiles' DMAs send it). The programs have no
-branch, so every target is read after the fault lands and holds it until then: each
-injected fault is one the chip reads back. Those are the weights, queries and constants
-the host wrote for the round and the KV pages appended in this and earlier rounds. Each
-target independently gets a single-bit fault with probability ``single`` and otherwise a
-double-bit fault with probability ``double`` (:class:`FaultPlan`); a word is chosen at
-most once a round, so it never holds two faults unless a double was meant.
+reads minus its own writes and the words other tiles' DMAs send it). Static programs
+say that in their instructions; a program whose work follows the data (the sparse MoE
+layer) by the operations it dispatched when the chip's functional model ran the round
+(``compiler.chip.TileLoad.dispatched``). Either way every target is read after the fault
+lands and holds it until then: each injected fault is one the chip reads back. Those are
+the weights, queries and constants the host wrote for the round and the KV pages
+appended in this and earlier rounds. Each target independently gets a single-bit fault
+with probability ``single`` and otherwise a double-bit fault with probability ``double``
+(:class:`FaultPlan`); a word is chosen at most once a round, so it never holds two
+faults unless a double was meant.
 
 How. The host reads the chosen words (their stored data; a word that reads back
 corrected or uncorrectable already would be refused) and writes each back with its flip
@@ -92,8 +95,10 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
     reads: dict[int, set[int]] = {t: set() for t in loads}
     writes: dict[int, set[int]] = {t: set() for t in loads}
     for tile, load in loads.items():
-        for word in load.instructions:
-            op, fields = decode(word)
+        ops = load.dispatched
+        if ops is None:
+            ops = [decode(word) for word in load.instructions]
+        for op, fields in ops:
             if op not in (Opcode.GEMM, Opcode.VEC, Opcode.DMA):
                 continue
             got, put = accesses(op, fields, n)

@@ -125,6 +125,11 @@ async def chip_layer(dut):
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
+        # The tiles' MAC counters (32 bits each) add up to what the programs dispatch.
+        counted = sum(e.counters["macs"] for e in run.tiles.values())
+        assert counted % (1 << 32) == rnd.macs % (1 << 32), (
+            f"round {index} ({rnd.phase}): the tiles counted {counted} MACs, the programs "
+            f"dispatch {rnd.macs}")
         try:
             await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)
         except AssertionError as wrong:
@@ -181,7 +186,8 @@ def _round_record(rnd, run, flits: int) -> dict:
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
             "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
-            **({"dense_over_sparse": rnd.summaries[0]["dense_over_sparse"]}
+            **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",
+                                                       "executed_over_sparse")}
                if rnd.phase.endswith("moe") else {})}
 
 

@@ -142,7 +142,7 @@ async def tile_faults(dut):
     run = await driver.execute(10_000)
     assert (run.error, run.pc) == (ErrorCode.BAD_ADDRESS, 1), (run.error, run.pc)
     coverage.sequencer_error(run.error.name)
-    assert run.counters["tc_beats"] == 0
+    assert run.counters["tc_beats"] == run.counters["macs"] == 0
 
     # 4. A full sequence: the append past max_pages x page_size is refused with
     #    kv_full and the tokens already stored read back unchanged.
@@ -400,6 +400,7 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
     run = await driver.execute(40_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
     assert run.counters["tc_beats"] == gemms * k, run.counters
+    assert run.counters["macs"] == gemms * 8 * k * 8, run.counters  # m·k·p each
     vecs = [vec(beats=4, signal={"enable": 1, "semaphore": 2})] * 5
     cycles = []
     for ending in ([HALT], [encode(Opcode.WAIT, semaphore=2, count=len(vecs)), HALT]):

@@ -41,7 +41,7 @@ def test_attention_outputs_hold_the_bounds_on_what_the_chip_runs(
     within cosine 0.999 and 3 LSB of float64, and none saturates."""
     cfg = get_workload(workload, **_shape(workload, head_dim, ratio))
     layer = data.draw(st.integers(0, len(cfg.windows) - 1), label="layer")
-    config = chip_config(cfg, moe=False)
+    config = chip_config(cfg, moe="off")
     context = min(context, config.tile.max_pages * config.tile.page_size - steps)
     rounds = attention_rounds(config, cfg, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, seed=tensor_seed)

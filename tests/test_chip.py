@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from compiler.chip import layer_rounds
 from golden.io import compare, load_expected, load_workload
 from rtl.chip import Chip
 from sim.chip_run import chip_config, simulate_chip, simulate_layer
@@ -31,7 +32,7 @@ def test_dma_between_tiles_unicast_and_multicast():
 def test_a_threaded_build_runs_the_layer_exactly():
     """``--threads 2``: the chip evaluated on two Verilator threads (its own build)."""
     result = simulate_layer(TINY, "tiny", 1, batch=2, prefill=5, context=9, steps=1,
-                            moe=False, threads=2)
+                            moe="off", threads=2)
     assert [r["phase"] for r in result["rounds"]] == ["prefill", "decode"]
     with pytest.raises(ValueError, match="threads must be 1"):
         simulate_layer(TINY, "tiny", 1, prefill=5, threads=2, simulator="icarus")
@@ -52,14 +53,18 @@ def test_icarus_runs_the_chip_cycle_for_cycle_like_verilator():
     assert cycles["icarus"] == cycles["verilator"]
 
 
-@pytest.mark.parametrize(("placement", "moe"), [("local", True), ("striped", False)])
+@pytest.mark.parametrize(("placement", "moe"), [("local", "sparse"), ("striped", "dense"),
+                                              ("local", "off")])
 def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
-    # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step.
+    # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step. The
+    # MoE layer sparse, dense-masked or off on the same build; every tile's MAC counter
+    # checked against what its programs dispatch (tb.chip_tb).
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
                             placement=placement, moe=moe, dump=tmp_path, seed=seed + 1)
     phases = [r["phase"] for r in result["rounds"]]
-    expected = ["prefill", "prefill"] + ["prefill-moe"] * moe + ["decode", "decode"] + \
-        ["decode-moe"] * moe
+    has_moe = moe != "off"
+    expected = ["prefill", "prefill"] + ["prefill-moe"] * has_moe + ["decode", "decode"] + \
+        ["decode-moe"] * has_moe
     assert phases == expected
     kv_words = sum(r["network_words"] for r in result["rounds"] if "moe" not in r["phase"])
     flits = sum(r["flits"] for r in result["rounds"])
@@ -69,7 +74,15 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     # The dump: a golden workload directory per sequence (and per MoE round) whose RTL
     # outputs compare equal to its golden ones, output by output.
     groups = sorted(d.name for d in tmp_path.iterdir())
-    assert groups == (["moe-r02", "moe-r05"] if moe else []) + ["seq0", "seq1", "seq2"]
+    assert groups == (["moe-r02", "moe-r05"] if has_moe else []) + ["seq0", "seq1", "seq2"]
+    moe_rounds = [r for r in result["rounds"] if r["phase"].endswith("moe")]
+    assert all(r["dispatch"] == moe for r in moe_rounds)
+    if moe == "sparse":  # less work than every expert over every token, on each round
+        dense = [r.macs for r in layer_rounds(TINY, "tiny", 1, batch=3, prefill=5, context=9,
+                                              steps=1, placement=placement, moe="dense",
+                                              seed=seed + 1) if r.phase.endswith("moe")]
+        assert all(r["macs"] < d for r, d in zip(moe_rounds, dense, strict=True))
+        assert all(r["executed_over_sparse"] > 1 for r in moe_rounds)
     for group in groups:
         workload = load_workload(tmp_path / group)
         assert workload.config.name == "tiny"

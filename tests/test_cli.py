@@ -21,13 +21,14 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert "2x2 chip of N=8 tiles" in text and "round 4/4 decode-moe" in text
     assert "bit-exact with golden.attention, golden.decoder and golden.moe" in text
     assert "time-to-first-token proxy" in text and "inter-token latency proxy" in text
-    assert "dense-masked" in text and "flits injected" in text
+    assert "sparse dispatch" in text and "flits injected" in text
     figures = json.loads(out.read_text())
     assert figures["passed"] is True
     metrics = figures["metrics"]
     assert metrics["chip__prefill__cycles"] == (metrics["chip__prefill__attention_cycles"]
                                                 + metrics["chip__prefill__moe_cycles"])
     assert 0 < metrics["chip__decode__utilisation"] < 1
+    assert 1 < metrics["moe__executed_over_sparse_macs"] < 2.5  # tables, gates, combine
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text

@@ -102,7 +102,7 @@ def test_decoder_layer_rounds_add_the_moe_layer_per_step():
 def test_the_default_kv_cache_stays_within_the_block_table():
     """tiny at N = 4: 2048 tokens of 4-token pages would need 512 entries per row; the
     default is what 8 rows of the 1024-entry table map, and asking more is refused."""
-    assert chip_config("tiny", k=2, n=4, moe=False).tile.max_pages == 1024 // 8
+    assert chip_config("tiny", k=2, n=4, moe="off").tile.max_pages == 1024 // 8
     with pytest.raises(ValueError, match="only up to 512 tokens"):
         chip_config("tiny", k=2, max_context=600)
 
@@ -110,7 +110,7 @@ def test_the_default_kv_cache_stays_within_the_block_table():
 def test_moe_that_does_not_fit_is_refused_before_simulation():
     with pytest.raises(ValueError, match="does not fit the tiles of a 2x2 chip"):
         chip_config("kimi-k2", k=2)
-    assert chip_config("kimi-k2", k=2, moe=False).tile.spad_words == 1 << 16
+    assert chip_config("kimi-k2", k=2, moe="off").tile.spad_words == 1 << 16
 
 
 @pytest.mark.parametrize("cache", ["hit", "miss"])
