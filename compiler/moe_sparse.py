@@ -205,6 +205,8 @@ class _SparseBuild:
         self.words = [_Words(n) for _ in range(self.tiles)]
         self._place_home()
         self._place_experts()
+        if self.projection is not None:
+            self._place_projection()
         self.plans = [self._acc_plan(i) for i in range(self.tiles)]
 
     def _place_home(self) -> None:
@@ -212,15 +214,6 @@ class _SparseBuild:
         spad, words, a, b = self.spad[home], self.words[home], self.a_bank, self.b_bank
         if self.projection is None:
             words.put(self.xr, [row[c * n:(c + 1) * n] for row in self.x for c in range(hc)])
-        else:
-            self.channels = self.attn_out.shape[1]
-            self.o_addr = spad.take(self.tb * self.channels, "attention outputs", a)
-            self.res_addr = spad.take(t * hc, "residual rows", b)
-            self.wo_addr = spad.take(hc * self.channels, "output projection", b)
-            words.put(self.o_addr, _token_layout(self.attn_out, n))
-            words.put(self.res_addr, [row[c * n:(c + 1) * n] for row in self.residual
-                                      for c in range(hc)])
-            words.put(self.wo_addr, _column_layout(self.w_o, n))
         self.router_addr = spad.take(ec * self.hidden, "router weights", b)
         words.put(self.router_addr, _column_layout(self.weights.router, n))
         a2, b2, self.cb = _encoding(self.experts, t)
@@ -270,6 +263,27 @@ class _SparseBuild:
         self.d_two = spad.take(n, "2 on the diagonal", a)
         words.put(self.d_two, 2 * np.eye(n, dtype=np.int64))
         self.out_addr = spad.take(t * hc, "output rows")
+
+    def _place_projection(self) -> None:
+        """Each tile with an identity (home and the expert tiles) projects a slice of the
+        channels: the attention outputs, its columns of ``W_o`` and of the residual."""
+        n, t, hc, a, b = self.n, self.tokens, self.hc, self.a_bank, self.b_bank
+        self.channels = self.attn_out.shape[1]
+        doers = sorted(self.ident)
+        per = ceil_div(hc, len(doers))
+        self.slices = {i: (j * per, min(hc, (j + 1) * per)) for j, i in enumerate(doers)
+                       if j * per < hc}
+        self.o_addr, self.res_addr, self.wo_addr = {}, {}, {}
+        for i, (c0, c1) in self.slices.items():
+            spad, words, w = self.spad[i], self.words[i], c1 - c0
+            cols = slice(c0 * n, min(c1 * n, self.hidden))
+            self.o_addr[i] = spad.take(self.tb * self.channels, "attention outputs", a)
+            words.put(self.o_addr[i], _token_layout(self.attn_out, n))
+            self.wo_addr[i] = spad.take(w * self.channels, "output projection", b)
+            words.put(self.wo_addr[i], _column_layout(self.w_o[:, cols], n))
+            self.res_addr[i] = spad.take(t * w, "residual rows", b)
+            words.put(self.res_addr[i], [row[cols][c * n:(c + 1) * n] for row in self.residual
+                                         for c in range(w)])
 
     def _place_experts(self) -> None:
         n, t, hc, a, b, q_words = self.n, self.tokens, self.hc, self.a_bank, self.b_bank, \
@@ -327,6 +341,10 @@ class _SparseBuild:
         plan["y_tiles"] = min(hc, (depth - plan["g"]) // n)
         if plan["y_tiles"] < 1:
             ffn.take(n, "FFN output")
+        # The combine and the projection in column chunks of what is left.
+        plan["c_tiles"] = min(hc, (depth - base) // n)
+        plan["proj"] = _bump(base, depth, "accumulator memory", f"tile {i}").take(
+            n, "projected attention")
         if i == self.home:
             gating = _bump(base, depth, "accumulator memory", f"tile {i}")
             for name, size in (("v", self.ec * n), ("s", self.ec * n), ("rank_mask", self.ec * n),
@@ -337,10 +355,7 @@ class _SparseBuild:
             tables = _bump(base, depth, "accumulator memory", f"tile {i}")
             plan["tab"] = tables.take(ceil_div(2 * self.tokens, n) * n, "index tables")
             plan["cnt"] = tables.take(n, "token counts")
-            # The combine and the projection in column chunks of what is left.
-            plan["c_tiles"] = min(hc, (depth - base) // n)
-            plan["comb"] = plan["proj"] = _bump(base, depth, "accumulator memory",
-                                                f"tile {i}").take(n, "combine sum")
+            plan["comb"] = plan["proj"]
         return plan
 
     # -- instructions --------------------------------------------------------------------
@@ -360,49 +375,66 @@ class _SparseBuild:
                                  lo=0, hi=1)
 
     def emit_home_inputs(self) -> None:
-        """Constants into the accumulator, the token rows (from the projection), the
-        rows multicast to remote shared experts, the SiLU table cleared."""
+        """Constants into the accumulator, the token rows (projected by every tile, a
+        slice each, or written by the host) where the router and the shared experts read
+        them, the SiLU table cleared."""
         home, n, plan = self.home, self.n, self.plans[self.home]
         e = self.emitters[home]
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
         e.vec(VOP.LOGIT, n, 1, plan["eye"], mult=1, shift=-G_BITS, imm=NEG_INF,
               dst=plan["eye15"], dst_kind=VecDst.TILE, lo=0, hi=n)
-        if self.projection is not None:
-            self._emit_projection()
         shared_tiles = {self.expert_tile[s] for s in range(self.experts, self.layer.total)}
-        others = sorted(t for t in shared_tiles if t != home)
-        if others:
-            mask = sum(tile_bit(t % self.k, t // self.k) for t in others)
-            size = self.tokens * self.hc
-            for start in range(0, size, MAX_DMA_LENGTH):
-                e.dma(src=self.xr + start, dst=self.xr + start,
-                      length=min(MAX_DMA_LENGTH, size - start), tiles=mask, remote_signal=1,
-                      remote_semaphore=SEM_INPUTS)
-        self.x_dmas = ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
+        readers = {home} | shared_tiles  # tiles that read every token row
+        if self.projection is not None:
+            for i in self.slices:
+                self._emit_projection(i, readers - {i})
+            self.x_inputs = {r: self.tokens * len(set(self.slices) - {r}) for r in readers}
+        else:
+            others = sorted(shared_tiles - {home})
+            if others:
+                mask = sum(tile_bit(t % self.k, t // self.k) for t in others)
+                size = self.tokens * self.hc
+                for start in range(0, size, MAX_DMA_LENGTH):
+                    e.dma(src=self.xr + start, dst=self.xr + start,
+                          length=min(MAX_DMA_LENGTH, size - start), tiles=mask,
+                          remote_signal=1, remote_semaphore=SEM_INPUTS)
+            self.x_inputs = {r: ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
+                             for r in shared_tiles - {home}}
+        e.wait_arrivals(SEM_INPUTS, self.x_inputs.get(home, 0))
         self.load_words(home, self.iota[home], plan["iota"], self.q_words)
         self.load_table(home, plan["zero"])
 
-    def _emit_projection(self) -> None:
-        """x = clamp(residual + rq(o · W_o)) into the token rows, block by block."""
-        n, hc, home = self.n, self.hc, self.home
-        e, plan = self.emitters[home], self.plans[home]
+    def _emit_projection(self, i: int, readers: set[int]) -> None:
+        """Tile i's slice of x = clamp(residual + rq(o · W_o)) into its token rows, block
+        by block, then each row's slice to the ``readers`` (one multicast DMA a row)."""
+        n, hc, k = self.n, self.hc, self.k
+        e, plan = self.emitters[i], self.plans[i]
+        c0, c1 = self.slices[i]
+        w = c1 - c0
         pm, ps = self.projection.scales.multiplier()
         proj, chunk = plan["proj"], plan["c_tiles"]
         for b, rows in enumerate(self.block_rows):
-            for j0 in range(0, hc, chunk):
-                width = min(chunk, hc - j0)
-                cols, every = min(width * n, self.hidden - j0 * n), {"lo": 0, "hi": width * n}
-                e.gemm(a=self.o_addr + b * self.channels,
-                       b=self.wo_addr + j0 * self.channels, c=proj, m=rows, k=self.channels,
-                       p=cols, a_rows=0, b_rows=0)
+            for j0 in range(0, w, chunk):
+                width = min(chunk, w - j0)
+                cols = min(width * n, self.hidden - (c0 + j0) * n)
+                every = {"lo": 0, "hi": width * n}
+                e.gemm(a=self.o_addr[i] + b * self.channels,
+                       b=self.wo_addr[i] + j0 * self.channels, c=proj, m=rows,
+                       k=self.channels, p=cols, a_rows=0, b_rows=0)
                 e.vec(VOP.REQUANT, rows, width, proj, mult=pm, shift=ps, dst=proj,
                       dst_kind=VecDst.TILE, **every)
-                e.gemm(a=self.ident[home], b=self.res_addr + b * n * hc + j0, c=proj, m=rows,
-                       k=rows, p=cols, a_rows=1, b_rows=0, b_stride=hc, accumulate=1,
+                e.gemm(a=self.ident[i], b=self.res_addr[i] + b * n * w + j0, c=proj, m=rows,
+                       k=rows, p=cols, a_rows=1, b_rows=0, b_stride=w, accumulate=1,
                        acc_shift=0)
                 e.vec(VOP.REQUANT, rows, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
-                      dst=self.xr + b * n * hc + j0, dst_kind=VecDst.SPAD, dst_stride=hc,
-                      **every)
+                      dst=self.xr + b * n * hc + c0 + j0, dst_kind=VecDst.SPAD,
+                      dst_stride=hc, **every)
+        mask = sum(tile_bit(r % k, r // k) for r in readers)
+        if mask:
+            for row in range(self.tokens):
+                at = self.xr + row * hc + c0
+                e.dma(src=at, dst=at, length=w, tiles=mask, remote_signal=1,
+                      remote_semaphore=SEM_INPUTS)
 
     def emit_gating(self) -> None:
         """Per block: router logits, top k, the rank and 0/1 masks (transposed into the
@@ -533,10 +565,7 @@ class _SparseBuild:
                 continue
             e, plan = self.emitters[i], self.plans[i]
             if i != self.home:
-                inputs = len(self.routed_on(i))
-                if any(x >= self.experts for x in mine):
-                    inputs += self.x_dmas
-                e.wait_arrivals(SEM_INPUTS, inputs)
+                e.wait_arrivals(SEM_INPUTS, len(self.routed_on(i)) + self.x_inputs.get(i, 0))
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
