@@ -475,7 +475,9 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
     """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
     ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
     results), compiled on a tile whose whole scratchpad is working space: the larger of
-    the sparse and the dense-masked mapping, so one build runs both."""
+    the sparse and the dense-masked mapping, so one build runs both (the sparse one
+    alone when the dense-masked one does not compile: ``--moe dense`` is then refused
+    with its reason)."""
     from compiler.moe import Projection, build_moe, moe_tile_config
     from compiler.moe_sparse import build_sparse_moe
 
@@ -484,8 +486,12 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
     args = (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
             wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
                                             wl.projection_scales(0)))
-    return max(max(build(*args).summary["scratchpad_words"])
-               for build in (build_moe, build_sparse_moe))
+    words = [max(build_sparse_moe(*args).summary["scratchpad_words"])]
+    try:  # a layer the dense-masked mapping cannot run is refused when it is asked for
+        words.append(max(build_moe(*args).summary["scratchpad_words"]))
+    except ValueError:
+        pass
+    return max(words)
 
 
 @dataclass

@@ -328,14 +328,14 @@ class _SparseBuild:
         """Tile i's accumulator entries: constants, then phases that overlay one another."""
         n, depth, hc = self.n, self.config.acc_depth, self.hc
         bump = _bump(0, depth, "accumulator memory", f"tile {i}")
-        plan = {"iota": bump.take(self.q_words, "table-index entries"),
-                "table": bump.take(self.q_words, "SiLU table entries")}
+        plan = {"iota": bump.take(self.q_words, "table-index entries")}
         if i == self.home:  # the constants' words, in their order (see _place_home)
             at = bump.take(4 * n, "constants")
             plan.update(zero=at, m128=at + 1, rank=at + 1 + n, one=at + 2 + n, eye=at + 3 + n,
                         eye15=bump.take(n, "identity x 2^15"))
         base = bump.end
         ffn = _bump(base, depth, "accumulator memory", f"tile {i}")
+        plan["table"] = ffn.take(self.q_words, "SiLU table entries")
         plan["g"] = ffn.take(self.fc * n, "FFN gate")
         plan["u"] = ffn.take(self.fc * n, "FFN up")
         plan["y_tiles"] = min(hc, (depth - plan["g"]) // n)
@@ -597,9 +597,12 @@ class _SparseBuild:
         ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
         skip_all = len(ops)  # no rows: not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_ZERO, "rb": R_LEFT, "target": 0}))
+        # The SiLU table loads while the first block's gate and up GEMMs run: the body's
+        # WAITs are for its own operations (the table is vector-unit state, loaded in
+        # order before SWIGLU, and its entries are outside the FFN's), so they count
+        # the same in every iteration.
         self.load_words(i, self.tbl_addr[ex], plan["table"], self.q_words)
         self.load_table(i, None)
-        e.drain()
         body = len(ops)
         ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
         short = len(ops)
