@@ -1,0 +1,107 @@
+"""MoE benchmarks: sparse dispatch against dense-masked, and the decode step's bound.
+
+The default chip (2 x 2, N = 8) runs gpt-oss's decoder layer for a batch of 2 (prefill of
+32 tokens, one decode step from contexts 256/200, ``local`` placement) twice on one
+build: MoE by sparse dispatch and dense-masked. Figures:
+
+- ``moe__executed_over_sparse_macs``: the MACs the tiles counted in the MoE rounds (every
+  GEMM dispatched, registers added; ``rtl.tile.Counters.macs``) over those of the router,
+  the projection and each token's top-k experts (the sparse-dispatch work), over all the
+  run's MoE rounds.
+- ``moe__{prefill,decode}__dense_over_sparse_cycles``: the MoE rounds' cycles
+  dense-masked over sparse, in the same run.
+- ``moe__decode__bound_ratio``: a decode step's MoE cycles over its bound, the busiest
+  tile's bytes of selected-expert weights over the bytes per cycle its tensor core
+  streams (N, one B word a beat): gpt-oss's expert is 3 x 128 x 64 B = 3 072 cycles at
+  N = 8; ``moe__decode__bound_cycles`` that bound, ``moe__decode__chipwide_bound_cycles``
+  the same bytes spread over every tile.
+- ``moe__decode__tile_load_max_over_mean``: the decode step's token-expert pairs on the
+  busiest tile over the mean (round-robin placement: expert e on tile e mod k²).
+- ``moe__{dispatch,combine}_words``: words of token rows sent to remote experts' tiles
+  and of result rows sent back, over the run's MoE rounds (the metadata, counts and
+  result tables, is in ``chip__network__moe_words`` with them).
+- ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE) on
+  a 4 x 4 chip, prefill of 32 tokens and one decode step from contexts 256/200.
+"""
+
+from __future__ import annotations
+
+from compiler.chip import layer_rounds
+from golden.workloads import get_workload
+from sim.chip_run import chip_config, chip_figures, simulate_layer
+
+WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
+#: The large miniatures, on the smallest mesh their MoE layers fit.
+LARGE = {"deepseek-r1": 4, "kimi-k2": 4}
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "moe__executed_over_sparse_macs": ("<=", 1.10),
+    "moe__decode__bound_ratio": ("<=", 1.3),
+    "moe__prefill__dense_over_sparse_cycles": (">=", 4.0),
+}
+
+
+def _layer(config, workload, layer, mesh, context, moe):
+    """(compiled rounds, simulation result) of the benchmark's layer."""
+    args = {"batch": BATCH, "prefill": 32, "context": context, "steps": 1,
+            "placement": "local", "moe": moe}
+    rounds = layer_rounds(config, workload, layer, **args)
+    return rounds, simulate_layer(config, workload, layer, rounds=rounds, **args)
+
+
+def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
+    """The MoE figures of a sparse run (see the module docstring)."""
+    cfg = get_workload(workload)
+    tiles, hc = k * k, -(-cfg.hidden // n)
+    expert_bytes = 3 * cfg.hidden * cfg.ffn
+    moe = [(compiled, run) for compiled, run in zip(rounds, result["rounds"], strict=True)
+           if run["phase"].endswith("moe")]
+    out = {"moe__executed_over_sparse_macs": round(
+        sum(run["macs"] for _, run in moe) / sum(run["macs_sparse"] for _, run in moe), 4)}
+    dispatch = 0
+    for compiled, _ in moe:
+        load = compiled.summaries[0]["expert_load"]
+        dispatch += sum(c for e, c in enumerate(load) if e % tiles != 0) * hc
+    out["moe__dispatch_words"] = out["moe__combine_words"] = dispatch
+    decode = [(compiled, run) for compiled, run in moe if run["phase"] == "decode-moe"]
+    ratios, bounds, chipwide, spread = [], [], [], []
+    for compiled, run in decode:
+        load = compiled.summaries[0]["expert_load"]
+        per_tile = [sum(expert_bytes for e, c in enumerate(load) if c and e % tiles == t)
+                    for t in range(tiles)]
+        bound = max(per_tile) / n
+        bounds.append(bound)
+        chipwide.append(sum(per_tile) / (tiles * n))
+        ratios.append(run["cycles"] / bound)
+        pairs = [sum(c for e, c in enumerate(load) if e % tiles == t) for t in range(tiles)]
+        spread.append(max(pairs) / (sum(pairs) / tiles))
+    if decode:
+        out["moe__decode__bound_ratio"] = round(sum(ratios) / len(ratios), 3)
+        out["moe__decode__bound_cycles"] = round(sum(bounds) / len(bounds))
+        out["moe__decode__chipwide_bound_cycles"] = round(sum(chipwide) / len(chipwide))
+        out["moe__decode__tile_load_max_over_mean"] = round(sum(spread) / len(spread), 3)
+    return out
+
+
+def run(quick: bool) -> dict:
+    config = chip_config(WORKLOAD, k=K, n=N)
+    context = 64 if quick else 256
+    rounds, sparse = _layer(config, WORKLOAD, LAYER, K, context, "sparse")
+    _, dense = _layer(config, WORKLOAD, LAYER, K, context, "dense")
+    sf, df = chip_figures(sparse, K, N), chip_figures(dense, K, N)
+    out = moe_figures(rounds, sparse, WORKLOAD, K, N)
+    for phase in ("prefill", "decode"):
+        out[f"moe__{phase}__sparse_cycles"] = sf[f"chip__{phase}__moe_cycles"]
+        out[f"moe__{phase}__dense_cycles"] = df[f"chip__{phase}__moe_cycles"]
+        out[f"moe__{phase}__dense_over_sparse_cycles"] = round(
+            df[f"chip__{phase}__moe_cycles"] / sf[f"chip__{phase}__moe_cycles"], 3)
+    for name, k in () if quick else LARGE.items():
+        large = chip_config(name, k=k, n=N)
+        _, result = _layer(large, name, len(get_workload(name).windows) - 1, k, context,
+                           "sparse")
+        figures = chip_figures(result, k, N)
+        out[f"chip__{name}__mesh"] = f"{k}x{k}"
+        out[f"chip__{name}__prefill__cycles"] = figures["chip__prefill__cycles"]
+        out[f"chip__{name}__decode__cycles_per_token"] = figures[
+            "chip__decode__cycles_per_token"]
+    return out
