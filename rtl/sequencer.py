@@ -413,8 +413,15 @@ class Sequencer(wiring.Component):
         with m.State("IDMA_ENTRY"):
             with self._spad_word(m, fail) as data:
                 lane = rows.index[:shift] if shift else 0
-                m.d.sync += rows.entry.eq(data.word_select(lane, ENTRY_BITS))
-                m.next = "IDMA_ROW"
+                entry = data.word_select(lane, ENTRY_BITS)
+                m.d.sync += rows.entry.eq(entry)
+                # An empty entry before the last moves nothing: on to the next one at
+                # once (two cycles an entry); the last goes on to carry the signal.
+                with m.If((entry == EMPTY_ENTRY) & (rows.index != idma.count - 1)):
+                    m.d.sync += rows.index.eq(rows.index + 1)
+                    m.next = "IDMA_READ"
+                with m.Else():
+                    m.next = "IDMA_ROW"
             stop_on_overflow()
         with m.State("IDMA_ROW"):
             self._idma_command(m, idma, rows)
@@ -427,9 +434,6 @@ class Sequencer(wiring.Component):
         with m.State("IDMA_SEND"):
             with m.If(~rows.ok):
                 fail(ErrorCode.BAD_INDEX)
-            with m.Elif(rows.empty & ~rows.last):  # nothing moves: on to the next entry
-                m.d.sync += rows.index.eq(rows.index + 1)
-                m.next = "IDMA_READ"
             with m.Else():  # a row, or the last entry's signal on a DMA of no words
                 m.d.comb += [self.dma.valid.eq(1), self.dma.payload.eq(rows.command)]
                 with m.If(self.dma.ready):
