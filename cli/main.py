@@ -265,8 +265,8 @@ def _moe_line(dispatch: str, rounds: list[dict], metrics: dict) -> str:
     how = ("sparse dispatch: each token to its experts' tiles by indexed DMA, each expert "
            "over the tokens it received" if dispatch == "sparse" else
            "dense-masked: every expert over every token")
-    return (f"{how}; {ratio:.2f}x the MACs of the router and the top-k experts, counted "
-            "by the tiles (docs/moe_mapping.md)")
+    return (f"{how}; the tiles counted {ratio:.2f}x the MACs of the projection, the router "
+            "and each token's top-k experts (docs/moe_mapping.md)")
 
 
 def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> list:

@@ -21,6 +21,7 @@ Every round's output is checked against golden by the caller (see tb/chip_tb.py)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field, replace
 
@@ -487,10 +488,9 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
             wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
                                             wl.projection_scales(0)))
     words = [max(build_sparse_moe(*args).summary["scratchpad_words"])]
-    try:  # a layer the dense-masked mapping cannot run is refused when it is asked for
+    # A layer the dense-masked mapping cannot run is refused when it is asked for.
+    with contextlib.suppress(ValueError):
         words.append(max(build_moe(*args).summary["scratchpad_words"]))
-    except ValueError:
-        pass
     return max(words)
 
 
