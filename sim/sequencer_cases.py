@@ -82,11 +82,14 @@ def bad_instructions(s: Sizes) -> list[tuple[str, int, str]]:
         ("GEMM B rows: 2 x 16 words", gemm(b=words - 31, k=16, p=16, b_rows=1),
          "BAD_ADDRESS"),
         ("GEMM A low limbs", gemm(a_lo=words - 8, k=16, a_limbs=1), "BAD_ADDRESS"),
+        ("GEMM B: 1 025 rows a word apart, one past", gemm(b=words - 1024, k=1025, b_stride=1),
+         "BAD_ADDRESS"),
         ("GEMM C: two row tiles", gemm(c=entries - 8, m=9), "BAD_ADDRESS"),
         ("VEC rows = 0", vec(rows=0), "BAD_SHAPE"),
         ("VEC beats = 0", vec(beats=0), "BAD_SHAPE"),
         ("VEC slots past the last", vec(slot=s.slots - 4, rows=5), "BAD_SHAPE"),
         ("VEC a: 8 rows x 2 beats", vec(a=entries - 15), "BAD_ADDRESS"),
+        ("VEC a: 8 rows x 8 beats", vec(a=entries - 63, beats=8), "BAD_ADDRESS"),
         ("VEC b: scalar entries", vec(b=entries - scalars + 1, rows=rows, b_scalar=1),
          "BAD_ADDRESS"),
         ("VEC c", vec(c=entries), "BAD_ADDRESS"),
@@ -108,6 +111,8 @@ def fitting_program(s: Sizes) -> list[int]:
     return [
         gemm(c=entries - 8, a=words - 16, a_rows=1, m=8, k=16),
         gemm(b=words - 16, b_rows=1, p=8, k=16),
+        gemm(b=words - 1025, k=1025, b_stride=1),
+        vec(a=entries - 64, dst=entries - 64, beats=8, hi=64),
         vec(a=entries - 16, b=entries - 1, b_scalar=1, c=0, c_imm=1, total=entries - 1,
             total_write=1, dst=words - 16, dst_kind=VecDst.SPAD),
         vec(dst=5000, dst_kind=VecDst.NONE),
@@ -462,6 +467,9 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
         ("an IDMA table ending on the scratchpad's last word",
          [op(Opcode.IDMA, **idma | {"table": s.words - 3, "count": 2 * per_word + 1,
                                     "row": 1}), HALT], last_table, "NONE", 1),
+        ("an IDMA's row of four words one past the scratchpad",
+         [op(Opcode.IDMA, **idma | {"dst": s.words - 3, "count": 1}), HALT], {},
+         "BAD_ADDRESS", 0),
         ("an IDMA's consecutive rows ending on the scratchpad's last word",
          [op(Opcode.IDMA, **idma | {"dst": s.words - 15, "count": 3, "row": 5}), HALT],
          table((1, 0)), "NONE", 1),
@@ -571,7 +579,16 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
              with_((tile, 4)), dma(src=0, dst=300, length=2, tiles=own),
              with_((0, 0), (tile, 4)), dma(src=2, dst=302, length=2, tiles=0),
              with_((0, 0), (0, 0), (tile, 4)), dma(src=4, dst=304, length=2, tiles=own), HALT]
+    # Every register with bit 9 set (and then all of bits 0-9) moves a DMA's addresses.
+    bit9 = []
+    for reg in range(8):
+        for value in (0x200, 0x3FF):
+            bit9 += [op(Opcode.SET, rd=reg, value=value),
+                     with_((_field(d, "src"), reg), (_field(d, "dst"), reg)),
+                     dma(src=0, dst=1024, length=1, tiles=own)]
+    bit9.append(HALT)
     return [("SIGNAL and WAIT counts of high bits from two registers", counts),
+            ("every register's bit 9 in a DMA's addresses", bit9),
             ("a DMA's tile from each of WITH's slots", slots),
             ("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),
