@@ -579,13 +579,16 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
              with_((tile, 4)), dma(src=0, dst=300, length=2, tiles=own),
              with_((0, 0), (tile, 4)), dma(src=2, dst=302, length=2, tiles=0),
              with_((0, 0), (0, 0), (tile, 4)), dma(src=4, dst=304, length=2, tiles=own), HALT]
-    # Every register with bit 9 set (and then all of bits 0-9) moves a DMA's addresses.
+    # Every register holding bit 9 (with bits 0-8 all set, or alternating), brought back
+    # to a small offset by an ADD, moves a DMA's addresses: a register bit that reads
+    # wrong makes the ADD's result negative (BAD_REGISTER) or the copy land elsewhere.
     bit9 = []
     for reg in range(8):
-        for value in (0x200, 0x3FF):
-            bit9 += [op(Opcode.SET, rd=reg, value=value),
-                     with_((_field(d, "src"), reg), (_field(d, "dst"), reg)),
-                     dma(src=0, dst=1024, length=1, tiles=own)]
+        value = (0x3FF, 0x2AA)[reg % 2]
+        bit9 += [op(Opcode.SET, rd=reg, value=value),
+                 op(Opcode.ADD, rd=reg, ra=reg, imm=reg - value),
+                 with_((_field(d, "src"), reg), (_field(d, "dst"), reg)),
+                 dma(src=0, dst=256, length=1, tiles=own)]
     bit9.append(HALT)
     return [("SIGNAL and WAIT counts of high bits from two registers", counts),
             ("every register's bit 9 in a DMA's addresses", bit9),
