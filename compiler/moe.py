@@ -146,6 +146,47 @@ def _code_bits(experts: int) -> int:
     return max(1, (experts - 1).bit_length())
 
 
+def layer_problems(config: TileConfig, layer: MoeLayer, top_k: int, tokens: int) -> list[str]:
+    """Why a tile of ``config`` cannot run ``layer``'s gating and experts on blocks of
+    ``tokens`` (either mapping): the top-k list, the expert codes, the slots, the
+    instruction fields."""
+    n, problems = config.n, []
+    if top_k > default_max_top_k(n):
+        problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
+                        f"{default_max_top_k(n)} entries (N = {n})")
+    if layer.experts > 128:
+        problems.append(f"{layer.experts} routed experts: the encoded logits hold at "
+                        "most 128 expert codes in a byte")
+    rows_max = min(n, tokens)
+    if config.slots < max(rows_max, top_k):
+        problems.append(f"the vector unit has {config.slots} slots; a token block needs "
+                        f"{max(rows_max, top_k)} (min(N, tokens) and top_k)")
+    for name, dim in (("hidden", layer.hidden), ("ffn", layer.ffn),
+                      ("experts", layer.experts)):
+        if dim > MAX_GEMM_DIM:
+            problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
+        if ceil_div(dim, n) > MAX_COUNT:
+            problems.append(f"{name} {dim} needs {ceil_div(dim, n)} beats of {n} lanes; a "
+                            f"VEC has at most {MAX_COUNT}")
+    return problems
+
+
+def projection_problems(projection: Projection, hidden: int, tokens: int) -> list[str]:
+    """Why the attention output and ``W_o`` of ``projection`` do not fit ``tokens`` tokens
+    of a ``hidden``-channel layer."""
+    attn_out, w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+    if attn_out.dtype != np.int8 or attn_out.ndim != 2 or attn_out.shape[0] != tokens:
+        return [f"the attention output must be int8 ({tokens}, channels), got "
+                f"{attn_out.shape} {attn_out.dtype}"]
+    if w_o.dtype != np.int8 or w_o.shape != (attn_out.shape[1], hidden):
+        return [f"w_o must be int8 ({attn_out.shape[1]}, {hidden}), got {w_o.shape} "
+                f"{w_o.dtype}"]
+    if attn_out.shape[1] > MAX_GEMM_DIM:
+        return [f"{attn_out.shape[1]} attention output channels exceed a GEMM's 12-bit "
+                "field"]
+    return []
+
+
 def _huge(router: np.ndarray, logit: tuple[int, int]) -> int:
     """A bound above the spread of any token's log2-domain router logits plus the
     distance at which exp2 is 0: adding it to the selected logits pushes every
@@ -315,7 +356,90 @@ def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales
     return build.program()
 
 
-class _MoeBuild:
+class _ExpertTiles:
+    """What both mappings (this module's and ``compiler.moe_sparse``) do on the tiles
+    that run experts: place the identity, the table-index constants, the SwiGLU
+    activations and each expert's weights and SiLU table; load words into the
+    accumulator; write the vector unit's SiLU table. The builds provide ``n``,
+    ``tiles``, ``home``, ``spad``, ``words``, ``emitters``, ``plans``, ``weights``,
+    ``layer``, ``hidden``, ``ffn``, ``hc``, ``fc``, ``a_bank``, ``b_bank``, ``r_load``,
+    ``q_entries``, ``q_words`` and ``experts_on``."""
+
+    def place_expert_tiles(self, per_expert=None) -> None:
+        """Per busy tile (and home): identity, table-index constants, SwiGLU activations;
+        per expert its three weight matrices, its SiLU table, and ``per_expert(tile,
+        regions, expert)``'s regions."""
+        n, a_bank, b_bank, q_words = self.n, self.a_bank, self.b_bank, self.q_words
+        self.ident, self.iota, self.w_addr, self.tbl_addr, self.h_addr = {}, {}, {}, {}, {}
+        iota_rows = np.zeros((q_words, n), np.int64)
+        for q in range(self.q_entries):
+            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
+            iota_rows[q, :len(values)] = _int8(values)
+        for t in range(self.tiles):
+            spad, words, mine = self.spad[t], self.words[t], self.experts_on(t)
+            if not mine and t != self.home:
+                continue
+            self.ident[t] = spad.take(n, "identity", a_bank)
+            words.put(self.ident[t], np.eye(n, dtype=np.int64))
+            self.iota[t] = spad.take(q_words, "table-index constants", b_bank)
+            words.put(self.iota[t], iota_rows)
+            self.h_addr[t] = spad.take(self.fc * n, "SwiGLU activations", a_bank)
+            for e in mine:
+                wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b_bank)
+                wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b_bank)
+                wd = spad.take(self.hc * self.ffn, f"expert{e} down weights", b_bank)
+                self.w_addr[e] = (wg, wu, wd)
+                words.put(wg, _column_layout(self.weights.w_gate[e], n))
+                words.put(wu, _column_layout(self.weights.w_up[e], n))
+                words.put(wd, _column_layout(self.weights.w_down[e], n))
+                self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b_bank)
+                table = np.zeros((q_words, n), np.int64)
+                for q in range(self.q_entries):
+                    part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
+                    table[q, :len(part)] = part
+                words.put(self.tbl_addr[e], table)
+                if per_expert is not None:
+                    per_expert(t, spad, e)
+
+    def tile_programs(self, output_words: list[int], shape: tuple[int, int],
+                      reader: OutputRows) -> list[TileProgram]:
+        """Every tile's program (its emitter's operations and a HALT), the output and its
+        reader on the home tile; ValueError if one outgrows the program memory."""
+        config, k, n = self.config, self.k, self.n
+        programs = []
+        for t in range(self.tiles):
+            ops = self.emitters[t].halt()
+            if len(ops) > config.program_depth:
+                raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} "
+                                 f"instructions; the program memory holds program_depth = "
+                                 f"{config.program_depth}")
+            summary = summarise(config, ops, self.spad[t].end, config.acc_depth,
+                                {"experts": len(self.experts_on(t))})
+            at_home = t == self.home
+            programs.append(TileProgram(
+                config, "moe", encode_ops(ops), ops, self.words[t].writes, None, [], [], {},
+                output_words if at_home else [], shape if at_home else (0,),
+                summary, reader if at_home else OutputRows((0,), n, 0, [])))
+        return programs
+
+    def load_words(self, t: int, src: int, entry: int, count: int) -> None:
+        """count words (a multiple of N) into count consecutive entries: I · words."""
+        n = self.n
+        self.emitters[t].gemm(a=self.ident[t], b=src, c=entry, m=n, k=n, p=count, a_rows=1,
+                              b_rows=0)
+
+    def load_table(self, t: int, value_entry: int | None) -> None:
+        """Write the 256-entry SiLU table: from the plan's table entries, or one value
+        entry (a_scalar: lane r of value_entry) into every slot."""
+        plan = self.plans[t]
+        for q in range(self.q_entries):
+            rows = min(self.r_load, SILU_ENTRIES - q * self.r_load)
+            a = plan["table"] + q if value_entry is None else value_entry
+            self.emitters[t].vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q,
+                                 lo=0, hi=1)
+
+
+class _MoeBuild(_ExpertTiles):
     """The stages of :func:`build_moe` and the state they share: checks and sizes,
     scratchpad regions and host words, accumulator plans, then each tile's instructions
     (projection, expert FFNs and their DMAs, the home tile's gating and combine)."""
@@ -349,30 +473,13 @@ class _MoeBuild:
     def _check(self, x: np.ndarray) -> tuple[int, int]:
         """Refuse what the mesh, the tile or the shapes cannot run (one ValueError naming
         every problem); the selection offset's multiplier and table value."""
-        config, layer, n, top_k = self.config, self.layer, self.n, self.top_k
+        config, layer, top_k = self.config, self.layer, self.top_k
         if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
             raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
                              f"{x.dtype}")
         if not isinstance(self.k, int) or not 1 <= self.k <= 8:
             raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
-        problems = []
-        if top_k > default_max_top_k(n):
-            problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
-                            f"{default_max_top_k(n)} entries (N = {n})")
-        if layer.experts > 128:
-            problems.append(f"{layer.experts} routed experts: the encoded logits hold at "
-                            "most 128 expert codes in a byte")
-        rows_max = min(n, x.shape[0])
-        if config.slots < max(rows_max, top_k):
-            problems.append(f"the vector unit has {config.slots} slots; a token block needs "
-                            f"{max(rows_max, top_k)} (min(N, tokens) and top_k)")
-        for name, dim in (("hidden", layer.hidden), ("ffn", layer.ffn),
-                          ("experts", layer.experts)):
-            if dim > MAX_GEMM_DIM:
-                problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
-            if ceil_div(dim, n) > MAX_COUNT:
-                problems.append(f"{name} {dim} needs {ceil_div(dim, n)} beats of {n} lanes; a "
-                                f"VEC has at most {MAX_COUNT}")
+        problems = layer_problems(config, layer, top_k, x.shape[0])
         huge = _huge(self.weights.router, layer.logit)
         # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
         sel_mult = ceil_div(huge, (1 << MAX_LEFT) * 127)
@@ -388,17 +495,7 @@ class _MoeBuild:
 
     def _projection_problems(self, tokens: int) -> list[str]:
         n, hidden, slots = self.n, self.layer.hidden, self.config.slots
-        attn_out, w_o = np.asarray(self.projection.o), np.asarray(self.projection.w_o)
-        problems = []
-        if attn_out.dtype != np.int8 or attn_out.ndim != 2 or attn_out.shape[0] != tokens:
-            problems.append(f"the attention output must be int8 ({tokens}, channels), got "
-                            f"{attn_out.shape} {attn_out.dtype}")
-        elif w_o.dtype != np.int8 or w_o.shape != (attn_out.shape[1], hidden):
-            problems.append(f"w_o must be int8 ({attn_out.shape[1]}, {hidden}), got "
-                            f"{w_o.shape} {w_o.dtype}")
-        elif attn_out.shape[1] > MAX_GEMM_DIM:
-            problems.append(f"{attn_out.shape[1]} attention output channels exceed a GEMM's "
-                            "12-bit field")
+        problems = projection_problems(self.projection, hidden, tokens)
         if hidden % n:
             problems.append(f"the projection needs hidden ({hidden}) a multiple of N ({n})")
         if slots < n:
@@ -427,7 +524,7 @@ class _MoeBuild:
             self.words[home].put(self.x_addr, _token_layout(self.x, n))
         else:
             self._place_projection()
-        self._place_experts()
+        self.place_expert_tiles()
         self._place_router()
         self.plans = [self._acc_plan(t) for t in range(self.tiles)]
 
@@ -441,39 +538,6 @@ class _MoeBuild:
         words.put(self.o_addr, _token_layout(self.attn_out, n))
         words.put(self.res_addr, _token_layout(self.residual, n))
         words.put(self.wo_addr, _column_layout(self.w_o, n))
-
-    def _place_experts(self) -> None:
-        """Per busy tile: identity, table-index constants, SwiGLU activations; per
-        expert its three weight matrices and its SiLU table."""
-        n, a_bank, b_bank, q_words = self.n, self.a_bank, self.b_bank, self.q_words
-        self.ident, self.iota, self.w_addr, self.tbl_addr, self.h_addr = {}, {}, {}, {}, {}
-        iota_rows = np.zeros((q_words, n), np.int64)
-        for q in range(self.q_entries):
-            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
-            iota_rows[q, :len(values)] = _int8(values)
-        for t in range(self.tiles):
-            spad, words, mine = self.spad[t], self.words[t], self.experts_on(t)
-            if not mine and t != self.home:
-                continue
-            self.ident[t] = spad.take(n, "identity", a_bank)
-            words.put(self.ident[t], np.eye(n, dtype=np.int64))
-            self.iota[t] = spad.take(q_words, "table-index constants", b_bank)
-            words.put(self.iota[t], iota_rows)
-            self.h_addr[t] = spad.take(self.fc * n, "SwiGLU activations", a_bank)
-            for e in mine:
-                wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b_bank)
-                wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b_bank)
-                wd = spad.take(self.hc * self.ffn, f"expert{e} down weights", b_bank)
-                self.w_addr[e] = (wg, wu, wd)
-                words.put(wg, _column_layout(self.weights.w_gate[e], n))
-                words.put(wu, _column_layout(self.weights.w_up[e], n))
-                words.put(wd, _column_layout(self.weights.w_down[e], n))
-                self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b_bank)
-                table = np.zeros((q_words, n), np.int64)
-                for q in range(self.q_entries):
-                    part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
-                    table[q, :len(part)] = part
-                words.put(self.tbl_addr[e], table)
 
     def _place_router(self) -> None:
         """Home: the router, the encoding constants, the accumulator constants."""
@@ -533,22 +597,6 @@ class _MoeBuild:
         return plan
 
     # -- instructions ----------------------------------------------------------------------
-
-    def load_words(self, t: int, src: int, entry: int, count: int) -> None:
-        """count words (a multiple of N) into count consecutive entries: I · words."""
-        n = self.n
-        self.emitters[t].gemm(a=self.ident[t], b=src, c=entry, m=n, k=n, p=count, a_rows=1,
-                              b_rows=0)
-
-    def load_table(self, t: int, value_entry: int | None) -> None:
-        """Write the 256-entry SiLU table: from the plan's table entries, or one value
-        entry (a_scalar: lane r of value_entry) into every slot."""
-        plan = self.plans[t]
-        for q in range(self.q_entries):
-            rows = min(self.r_load, SILU_ENTRIES - q * self.r_load)
-            a = plan["table"] + q if value_entry is None else value_entry
-            self.emitters[t].vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q,
-                                 lo=0, hi=1)
 
     def emit_projection(self) -> None:
         """x = clamp(residual + rq(o . W_o)) on the home tile, block by block."""
@@ -736,20 +784,7 @@ class _MoeBuild:
         reader = OutputRows(shape, n, self.hidden, [
             ((b * n + r_,), [self.out_addr + b * hc * n + j * rows + r_ for j in range(hc)])
             for b, rows in enumerate(self.block_rows) for r_ in range(rows)])
-        programs = []
-        for t in range(self.tiles):
-            ops = self.emitters[t].halt()
-            if len(ops) > config.program_depth:
-                raise ValueError(f"tile {t} ({t % k}, {t // k}) needs {len(ops)} "
-                                 f"instructions; the program memory holds program_depth = "
-                                 f"{config.program_depth}")
-            summary = summarise(config, ops, self.spad[t].end, config.acc_depth,
-                                {"experts": sum(1 for x_ in self.expert_tile if x_ == t)})
-            at_home = t == home
-            programs.append(TileProgram(
-                config, "moe", encode_ops(ops), ops, self.words[t].writes, None, [], [], {},
-                output_words if at_home else [], shape if at_home else (0,),
-                summary, reader if at_home else OutputRows((0,), n, 0, [])))
+        programs = self.tile_programs(output_words, shape, reader)
         projection_macs = (0 if self.projection is None
                            else self.tokens * self.channels * self.hidden)
         summary = _chip_summary(self.layer, self.weights, self.x, programs, self.expert_tile,

@@ -37,7 +37,6 @@ from compiler.emit import Emitter
 from compiler.moe import (
     EVERY_TILE,
     G_BITS,
-    MAX_COUNT,
     SILU_ENTRIES,
     MoeChipProgram,
     MoeLayer,
@@ -45,20 +44,20 @@ from compiler.moe import (
     _bump,
     _column_layout,
     _encoding,
-    _int8,
+    _ExpertTiles,
     _token_layout,
     _Words,
+    layer_problems,
+    projection_problems,
 )
-from compiler.program import OutputRows, TileProgram, encode_ops, summarise
+from compiler.program import OutputRows
 from golden.decoder import IDENTITY, project_residual
 from golden.exp import NEG_INF
 from golden.moe import MoEScales, MoEWeights, router_logits, topk
 from golden.vector_model import VectorOpcode as VOP
-from golden.vector_model import default_max_top_k
 from spec.config import TileConfig, ceil_div
 from spec.isa import (
     MAX_DMA_LENGTH,
-    MAX_GEMM_DIM,
     SEMAPHORES,
     Opcode,
     VecDst,
@@ -100,7 +99,7 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
     return build.program()
 
 
-class _SparseBuild:
+class _SparseBuild(_ExpertTiles):
     """The stages of :func:`build_sparse_moe` and the state they share."""
 
     home = 0
@@ -135,49 +134,25 @@ class _SparseBuild:
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
-        config, layer, n, top_k = self.config, self.layer, self.n, self.top_k
+        config, layer, top_k = self.config, self.layer, self.top_k
         if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
             raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
                              f"{x.dtype}")
         if not isinstance(self.k, int) or not 1 <= self.k <= 8:
             raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
-        tokens, problems = x.shape[0], []
-        if top_k > default_max_top_k(n):
-            problems.append(f"top_k {top_k} exceeds the vector unit's top-k list of "
-                            f"{default_max_top_k(n)} entries (N = {n})")
-        if layer.experts > 128:
-            problems.append(f"{layer.experts} routed experts: the encoded logits hold at "
-                            "most 128 expert codes in a byte")
+        tokens = x.shape[0]
+        problems = layer_problems(config, layer, top_k, tokens)
         if tokens > 126 or tokens * top_k > 256:
             problems.append(f"{tokens} tokens x top_k {top_k}: a sparse round takes at most "
                             "126 tokens and 256 token-expert pairs (index-table rows are "
                             "built as bytes)")
-        if config.slots < max(min(n, tokens), top_k):
-            problems.append(f"the vector unit has {config.slots} slots; a token block needs "
-                            f"{max(min(n, tokens), top_k)}")
-        for name, dim in (("hidden", layer.hidden), ("ffn", layer.ffn),
-                          ("experts", layer.experts)):
-            if dim > MAX_GEMM_DIM:
-                problems.append(f"{name} {dim} exceeds a GEMM's 12-bit field")
-            if ceil_div(dim, n) > MAX_COUNT:
-                problems.append(f"{name} {dim} needs {ceil_div(dim, n)} beats of {n} lanes; a "
-                                f"VEC has at most {MAX_COUNT}")
         busiest = max(sum(1 for e in range(layer.experts) if self.expert_tile[e] == t)
                       for t in range(self.tiles))
         if FIRST_ROWS_SEM + busiest > SEMAPHORES:
             problems.append(f"{busiest} routed experts on one tile: each needs a semaphore "
                             f"for its rows, {SEMAPHORES - FIRST_ROWS_SEM} are free")
         if self.projection is not None:
-            o, w_o = np.asarray(self.projection.o), np.asarray(self.projection.w_o)
-            if o.dtype != np.int8 or o.ndim != 2 or o.shape[0] != tokens:
-                problems.append(f"the attention output must be int8 ({tokens}, channels), "
-                                f"got {o.shape} {o.dtype}")
-            elif w_o.dtype != np.int8 or w_o.shape != (o.shape[1], layer.hidden):
-                problems.append(f"w_o must be int8 ({o.shape[1]}, {layer.hidden}), got "
-                                f"{w_o.shape} {w_o.dtype}")
-            elif o.shape[1] > MAX_GEMM_DIM:
-                problems.append(f"{o.shape[1]} attention output channels exceed a GEMM's "
-                                "12-bit field")
+            problems += projection_problems(self.projection, layer.hidden, tokens)
         if problems:
             raise ValueError("cannot map this MoE layer sparsely: " + "; ".join(problems))
 
@@ -204,7 +179,8 @@ class _SparseBuild:
                      for i in range(self.tiles)]
         self.words = [_Words(n) for _ in range(self.tiles)]
         self._place_home()
-        self._place_experts()
+        self.recv, self.y_rows = {}, {}
+        self.place_expert_tiles(self._expert_regions)
         if self.projection is not None:
             self._place_projection()
         self.plans = [self._acc_plan(i) for i in range(self.tiles)]
@@ -285,44 +261,16 @@ class _SparseBuild:
             words.put(self.res_addr[i], [row[cols][c * n:(c + 1) * n] for row in self.residual
                                          for c in range(w)])
 
-    def _place_experts(self) -> None:
-        n, t, hc, a, b, q_words = self.n, self.tokens, self.hc, self.a_bank, self.b_bank, \
-            self.q_words
-        self.ident, self.iota, self.h_addr = {}, {}, {}
-        self.w_addr, self.tbl_addr, self.recv, self.y_rows = {}, {}, {}, {}
-        iota_rows = np.zeros((q_words, n), np.int64)
-        for q in range(self.q_entries):
-            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
-            iota_rows[q, :len(values)] = _int8(values)
-        for i in range(self.tiles):
-            spad, words, mine = self.spad[i], self.words[i], self.experts_on(i)
-            if not mine and i != self.home:
-                continue
-            self.ident[i] = spad.take(n, "identity", a)
-            words.put(self.ident[i], np.eye(n, dtype=np.int64))
-            self.iota[i] = spad.take(q_words, "table-index constants", b)
-            words.put(self.iota[i], iota_rows)
-            self.h_addr[i] = spad.take(self.fc * n, "SwiGLU activations", a)
-            for e in mine:
-                wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b)
-                wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b)
-                wd = spad.take(hc * self.ffn, f"expert{e} down weights", b)
-                self.w_addr[e] = (wg, wu, wd)
-                words.put(wg, _column_layout(self.weights.w_gate[e], n))
-                words.put(wu, _column_layout(self.weights.w_up[e], n))
-                words.put(wd, _column_layout(self.weights.w_down[e], n))
-                self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b)
-                table = np.zeros((q_words, n), np.int64)
-                for q in range(self.q_entries):
-                    part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
-                    table[q, :len(part)] = part
-                words.put(self.tbl_addr[e], table)
-                if e < self.experts:
-                    self.recv[e] = spad.take(t * hc, f"expert{e} token rows", a)
-                if e < self.experts or i != self.home:
-                    self.y_rows[e] = spad.take(t * hc, f"expert{e} result rows")
-                else:  # a shared expert on home writes its results in place
-                    self.y_rows[e] = self.shared_rows[e]
+    def _expert_regions(self, i: int, spad, e: int) -> None:
+        """A routed expert's received token rows; where an expert's result rows wait
+        (a shared expert on home writes them where the combine reads them)."""
+        rows = self.tokens * self.hc
+        if e < self.experts:
+            self.recv[e] = spad.take(rows, f"expert{e} token rows", self.a_bank)
+        if e < self.experts or i != self.home:
+            self.y_rows[e] = spad.take(rows, f"expert{e} result rows")
+        else:
+            self.y_rows[e] = self.shared_rows[e]
 
     def _acc_plan(self, i: int) -> dict:
         """Tile i's accumulator entries: constants, then phases that overlay one another."""
@@ -359,20 +307,6 @@ class _SparseBuild:
         return plan
 
     # -- instructions --------------------------------------------------------------------
-
-    def load_words(self, i: int, src: int, entry: int, count: int) -> None:
-        """count words (a multiple of N) into count consecutive entries: I · words."""
-        self.emitters[i].gemm(a=self.ident[i], b=src, c=entry, m=self.n, k=self.n, p=count,
-                              a_rows=1, b_rows=0)
-
-    def load_table(self, i: int, value_entry: int | None) -> None:
-        """The 256-entry SiLU table from the plan's table entries, or one value entry."""
-        plan = self.plans[i]
-        for q in range(self.q_entries):
-            rows = min(self.r_load, SILU_ENTRIES - q * self.r_load)
-            a = plan["table"] + q if value_entry is None else value_entry
-            self.emitters[i].vec(VOP.SILU_LOAD, rows, 1, a, a_scalar=1, c=plan["iota"] + q,
-                                 lo=0, hi=1)
 
     def emit_home_inputs(self) -> None:
         """Constants into the accumulator, the token rows (projected by every tile, a
@@ -694,20 +628,7 @@ class _SparseBuild:
         output_words = [self.out_addr + r * hc + j for r in range(t) for j in range(hc)]
         reader = OutputRows(shape, n, self.hidden, [
             ((r,), [self.out_addr + r * hc + j for j in range(hc)]) for r in range(t)])
-        programs = []
-        for i in range(self.tiles):
-            ops = self.emitters[i].halt()
-            if len(ops) > config.program_depth:
-                raise ValueError(f"tile {i} ({i % k}, {i // k}) needs {len(ops)} "
-                                 f"instructions; the program memory holds program_depth = "
-                                 f"{config.program_depth}")
-            summary = summarise(config, ops, self.spad[i].end, config.acc_depth,
-                                {"experts": len(self.experts_on(i))})
-            at_home = i == home
-            programs.append(TileProgram(
-                config, "moe", encode_ops(ops), ops, self.words[i].writes, None, [], [], {},
-                output_words if at_home else [], shape if at_home else (0,),
-                summary, reader if at_home else OutputRows((0,), n, 0, [])))
+        programs = self.tile_programs(output_words, shape, reader)
         layer = self.layer
         chosen = topk(router_logits(self.x, self.weights), self.top_k)
         load = np.bincount(chosen.ravel(), minlength=self.experts)

@@ -77,6 +77,22 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("seed", seeds, ids=[f"s{s}" for s in seeds])
 
 
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny workload's tensors (``golden.workloads.generate``), shared read-only."""
+    from golden.workloads import generate
+
+    return generate("tiny")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss():
+    """The gpt-oss workload's tensors, shared read-only."""
+    from golden.workloads import generate
+
+    return generate("gpt-oss")
+
+
 @pytest.fixture
 def seed() -> int:
     """The suite's fixed seed; ``--seeds N`` parametrizes it instead."""

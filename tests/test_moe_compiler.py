@@ -16,18 +16,9 @@ from compiler.moe import (
     moe_tile_config,
     run_on_chip_model,
 )
+from compiler.moe_sparse import build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny")
-
-
-@pytest.fixture(scope="module")
-def gpt_oss():
-    return generate("gpt-oss")
 
 
 def _golden(workload, tokens=None):
@@ -125,12 +116,13 @@ def test_bad_inputs_are_refused_before_anything_runs(gpt_oss, tiny):
                   tiny.tensors["moe.x"].astype(np.int16))
 
 
+@pytest.mark.parametrize("build", [build_moe, build_sparse_moe], ids=["dense", "sparse"])
 @pytest.mark.parametrize("name,tokens,k", [("tiny", 8, 2), ("tiny", 3, 1), ("gpt-oss", 9, 2)])
-def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tokens, k):
-    """With a Projection the home tile computes the MoE input clamp(r + rq(o . W_o))
-    itself (golden.decoder) before routing: the output is bit-exact with golden's layer
-    on that input, including an attention output so large that the residual add
-    saturates."""
+def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tokens, k, build):
+    """With a Projection the chip computes the MoE input clamp(r + rq(o . W_o)) itself
+    (golden.decoder) before routing (dense-masked: the home tile; sparse: every expert
+    tile a slice of the channels): the output is bit-exact with golden's layer on that
+    input, including an attention output so large that the residual add saturates."""
     from compiler.moe import Projection
     from golden.decoder import project_residual
     from golden.gemm import Saturation
@@ -143,9 +135,10 @@ def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tok
     o[0] = np.where(w_o[:, 0] < 0, -127, 127)  # one token whose channel 0 clamps
     projection = Projection(o, w_o, wl.projection_scales(1))
     residual = wl.tensors["moe.x"][:tokens]
-    program = build_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(),
-                        wl.config.top_k, residual, projection)
-    check_chip_synchronisation(program)
+    program = build(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(),
+                    wl.config.top_k, residual, projection)
+    if build is build_moe:
+        check_chip_synchronisation(program)
     got, _ = run_on_chip_model(program)
     saturation = Saturation()
     x = project_residual(o, projection.w_o, residual, projection.scales,
@@ -153,7 +146,8 @@ def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tok
     assert saturation.saturated > 0  # the case is exercised
     want = moe_layer(x, wl.moe_weights(), wl.moe_scales(), wl.config.top_k)
     np.testing.assert_array_equal(got, want.out)
-    assert program.summary["projection_macs"] == tokens * channels * wl.config.hidden
+    if build is build_moe:
+        assert program.summary["projection_macs"] == tokens * channels * wl.config.hidden
     with pytest.raises(ValueError, match="w_o must be int8"):
-        build_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(), wl.config.top_k,
-                  residual, Projection(o, projection.w_o[1:], projection.scales))
+        build(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(), wl.config.top_k,
+              residual, Projection(o, projection.w_o[1:], projection.scales))

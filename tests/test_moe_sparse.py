@@ -1,7 +1,7 @@
 """The MoE layer dispatched sparsely (compiler/moe_sparse.py), run on the chip's
 functional model (golden/chip_model.py), against golden.moe bit for bit: on the
-workloads, on adversarial routings (every token to the same experts, perfectly
-balanced, tied logits) and with the attention projection computed on the home tile."""
+workloads and on adversarial routings (every token to the same experts, perfectly
+balanced, tied logits); with the attention projection in tests/test_moe_compiler.py."""
 
 from __future__ import annotations
 
@@ -10,33 +10,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from compiler.moe import Projection, build_moe, moe_tile_config, run_on_chip_model
+from compiler.moe import build_moe, moe_tile_config, run_on_chip_model
 from compiler.moe_sparse import build_sparse_moe
-from golden.decoder import project_residual
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny")
-
-
-@pytest.fixture(scope="module")
-def gpt_oss():
-    return generate("gpt-oss")
-
-
-def _run(workload, k, x, weights=None, projection=None, config=None):
+def _run(workload, k, x, weights=None):
     """(chip output, golden output, program, chip) of the sparse layer on ``x``."""
     weights = weights or workload.moe_weights()
     scales, top_k = workload.moe_scales(), workload.config.top_k
-    program = build_sparse_moe(config or moe_tile_config(), k, weights, scales, top_k, x,
-                               projection)
+    program = build_sparse_moe(moe_tile_config(), k, weights, scales, top_k, x)
     out, chip = run_on_chip_model(program)
-    layer_input = x if projection is None else project_residual(
-        projection.o, projection.w_o, x, projection.scales)
-    return out, moe_layer(layer_input, weights, scales, top_k).out, program, chip
+    return out, moe_layer(x, weights, scales, top_k).out, program, chip
 
 
 def executed_macs(chip) -> int:
@@ -105,19 +91,6 @@ def test_tiny_with_tied_router_logits(tiny):
     router[:, 5] = router[:, 1]
     router[:, 4] = router[:, 0]
     out, want, _, _ = _run(tiny, 2, x, replace(w, router=router))
-    np.testing.assert_array_equal(out, want)
-
-
-@pytest.mark.parametrize("name,tokens,k", [("tiny", 8, 2), ("gpt-oss", 9, 2)])
-def test_the_home_tile_projects_the_attention_output_into_token_rows(name, tokens, k):
-    wl = generate(name)
-    rng = np.random.default_rng(tokens)
-    channels = wl.config.heads * wl.config.v_head_dim
-    o = rng.integers(-128, 128, (tokens, channels)).astype(np.int8)
-    w_o = wl.tensors["attn1.w_o"]
-    o[0] = np.where(w_o[:, 0] < 0, -127, 127)  # one token whose channel 0 clamps
-    projection = Projection(o, w_o, wl.projection_scales(1))
-    out, want, _, _ = _run(wl, k, wl.tensors["moe.x"][:tokens], projection=projection)
     np.testing.assert_array_equal(out, want)
 
 
