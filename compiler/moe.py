@@ -282,6 +282,13 @@ def _token_layout(x: np.ndarray, n: int) -> list[np.ndarray]:
     return words
 
 
+def _row_layout(matrix: np.ndarray, n: int) -> list[np.ndarray]:
+    """Rows of ⌈K/N⌉ consecutive words of a (T, K) matrix: word ``t·⌈K/N⌉ + c`` =
+    ``matrix[t, cN:cN+N]`` (what an indexed DMA moves, GEMM ``a_row_major``)."""
+    chunks = ceil_div(matrix.shape[1], n)
+    return [row[c * n:(c + 1) * n] for row in matrix for c in range(chunks)]
+
+
 def _int8(values) -> np.ndarray:
     """0..255 byte values as int8 lanes (what SILU_LOAD's ``c & 255`` reads back)."""
     return ((np.asarray(values, np.int64) + 128) & 255) - 128
@@ -365,6 +372,47 @@ class _ExpertTiles:
     ``layer``, ``hidden``, ``ffn``, ``hc``, ``fc``, ``a_bank``, ``b_bank``, ``r_load``,
     ``q_entries``, ``q_words`` and ``experts_on``."""
 
+    home = 0
+
+    def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
+                 top_k: int, x: np.ndarray, projection: Projection | None):
+        """The layer's shapes and sizes, after the tokens and the mesh are checked and
+        the subclass's ``_check(x)`` has refused what else it cannot run; with
+        ``projection``, ``x`` is the residual stream and ``self.x`` the layer's input
+        (``golden.decoder.project_residual``)."""
+        self.config, self.k, self.layer, self.weights = config, k, layer, weights
+        self.top_k, self.projection = top_k, projection
+        self.n = n = config.n
+        if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
+            raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
+                             f"{x.dtype}")
+        if not isinstance(k, int) or not 1 <= k <= 8:
+            raise ValueError(f"the mesh side k must be 1..8, not {k!r}")
+        self.tiles = k * k
+        self.expert_tile = tuple(e % self.tiles for e in range(layer.total))
+        self._check(x)
+        self.tokens, self.hidden, self.ffn = x.shape[0], layer.hidden, layer.ffn
+        self.experts = layer.experts
+        self.residual = x
+        if projection is not None:
+            self.attn_out, self.w_o = np.asarray(projection.o), np.asarray(projection.w_o)
+            x = project_residual(self.attn_out, self.w_o, x, projection.scales)
+        self.x = x
+        self.tb = ceil_div(self.tokens, n)  # token blocks of N rows
+        self.hc, self.fc, self.ec = (ceil_div(self.hidden, n), ceil_div(self.ffn, n),
+                                     ceil_div(self.experts, n))
+        self.block_rows = [min(n, self.tokens - b * n) for b in range(self.tb)]
+        self.r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
+        self.q_entries = ceil_div(SILU_ENTRIES, self.r_load)  # accumulator entries of a table
+        self.q_words = ceil_div(self.q_entries, n) * n
+        self.emitters = [Emitter(n) for _ in range(self.tiles)]
+
+    def _check(self, x: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def experts_on(self, t: int) -> list[int]:
+        return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
+
     def place_expert_tiles(self, per_expert=None) -> None:
         """Per busy tile (and home): identity, table-index constants, SwiGLU activations;
         per expert its three weight matrices, its SiLU table, and ``per_expert(tile,
@@ -444,41 +492,14 @@ class _MoeBuild(_ExpertTiles):
     scratchpad regions and host words, accumulator plans, then each tile's instructions
     (projection, expert FFNs and their DMAs, the home tile's gating and combine)."""
 
-    home = 0
-
-    def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
-                 top_k: int, x: np.ndarray, projection: Projection | None):
-        self.config, self.k, self.layer, self.weights = config, k, layer, weights
-        self.top_k, self.projection = top_k, projection
-        self.n = n = config.n
-        self.sel_mult, self.sel_value = self._check(x)
-        self.tokens, self.hidden, self.ffn = x.shape[0], layer.hidden, layer.ffn
-        self.experts, self.tiles = layer.experts, k * k
-        self.residual = x
-        if projection is not None:
-            self.attn_out, self.w_o = np.asarray(projection.o), np.asarray(projection.w_o)
-            x = project_residual(self.attn_out, self.w_o, x, projection.scales)
-        self.x = x
-        self.expert_tile = tuple(e % self.tiles for e in range(layer.total))
-        self.tb = ceil_div(self.tokens, n)  # token blocks of N rows
-        self.hc, self.fc, self.ec = (ceil_div(self.hidden, n), ceil_div(self.ffn, n),
-                                     ceil_div(self.experts, n))
-        self.block_rows = [min(n, self.tokens - b * n) for b in range(self.tb)]
-        self.r_load = min(n, config.slots)  # table entries one SILU_LOAD writes
-        self.q_entries = ceil_div(SILU_ENTRIES, self.r_load)  # accumulator entries of a table
-        self.q_words = ceil_div(self.q_entries, n) * n
-        self.emitters = [Emitter(n) for _ in range(self.tiles)]
+    def __init__(self, *args):
+        super().__init__(*args)
         self.dmas_to_home = 0
 
-    def _check(self, x: np.ndarray) -> tuple[int, int]:
+    def _check(self, x: np.ndarray) -> None:
         """Refuse what the mesh, the tile or the shapes cannot run (one ValueError naming
         every problem); the selection offset's multiplier and table value."""
         config, layer, top_k = self.config, self.layer, self.top_k
-        if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
-            raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
-                             f"{x.dtype}")
-        if not isinstance(self.k, int) or not 1 <= self.k <= 8:
-            raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
         problems = layer_problems(config, layer, top_k, x.shape[0])
         huge = _huge(self.weights.router, layer.logit)
         # x' = x + sel·SV·mult·2**16 by one LOGIT (mult 16 bits, SV an int8 table value).
@@ -491,7 +512,7 @@ class _MoeBuild(_ExpertTiles):
             problems += self._projection_problems(x.shape[0])
         if problems:
             raise ValueError("cannot map this MoE layer: " + "; ".join(problems))
-        return sel_mult, sel_value
+        self.sel_mult, self.sel_value = sel_mult, sel_value
 
     def _projection_problems(self, tokens: int) -> list[str]:
         n, hidden, slots = self.n, self.layer.hidden, self.config.slots
@@ -554,9 +575,6 @@ class _MoeBuild(_ExpertTiles):
         consts[1] = self.sel_value
         consts[n:] = -128
         words.put(self.const_addr, consts)
-
-    def experts_on(self, t: int) -> list[int]:
-        return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
 
     def _acc_plan(self, t: int) -> dict:
         """Entries of tile t's phases (they follow one another, so they overlap)."""

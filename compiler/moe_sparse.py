@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.emit import Emitter
 from compiler.moe import (
     EVERY_TILE,
     G_BITS,
@@ -45,13 +44,14 @@ from compiler.moe import (
     _column_layout,
     _encoding,
     _ExpertTiles,
+    _row_layout,
     _token_layout,
     _Words,
     layer_problems,
     projection_problems,
 )
 from compiler.program import OutputRows
-from golden.decoder import IDENTITY, project_residual
+from golden.decoder import IDENTITY
 from golden.exp import NEG_INF
 from golden.moe import MoEScales, MoEWeights, router_logits, topk
 from golden.vector_model import VectorOpcode as VOP
@@ -102,44 +102,15 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
 class _SparseBuild(_ExpertTiles):
     """The stages of :func:`build_sparse_moe` and the state they share."""
 
-    home = 0
-
-    def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
-                 top_k: int, x: np.ndarray, projection: Projection | None):
-        self.config, self.k, self.layer, self.weights = config, k, layer, weights
-        self.top_k, self.projection = top_k, projection
-        self.n = n = config.n
-        self.tiles = k * k if isinstance(k, int) else 0
-        self.expert_tile = tuple(e % max(1, self.tiles) for e in range(layer.total))
-        self._check(x)
-        self.tokens, self.hidden, self.ffn = x.shape[0], layer.hidden, layer.ffn
-        self.experts = layer.experts
-        self.residual = x
-        if projection is not None:
-            self.attn_out, self.w_o = np.asarray(projection.o), np.asarray(projection.w_o)
-            x = project_residual(self.attn_out, self.w_o, x, projection.scales)
-        self.x = x
-        t = self.tokens
-        self.tb = ceil_div(t, n)
-        self.hc, self.fc, self.ec = (ceil_div(self.hidden, n), ceil_div(self.ffn, n),
-                                     ceil_div(self.experts, n))
-        self.tw = ceil_div(t, entries_per_word(n))  # words of one expert's index table
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.tw = ceil_div(self.tokens, entries_per_word(self.n))  # an index table's words
         self.meta_words = 1 + self.tw  # per expert: its count, then its result table
-        self.block_rows = [min(n, t - b * n) for b in range(self.tb)]
-        self.r_load = min(n, config.slots)
-        self.q_entries = ceil_div(SILU_ENTRIES, self.r_load)
-        self.q_words = ceil_div(self.q_entries, n) * n
-        self.emitters = [Emitter(n) for _ in range(self.tiles)]
         self.remote_shared_dmas = 0
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
         config, layer, top_k = self.config, self.layer, self.top_k
-        if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
-            raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
-                             f"{x.dtype}")
-        if not isinstance(self.k, int) or not 1 <= self.k <= 8:
-            raise ValueError(f"the mesh side k must be 1..8, not {self.k!r}")
         tokens = x.shape[0]
         problems = layer_problems(config, layer, top_k, tokens)
         if tokens > 126 or tokens * top_k > 256:
@@ -155,9 +126,6 @@ class _SparseBuild(_ExpertTiles):
             problems += projection_problems(self.projection, layer.hidden, tokens)
         if problems:
             raise ValueError("cannot map this MoE layer sparsely: " + "; ".join(problems))
-
-    def experts_on(self, t: int) -> list[int]:
-        return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
 
     def routed_on(self, t: int) -> list[int]:
         return [e for e in self.experts_on(t) if e < self.experts]
@@ -189,7 +157,7 @@ class _SparseBuild(_ExpertTiles):
         n, t, hc, ec, home, top_k = self.n, self.tokens, self.hc, self.ec, self.home, self.top_k
         spad, words, a, b = self.spad[home], self.words[home], self.a_bank, self.b_bank
         if self.projection is None:
-            words.put(self.xr, [row[c * n:(c + 1) * n] for row in self.x for c in range(hc)])
+            words.put(self.xr, _row_layout(self.x, n))
         self.router_addr = spad.take(ec * self.hidden, "router weights", b)
         words.put(self.router_addr, _column_layout(self.weights.router, n))
         a2, b2, self.cb = _encoding(self.experts, t)
@@ -258,8 +226,7 @@ class _SparseBuild(_ExpertTiles):
             self.wo_addr[i] = spad.take(w * self.channels, "output projection", b)
             words.put(self.wo_addr[i], _column_layout(self.w_o[:, cols], n))
             self.res_addr[i] = spad.take(t * w, "residual rows", b)
-            words.put(self.res_addr[i], [row[cols][c * n:(c + 1) * n] for row in self.residual
-                                         for c in range(w)])
+            words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 
     def _expert_regions(self, i: int, spad, e: int) -> None:
         """A routed expert's received token rows; where an expert's result rows wait
