@@ -517,7 +517,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     functional model here, which gives the MACs and network words they execute at run
     time, the hardware's counters checked against them) or ``dense``
     (:func:`compiler.moe.build_moe`, static counts)."""
-    from compiler.moe import Projection, build_moe, run_on_chip_model
+    from compiler.moe import Projection, build_moe, executed_macs, run_on_chip_model
     from compiler.moe_sparse import build_sparse_moe
     from golden.decoder import project_residual
     from golden.moe import moe_layer, moe_layer_float, router_logits
@@ -541,8 +541,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         if not np.array_equal(functional, golden.out):
             raise AssertionError("the sparse MoE programs differ from golden.moe on the "
                                  "chip's functional model")
-        macs = sum(f["m"] * f["k"] * f["p"] for tile in model.tiles
-                   for op, f in tile.issued if op == "GEMM")
+        macs = executed_macs(model)
         network_words = sum(model.words_sent)
     else:
         macs, network_words = s["macs_executed"], s["network_words_sent"]

@@ -48,6 +48,7 @@ class Emitter:
         self.snapshot: dict[int, dict] = {}  # op index -> `known` when it was dispatched
         self.signalled: dict[Opcode, list[int]] = {e: [] for e in self._ENGINES}  # not waited
         self.last_write: dict[int, int] = {}
+        self.last_of: dict[Opcode, int] = {}  # each engine's latest operation
         self.readers: dict[int, dict] = {}
 
     def _wait_for(self, index: int) -> None:
@@ -91,6 +92,7 @@ class Emitter:
             self.ops.append(prefix)
         j = len(self.ops)
         self.ops.append((op, fields))
+        self.last_of[op] = j
         self.snapshot[j] = dict(self.known)
         for address in reads:
             self.readers.setdefault(address, {})[op] = j
@@ -116,8 +118,7 @@ class Emitter:
     def drain(self) -> None:
         """WAIT until every engine operation emitted so far has finished (a fence: code
         after it, a loop body run again say, starts with every engine idle)."""
-        for engine in self._ENGINES:
-            last = max((i for i, (op, _) in enumerate(self.ops) if op == engine), default=-1)
+        for engine, last in self.last_of.items():
             if last > self.known[engine]:
                 self._wait_for(last)
 

@@ -64,8 +64,8 @@ from spec.numerics import NUMERICS
 __all__ = [
     "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection",
     "build_moe",
-    "check_chip_synchronisation", "dense_masked_reference", "moe_from_workload",
-    "moe_tile_config", "run_on_chip_model",
+    "check_chip_synchronisation", "dense_masked_reference", "executed_macs", "layer_problems",
+    "moe_from_workload", "moe_tile_config", "projection_problems", "run_on_chip_model",
 ]
 
 #: The arrival semaphores (above the engines' completion semaphores, compiler.emit).
@@ -885,6 +885,13 @@ def run_on_chip_model(program: MoeChipProgram, chip=None):
         if any(tile.semaphores):
             raise ValueError(f"tile {i}: semaphores not balanced at HALT: {tile.semaphores}")
     return program.read_output(chip.tiles[program.home].spad), chip
+
+
+def executed_macs(chip) -> int:
+    """m·k·p of every GEMM the tiles of a ``golden.chip_model.ChipModel`` dispatched
+    (registers added): what their ``macs`` counters count on the RTL."""
+    return sum(f["m"] * f["k"] * f["p"] for tile in chip.tiles for op, f in tile.issued
+               if op == "GEMM")
 
 
 def check_chip_synchronisation(program: MoeChipProgram) -> None:

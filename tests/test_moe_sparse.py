@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from compiler.moe import build_moe, moe_tile_config, run_on_chip_model
+from compiler.moe import build_moe, executed_macs, moe_tile_config, run_on_chip_model
 from compiler.moe_sparse import build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
@@ -23,12 +23,6 @@ def _run(workload, k, x, weights=None):
     program = build_sparse_moe(moe_tile_config(), k, weights, scales, top_k, x)
     out, chip = run_on_chip_model(program)
     return out, moe_layer(x, weights, scales, top_k).out, program, chip
-
-
-def executed_macs(chip) -> int:
-    """m·k·p of every GEMM the tiles dispatched (registers added)."""
-    return sum(f["m"] * f["k"] * f["p"] for tile in chip.tiles for op, f in tile.issued
-               if op == "GEMM")
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
