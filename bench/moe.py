@@ -84,7 +84,7 @@ def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
 
 
 def run(quick: bool) -> dict:
-    config = chip_config(WORKLOAD, k=K, n=N)
+    config = chip_config(WORKLOAD, k=K, n=N, moe="dense")  # one build for both
     context = 64 if quick else 256
     rounds, sparse = _layer(config, WORKLOAD, LAYER, K, context, "sparse")
     _, dense = _layer(config, WORKLOAD, LAYER, K, context, "dense")

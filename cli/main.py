@@ -151,7 +151,8 @@ def sim(args: argparse.Namespace) -> int:
             context=args.context, steps=args.steps, placement=args.placement,
             seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
             progress=progress, dump=args.dump, activity=args.energy,
-            threads=options.threads_of(args), rounds=rounds, faults=faults))
+            threads=options.threads_of(args), rounds=rounds, faults=faults,
+            prefill_chunk=args.prefill_chunk))
     stopped = outcome.get("result", {}).get("faults", {}).get("stopped")
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
@@ -193,7 +194,7 @@ def _compile_layer(args: argparse.Namespace):
                          moe=args.moe)
     rounds = layer_rounds(config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                           context=args.context, steps=args.steps, placement=args.placement,
-                          seed=args.seed, moe=args.moe)
+                          seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk)
     return cfg, config, rounds
 
 
@@ -206,7 +207,9 @@ def _print_sim_header(args: argparse.Namespace, cfg, rounds: int) -> None:
           f"{cfg.name} attention layer {args.layer} ({cfg.heads} query / {cfg.kv_heads} KV "
           f"heads, head dim {cfg.head_dim}, "
           f"{'window ' + str(window) if window else 'full causal'}), batch {args.batch}, "
-          f"placement {args.placement}: prefill {args.prefill} tokens per sequence, then "
+          f"placement {args.placement}: prefill {args.prefill} tokens per sequence"
+          f"{f' in chunks of {args.prefill_chunk}' if args.prefill > args.prefill_chunk else ''}"
+          ", then "
           f"{args.steps} decode steps from contexts "
           f"{list(contexts(args.batch, args.context, args.prefill))}; {rounds} rounds; "
           f"seed {args.seed}, simulator {args.sim}", flush=True)
@@ -412,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_sim_parser(commands) -> None:
+    from compiler.chip import PREFILL_CHUNK
+
     parser = commands.add_parser(
         "sim", help="a decoder layer for a batch on the chip (prefill + decode), checked "
                     "against golden: the architect's report",
@@ -443,6 +448,10 @@ def _add_sim_parser(commands) -> None:
                              "(default 2)")
     parser.add_argument("--prefill", type=options.non_negative, default=32,
                         help="prompt tokens prefilled per sequence (default 32; 0: none)")
+    parser.add_argument("--prefill-chunk", type=options.positive, default=PREFILL_CHUNK,
+                        help="prompt tokens per prefill step: a longer prompt is prefilled "
+                             "in chunks, each attending to the cache the chunks before it "
+                             f"filled (default {PREFILL_CHUNK})")
     parser.add_argument("--context", type=options.non_negative, default=256,
                         help="tokens of the longest sequence before its first decode "
                              "step; the others have a little less (default 256)")

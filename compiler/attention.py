@@ -38,7 +38,7 @@ from golden.attention import _multipliers
 from golden.exp import NEG_INF, quantize_log2_logit
 from golden.vector_model import VectorOpcode as VOP
 from spec.config import TileConfig, ceil_div
-from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, VecDst, VecPack
+from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, Opcode, VecDst, VecPack
 from spec.numerics import NUMERICS
 
 __all__ = [
@@ -259,6 +259,7 @@ class _Map:
     l: list[int] = field(default_factory=list)  # noqa: E741 - the denominator's name in golden
     sinks: int = 0
     sink_rows: list[np.ndarray] = field(default_factory=list)
+    page_table: int = 0  # a compact program's: one word per (KV head, block)
     spad_words: int = 0
     acc_entries: int = 0
 
@@ -280,7 +281,7 @@ def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
-                lanes: int, pv_double: bool) -> _Map:
+                lanes: int, pv_double: bool, table_words: int = 0) -> _Map:
     n, rmax = config.n, max(c.rows for c in chunks)
     nb, dq = ceil_div(layer.page_size, n), ceil_div(layer.head_dim, n)
     dvc = ceil_div(layer.v_head_dim, n)
@@ -340,6 +341,8 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
         mp.identity = spad.take(ceil_div(count, n) * count, "the identity for the constants")
         mp.digits = [spad.take(count, "the sink constant digits")
                      for _ in _sink_digits(mp.sink_rows)]
+    if table_words:
+        mp.page_table = spad.take(table_words, "the page table")
     mp.spad_words, mp.acc_entries = spad.used, acc.used
     return mp
 
@@ -348,12 +351,13 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
 
 class _Pipeline:
     """The program of a chunk list, stage by stage (docs/compiler.md, "Synchronisation and
-    overlap"); ``page_base(kv_head, which, logical)`` gives a page's address. Each
+    overlap"). A GEMM reading a KV page is emitted with the KV region's first word and
+    listed in ``pages`` (the builder puts the page's address in). Each
     ``lane_steps[g][r]`` is lane g's key block of round r: (chunk, step, first, last)."""
 
     def __init__(self, config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
-                 mp: _Map, page_base):
-        self.n, self.layer, self.mp, self.page_base = config.n, layer, mp, page_base
+                 mp: _Map):
+        self.n, self.layer, self.mp, self.kv_start = config.n, layer, mp, config.kv_start
         self.nb = ceil_div(layer.page_size, config.n)
         self.dvc = ceil_div(layer.v_head_dim, config.n)
         self.e = Emitter(config.n)
@@ -362,6 +366,10 @@ class _Pipeline:
         self.members = [[g for g, steps in enumerate(self.lane_steps) if r < len(steps)]
                         for r in range(self.rounds)]
         self.running_max: list[int | None] = [None] * mp.lanes  # each lane's current m
+        # For :func:`_compact`: the KV page each GEMM reads, {op index: (kv_head, K 0 or
+        # V 1, logical page)}, and the index of each round's first op (then the end).
+        self.pages: dict[int, tuple[int, int, int]] = {}
+        self.bounds: list[int] = []
 
     def program(self) -> list[Op]:
         """The whole program. Per round r, in program order, over the round's lanes,
@@ -372,6 +380,7 @@ class _Pipeline:
         for g in members[0]:
             self.scores_gemm(g, 0)
         for r in range(self.rounds):
+            self.bounds.append(len(self.e.ops))
             self.interleaved([self.softmax_ops(g, r) for g in members[r]])
             for g in members[r + 1] if r + 1 < self.rounds else []:
                 self.scores_gemm(g, r + 1)
@@ -379,6 +388,7 @@ class _Pipeline:
                 self.rescale(r - 1)
             for g in members[r]:
                 self.pv_gemm(g, r)
+        self.bounds.append(len(self.e.ops))
         self.rescale(self.rounds - 1)
         return self.e.halt()
 
@@ -395,9 +405,10 @@ class _Pipeline:
 
     def scores_gemm(self, g: int, r: int) -> None:
         c, s, _, _ = self.lane_steps[g][r]
-        self.e.gemm(a=c.q_addr, b=self.page_base(c.kv_head, 0, s.block),
-                    c=self.mp.scores[g][r % 2], m=c.rows, k=self.layer.head_dim,
-                    p=self.layer.page_size, a_rows=1, b_rows=1)
+        i = self.e.gemm(a=c.q_addr, b=self.kv_start,
+                        c=self.mp.scores[g][r % 2], m=c.rows, k=self.layer.head_dim,
+                        p=self.layer.page_size, a_rows=1, b_rows=1)
+        self.pages[i] = (c.kv_head, 0, s.block)
 
     def softmax_ops(self, g: int, r: int) -> list:
         """Ops 2-5 of the block as emitters."""
@@ -441,9 +452,11 @@ class _Pipeline:
         # most 2²¹ to an int32 sum: exact for pages of up to MAX_PV_KEYS (_check_fit).
         c, s, _, _ = self.lane_steps[g][r]
         mp = self.mp
-        self.e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
-                    b=self.page_base(c.kv_head, 1, s.block), c=mp.pv[g][r % 2], m=c.rows,
-                    k=self.layer.page_size, p=self.layer.v_head_dim, a_rows=1, b_rows=0)
+        i = self.e.gemm(a=mp.p_hi[g][r % 2], a_lo=mp.p_lo[g][r % 2], a_limbs=1,
+                        b=self.kv_start, c=mp.pv[g][r % 2],
+                        m=c.rows, k=self.layer.page_size, p=self.layer.v_head_dim,
+                        a_rows=1, b_rows=0)
+        self.pages[i] = (c.kv_head, 1, s.block)
 
     def rescale_ops(self, g: int, r: int) -> tuple[list, list]:
         """Ops 8-9 of the block, and the chunk's end (if it is the last), as emitters."""
@@ -495,10 +508,93 @@ class _Pipeline:
         self.interleaved(list(ends))
 
 
-def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk], mp: _Map,
-          page_base) -> list[Op]:
-    """The whole program; ``page_base(kv_head, which, logical)`` gives a page's address."""
-    return _Pipeline(config, layer, chunks, mp, page_base).program()
+def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
+          mp: _Map) -> tuple[list[Op], _Pipeline]:
+    """The whole program, straight-line (KV pages not yet in), and the pipeline that
+    emitted it."""
+    pipeline = _Pipeline(config, layer, chunks, mp)
+    return pipeline.program(), pipeline
+
+
+# --- compact programs: loops over key blocks ---------------------------------------------
+
+#: Registers of the loops :func:`_compact` makes: the trip counter and its limit, the
+#: page table's offset (two blocks per trip) and the page address loaded for one GEMM.
+R_TRIP, R_LIMIT, R_OFFSET, R_PAGE = 0, 1, 2, 3
+
+
+def _key(op: Op, paged: bool) -> tuple:
+    """What two instructions must share to be one instruction of a loop body: all
+    fields but a KV page's address (looked up in the page table at run time)."""
+    def frozen(value):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items())) \
+            if isinstance(value, dict) else value
+    opcode, fields = op
+    return opcode, paged, frozen({k: v for k, v in fields.items() if not (paged and k == "b")})
+
+
+def _compact(ops: list[Op], pipeline: _Pipeline, page_word) -> list[Op]:
+    """``ops`` with every run of identical pairs of rounds (the steady state of a chunk:
+    same instructions, WAITs included, each KV page two blocks on) made a loop. A GEMM
+    of the body reads its page's address from the page table (``page_word(kv_head,
+    block)``: the word whose bytes 0-1 hold the block's K page address and bytes 2-3
+    its V page address): WITH offset, LOAD (unless the GEMM before read the same
+    page), WITH, GEMM. The loop runs the very instructions ``ops`` lists, in the same
+    order, so it is synchronised exactly as they are; the program's length no longer
+    grows with the key blocks."""
+    pages, bounds = pipeline.pages, pipeline.bounds
+    rounds = len(bounds) - 1
+    keys = [_key(op, i in pages) for i, op in enumerate(ops)]
+
+    def same(r: int, j: int) -> bool:
+        """Is round pair r + 2j the pair at r again, every page two blocks on per j?"""
+        a, b = bounds[r], bounds[r + 2 * j]
+        if bounds[r + 2] - a != bounds[r + 2 * j + 2] - b or \
+                keys[a:bounds[r + 2]] != keys[b:bounds[r + 2 * j + 2]]:
+            return False
+        for i in range(a, bounds[r + 2]):
+            if i in pages:
+                kv_head, which, block = pages[i]
+                if pages[i - a + b] != (kv_head, which, block + 2 * j):
+                    return False
+        return True
+
+    out = list(ops[:bounds[0]])
+    r = 0
+    while r < rounds:
+        trips = 1
+        while r + 2 * trips + 1 < rounds and same(r, trips):
+            trips += 1
+        body: list[Op] = []
+        loaded = None  # the page whose address R_PAGE holds
+        for i in range(bounds[r], bounds[r + 2]) if trips > 1 else ():
+            opcode, fields = ops[i]
+            if i in pages:
+                kv_head, which, block = pages[i]
+                if loaded != pages[i]:
+                    body += [(Opcode.WITH, {"field0": 1, "reg0": R_OFFSET}),
+                             (Opcode.LOAD, {"rd": R_PAGE, "lane": 2 * which,
+                                            "addr": page_word(kv_head, block)})]
+                    loaded = pages[i]
+                body += [(Opcode.WITH, {"field0": 2, "reg0": R_PAGE}),
+                         (opcode, {**fields, "b": 0})]
+            else:
+                body.append(ops[i])
+        # SET x 3, the body, ADD, LOOP: fewer words than the pairs unrolled?
+        if trips < 2 or len(body) + 5 >= bounds[r + 2 * trips] - bounds[r]:
+            out += ops[bounds[r]:bounds[r + 1]]
+            r += 1
+            continue
+        out += [(Opcode.SET, {"rd": R_TRIP, "value": 0}),
+                (Opcode.SET, {"rd": R_LIMIT, "value": trips}),
+                (Opcode.SET, {"rd": R_OFFSET, "value": 0})]
+        start = len(out)
+        out += body
+        out += [(Opcode.ADD, {"rd": R_OFFSET, "ra": R_OFFSET, "imm": 2}),
+                (Opcode.LOOP, {"counter": R_TRIP, "limit": R_LIMIT, "target": start,
+                               "bound": trips})]
+        r += 2 * trips
+    return out + list(ops[bounds[rounds]:])
 
 
 def _lane_steps(chunks: list[_Chunk], lanes: int) -> list[list[tuple]]:
@@ -553,7 +649,7 @@ def _fewer_rows(rows: int, n: int) -> int:
 
 def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
            k: np.ndarray, v: np.ndarray, output_shape: tuple[int, ...],
-           allocator: PageAllocator | None, first_row: int) -> TileProgram:
+           allocator: PageAllocator | None, first_row: int, loops: bool | None) -> TileProgram:
     """``plan(rows)``: the chunks (with their steps) for chunks of at most ``rows`` rows.
     Chunks get as many rows as the slots allow, fewer if their buffers do not fit the
     accumulator memory."""
@@ -578,18 +674,32 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
             if _fewer_rows(rows, n) < 1:
                 raise ValueError(f"{failure} (with chunks of a single query row)") from None
             rows = _fewer_rows(rows, n)
-    # A dry run with any valid page address gives the program length before any KV page
-    # is taken from the allocator.
-    length = len(_emit(config, layer, chunks, mp, lambda *_: config.kv_start))
+    # The program has its length before any KV page is taken from the allocator (engines
+    # only read KV pages, so their addresses change no WAIT); a program longer than the
+    # program memory (or any, with ``loops``) is made compact.
+    straight, pipeline = _emit(config, layer, chunks, mp)
+    looped = len(straight) > config.program_depth if loops is None else loops
+    length = len(_compact(straight, pipeline, lambda *_: 0) if looped else straight)
     if length > config.program_depth:
         steps = sum(len(c.steps) for c in chunks)
-        raise ValueError(f"the {kind} program needs {length} instructions ({len(chunks)} "
-                         f"chunks, {steps} key blocks, 11 to 13 per block) but the program "
-                         f"memory holds program_depth = {config.program_depth}")
+        how = (f"with loops over key blocks ({len(chunks)} chunks of query rows, {steps} "
+               f"key blocks, {len(straight)} unrolled); fewer query tokens per program "
+               "(a shorter prefill chunk) make it shorter" if looped else
+               f"({len(chunks)} chunks, {steps} key blocks)")
+        raise ValueError(f"the {kind} program needs {length} instructions {how}, but the "
+                         f"program memory holds program_depth = {config.program_depth}")
+    blocks = ceil_div(k.shape[0], layer.page_size)
+    if looped:  # the page table after every other region: their addresses stay
+        mp = _memory_map(config, layer, chunks, mp.lanes, mp.pv_double,
+                         table_words=layer.kv_heads * blocks)
     allocator = PageAllocator(config) if allocator is None else allocator
     kv = KvLayout.allocate(config, allocator, layer.kv_heads, layer.head_dim,
                            layer.v_head_dim, k.shape[0], first_row)
-    ops = _emit(config, layer, chunks, mp, kv.page_base)
+    for i, page in pipeline.pages.items():
+        opcode, fields = straight[i]
+        straight[i] = (opcode, {**fields, "b": kv.page_base(*page)})
+    ops = (_compact(straight, pipeline, lambda h, b: mp.page_table + h * blocks + b)
+           if looped else straight)
     assert len(ops) == length
 
     writes: dict[int, int] = {}
@@ -597,6 +707,11 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
         for cc in range(dq):
             for i in range(c.rows):
                 writes[c.q_addr + cc * c.rows + i] = pack_word(c.q[i, cc * n:(cc + 1) * n], n)
+    if looped:
+        for h in range(layer.kv_heads):
+            for b in range(blocks):
+                writes[mp.page_table + h * blocks + b] = (kv.page_base(h, 0, b)
+                                                          | kv.page_base(h, 1, b) << 16)
     if mp.sink_rows:
         count = len(mp.sink_rows)
         for cc in range(ceil_div(count, n)):
@@ -620,23 +735,29 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
                         {"chunks": len(chunks), "key_blocks": steps, "lanes": mp.lanes,
                          "pv_double": int(mp.pv_double),
                          "rows_per_chunk": max(c.rows for c in chunks),
-                         "causal_chunks": sum(any(s.causal for s in c.steps) for c in chunks)})
+                         "causal_chunks": sum(any(s.causal for s in c.steps) for c in chunks),
+                         "loops": sum(op == Opcode.LOOP for op, _ in ops),
+                         "unrolled": len(straight)},
+                        executed=straight)
     return TileProgram(config, kind, encode_ops(ops), ops, writes, kv, kv.map_requests(),
                        kv.appends(k, v), kv.placement(k, v), out_words, output_shape,
                        summary, reader)
 
 
 def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
-                  allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+                  allocator: PageAllocator | None = None, first_row: int = 0,
+                  loops: bool | None = None) -> TileProgram:
     """Causal self-attention of T prompt tokens: ``q`` (T, H, d), ``k`` (T, H_kv, d),
     ``v`` (T, H_kv, dv) int8; the output (T, H, dv) equals
     ``attention_prefill(..., block_keys=page_size)``. The host appends all T tokens'
     K and V (``kv_map``, ``kv_appends``) before ``start``."""
-    return build_extend(config, layer, q, k, v, allocator=allocator, first_row=first_row)
+    return build_extend(config, layer, q, k, v, allocator=allocator, first_row=first_row,
+                        loops=loops)
 
 
 def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
-                 allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+                 allocator: PageAllocator | None = None, first_row: int = 0,
+                 loops: bool | None = None) -> TileProgram:
     """Chunked prefill over a cached context: the last T of L tokens attend to all L.
     ``q`` (T, H, d) the queries of positions L - T .. L - 1; ``k`` (L, H_kv, d) and ``v``
     (L, H_kv, dv) every token so far. The output (T, H, dv) equals rows L - T .. L - 1 of
@@ -668,11 +789,12 @@ def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
         return chunks
 
     return _build(config, layer, "prefill" if first == 0 else "extend", plan, k, v,
-                  (tokens, layer.heads, layer.v_head_dim), allocator, first_row)
+                  (tokens, layer.heads, layer.v_head_dim), allocator, first_row, loops)
 
 
 def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
-                 allocator: PageAllocator | None = None, first_row: int = 0) -> TileProgram:
+                 allocator: PageAllocator | None = None, first_row: int = 0,
+                 loops: bool | None = None) -> TileProgram:
     """One decode step of one sequence at context L: ``q`` (H, d) or (1, H, d), the
     newest token at position L - 1; ``k`` (L, H_kv, d) and ``v`` (L, H_kv, dv) every
     token so far (its own included). The output (1, H, dv) equals ``attention_decode``
@@ -696,7 +818,7 @@ def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
         return chunks
 
     return _build(config, layer, "decode", plan, k, v, (1, layer.heads, layer.v_head_dim),
-                  allocator, first_row)
+                  allocator, first_row, loops)
 
 
 def prefill_from_workload(config: TileConfig, workload, layer: int, tokens: int | None = None,

@@ -21,7 +21,6 @@ Every round's output is checked against golden by the caller (see tb/chip_tb.py)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, field, replace
 
@@ -44,14 +43,19 @@ from rtl.scratchpad import KvOp
 from spec.config import ChipConfig
 from spec.isa import Opcode, encode
 
-__all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "SEM_KV", "ChipRound", "Job", "KvCacheFull",
-           "Step", "accuracy", "agent_schedule", "attention_rounds", "batch_workloads", "contexts",
-           "layer_rounds", "moe_round", "moe_words"]
+__all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV", "ChipRound", "Job",
+           "KvCacheFull", "Step", "accuracy", "agent_schedule", "attention_rounds",
+           "batch_workloads", "contexts", "layer_rounds", "moe_round", "moe_words",
+           "prefill_schedule"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
 #: Tokens per MoE round (more tokens take several rounds).
 MOE_TOKENS = 32
+#: Prompt tokens per prefill step: a longer prompt is prefilled in chunks, each an
+#: extend step over the cache the chunks before it filled (chunked prefill), so one
+#: round's queries, outputs and program stay the same size whatever the prompt.
+PREFILL_CHUNK = 32
 #: How a run does the MoE layer: sparse dispatch (compiler.moe_sparse), dense-masked
 #: (compiler.moe), or not at all.
 MOE_MODES = ("sparse", "dense", "off")
@@ -89,12 +93,14 @@ class TileLoad:
     KV requests. ``dispatched``: for a program whose work depends on data (registers,
     loops, indexed DMA), the GEMM, VEC and DMA operations it dispatches at run time,
     as the chip's functional model ran it (registers added, an IDMA's rows as DMAs);
-    ``None`` when its instructions say it."""
+    ``None`` when its instructions say it. ``looped``: instructions its loops run
+    beyond the program's length (what the simulation's time limit allows for)."""
 
     instructions: list[int]
     spad_writes: dict[int, int]
     kv_requests: list[dict]
     dispatched: list[tuple[Opcode, dict]] | None = None
+    looped: int = 0
 
 
 @dataclass
@@ -308,15 +314,27 @@ class _RoundBuild:
 Step = tuple[str, tuple[int, ...], bool]
 
 
+def prefill_schedule(prefill: int, batch: int, chunk: int = PREFILL_CHUNK) -> list[Step]:
+    """The steps that prefill ``prefill`` prompt tokens of ``batch`` sequences: a
+    prefill of the first ``chunk``, then extend steps of ``chunk`` more each."""
+    if chunk < 1:
+        raise ValueError(f"the prefill chunk must be >= 1 token, not {chunk}")
+    ends = [*range(chunk, prefill, chunk), prefill] if prefill else []
+    return [("prefill" if i == 0 else "extend", (end,) * batch, False)
+            for i, end in enumerate(ends)]
+
+
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                      batch: int = 1,
                      prefill: int = 0, context: int = 0, steps: int = 1,
                      placement: str = "local", seed: int = 1,
-                     schedule: list[Step] | None = None) -> list[ChipRound]:
-    """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
-    then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
-    or the steps of ``schedule`` (see :func:`agent_schedule`). Raises ValueError for a
-    placement, shape or capacity the chip cannot take."""
+                     schedule: list[Step] | None = None,
+                     prefill_chunk: int = PREFILL_CHUNK) -> list[ChipRound]:
+    """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0;
+    in chunks of ``prefill_chunk``, :func:`prefill_schedule`), then ``steps`` decode
+    steps, sequence s starting from ``contexts(...)[s]`` tokens — or the steps of
+    ``schedule`` (see :func:`agent_schedule`). Raises ValueError for a placement, shape
+    or capacity the chip cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
     if batch < 1:
@@ -332,7 +350,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"KV cache has page_size {chip.tile.page_size}")
     if schedule is None:
         starts = contexts(batch, context, prefill)
-        schedule = [("prefill", (prefill,) * batch, False)] if prefill else []
+        schedule = prefill_schedule(prefill, batch, prefill_chunk)
         schedule += [("decode", tuple(c + step + 1 for c in starts), False)
                      for step in range(steps)]
     cached = _cached_contexts(schedule, batch)
@@ -399,6 +417,7 @@ class _Batch:
             jobs.append(job)
             load = build.loads.setdefault(job.tile, TileLoad([], {}, []))
             load.instructions = list(job.program.instructions)
+            load.looped = job.program.summary.notes["unrolled"] - len(load.instructions)
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
@@ -472,24 +491,24 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
 
 
 @functools.cache
-def moe_words(cfg: WorkloadConfig, k: int, n: int) -> int:
+def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse") -> int:
     """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
     ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
-    results), compiled on a tile whose whole scratchpad is working space: the larger of
-    the sparse and the dense-masked mapping, so one build runs both (the sparse one
-    alone when the dense-masked one does not compile: ``--moe dense`` is then refused
-    with its reason)."""
+    results), compiled on a tile whose whole scratchpad is working space: for ``moe``
+    "sparse" the sparse mapping's; for "dense" the larger of the two, so one build runs
+    both (a ValueError when the dense-masked mapping does not compile)."""
     from compiler.moe import Projection, build_moe, moe_tile_config
     from compiler.moe_sparse import build_sparse_moe
 
+    if moe not in ("sparse", "dense"):
+        raise ValueError(f"MoE words for a sparse or dense mapping, not {moe!r}")
     wl = generate(cfg, moe_tokens=MOE_TOKENS)
     o = np.zeros((MOE_TOKENS, cfg.heads * cfg.v_head_dim), np.int8)
     args = (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
             wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
                                             wl.projection_scales(0)))
     words = [max(build_sparse_moe(*args).summary["scratchpad_words"])]
-    # A layer the dense-masked mapping cannot run is refused when it is asked for.
-    with contextlib.suppress(ValueError):
+    if moe == "dense":
         words.append(max(build_moe(*args).summary["scratchpad_words"]))
     return max(words)
 
@@ -585,19 +604,21 @@ def batch_workloads(cfg: WorkloadConfig, batch: int, tokens: int, seed: int) -> 
 def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                  batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
                  placement: str = "local", seed: int = 1, moe: str = "sparse",
-                 schedule: list[Step] | None = None) -> list[ChipRound]:
+                 schedule: list[Step] | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
     each step followed (``moe`` ``sparse`` or ``dense``, not ``off``: the dispatch of
     :func:`moe_round`) by the MoE layer on the tokens the step produced, in
     rounds of :data:`MOE_TOKENS` (sequence after sequence: a prefill's every token, a
     decode step's newest one). Every round runs the same layer: one set of weights and
-    scales for the whole run. ``schedule``: as for :func:`attention_rounds`. The
+    scales for the whole run. ``schedule``, ``prefill_chunk``: as for
+    :func:`attention_rounds`. The
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
     computed on the home tile at the start of the MoE round (``golden.decoder``)."""
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
-                              schedule=schedule)
+                              schedule=schedule, prefill_chunk=prefill_chunk)
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     if moe == "off":

@@ -122,8 +122,9 @@ class Emitter:
             if last > self.known[engine]:
                 self._wait_for(last)
 
-    def gemm(self, **fields) -> None:
-        self.engine(Opcode.GEMM, fields)
+    def gemm(self, **fields) -> int:
+        """A GEMM; its index."""
+        return self.engine(Opcode.GEMM, fields)
 
     def vec(self, op: VectorOpcode, rows: int, beats: int, a: int, *, a_scalar: int = 0,
             b: int | None = None, b_scalar: int | None = None, c: int | None = None,

@@ -59,14 +59,18 @@ class ProgramSummary:
 
 
 def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entries: int,
-              notes: dict[str, int] | None = None) -> ProgramSummary:
-    """The :class:`ProgramSummary` of decoded-form instructions."""
+              notes: dict[str, int] | None = None, *,
+              executed: Sequence[Op] | None = None) -> ProgramSummary:
+    """The :class:`ProgramSummary` of decoded-form instructions; ``executed``: the
+    operations they run, when loops make them differ (``vec_ops``, MACs and KV bytes
+    count those, ``instructions`` the words)."""
     n = config.n
+    executed = ops if executed is None else executed
     kinds = Counter(op.name for op, _ in ops)
-    vec = Counter(VectorOpcode(f["op"]).name for op, f in ops if op == Opcode.VEC)
+    vec = Counter(VectorOpcode(f["op"]).name for op, f in executed if op == Opcode.VEC)
     macs = kv_read = 0
     kv_touched: set[int] = set()
-    for op, f in ops:
+    for op, f in executed:
         if op != Opcode.GEMM:
             continue
         m, k, p = f["m"], f["k"], f["p"]

@@ -8,6 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from golden.ecc import Secded
 from rtl import _ecc
+from spec.config import MAX_TABLE_ENTRIES
 from spec.numerics import NUMERICS
 from spec.params import check_bool
 
@@ -234,9 +235,9 @@ class Scratchpad(wiring.Component):
                             ("max_pages", max_pages)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        if sequences * max_pages > 1024:
+        if sequences * max_pages > MAX_TABLE_ENTRIES:
             raise ValueError(f"the block table ({sequences} x {max_pages}) may hold at most "
-                             "1024 entries (it is kept in registers)")
+                             f"{MAX_TABLE_ENTRIES} entries")
         words = banks * depth
         page_words = page_size * token_words
         kv_words = num_pages * page_words if kv_port is not None else 0

@@ -63,11 +63,13 @@ class _KvHost:
 
 
 def attention_steps(config: TileConfig, workload: str, layer: int, *, prefill: int = 0,
-                    context: int = 0, steps: int = 1, seed: int | None = None) -> list[Step]:
+                    context: int = 0, steps: int = 1, seed: int | None = None,
+                    loops: bool | None = None) -> list[Step]:
     """Prefill ``prefill`` tokens (if > 0), then ``steps`` decode steps; the first decode
     step sees ``max(prefill, context)`` earlier tokens (the KV cache is filled directly
     beyond the prompt). Token tensors are the workload's prompt tensors, generated long
-    enough for every step."""
+    enough for every step. ``loops``: as for ``compiler.attention.build_decode`` (True:
+    every program with loops over its key blocks)."""
     start = max(prefill, context)
     total = start + steps
     wl = generate(workload, seed=seed, prefill_tokens=max(total, 1))
@@ -84,7 +86,7 @@ def attention_steps(config: TileConfig, workload: str, layer: int, *, prefill: i
     out = []
     if prefill:
         program = build_prefill(config, AttentionLayer.from_workload(wl, layer),
-                                q[:prefill], k[:prefill], v[:prefill])
+                                q[:prefill], k[:prefill], v[:prefill], loops=loops)
         expected = attention_prefill(q[:prefill], k[:prefill], v[:prefill],
                                      wl.attention_scales(layer), window=window,
                                      sinks=sinks, block_keys=config.page_size)
@@ -94,7 +96,8 @@ def attention_steps(config: TileConfig, workload: str, layer: int, *, prefill: i
     scales = wl.attention_scales(layer)
     for position in range(start, total):
         length = position + 1
-        program = build_decode(config, decode_layer, q[position], k[:length], v[:length])
+        program = build_decode(config, decode_layer, q[position], k[:length], v[:length],
+                               loops=loops)
         cache, table = build_cache([k[:length]], [v[:length]], config.page_size)
         expected = attention_decode(q[position][None], cache, table, np.array([length]),
                                     scales, window=window, sinks=sinks)

@@ -98,7 +98,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
-                   faults: FaultPlan | None = None) -> dict:
+                   faults: FaultPlan | None = None, prefill_chunk: int | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and the MoE layer, ``moe`` sparse, dense or off), every output checked against
     golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -111,24 +111,29 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     are compiled here. Either way they are compiled once: the simulation takes them from
     a file instead of compiling them again. ``faults``: bits of stored words flip during
     the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
-    holds the log and counts, ``faults["stopped"]`` the error that ended the run early."""
-    from compiler.chip import layer_rounds
+    holds the log and counts, ``faults["stopped"]`` the error that ended the run early.
+    ``prefill_chunk``: prompt tokens per prefill step (default
+    ``compiler.chip.PREFILL_CHUNK``)."""
+    from compiler.chip import PREFILL_CHUNK, layer_rounds
     from golden.workloads import WorkloadConfig
 
+    prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
     if rounds is None:
         rounds = layer_rounds(config, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
-                              moe=moe, schedule=schedule)
+                              moe=moe, schedule=schedule, prefill_chunk=prefill_chunk)
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
-              "moe": moe, "schedule": schedule, "progress": str(progress) if progress else None,
+              "prefill_chunk": prefill_chunk, "moe": moe, "schedule": schedule,
+              "progress": str(progress) if progress else None,
               "dump": str(Path(dump).resolve()) if dump else None,
               "faults": faults.to_json() if faults else None}
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
-           f"{'' if moe == 'sparse' else '-moe' + moe}")
+           f"{'' if moe == 'sparse' else '-moe' + moe}"
+           f"{'' if prefill_chunk == PREFILL_CHUNK else f'-k{prefill_chunk}'}")
     if faults:
         tag += f"-faults-s{faults.seed}"
     if schedule:
@@ -148,11 +153,12 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
     tokens) or attention, whichever is larger, and the rest for KV pages, reached through
     8 block-table rows (4 jobs per tile under ``local`` placement, 2 under ``striped``) of
-    ``max_context`` tokens (default 2048 with pages of at least N tokens, else 64, at
-    most what the 1024-entry block table maps);
-    ``moe`` "off": attention only, no room kept for the MoE layer. One
-    build serves every batch, context and placement that fits it; what does not fit is
-    refused by the compiler with the reason."""
+    ``max_context`` tokens (default 4096 with pages of at least N tokens, else 64, at
+    most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
+    "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
+    so that they compare on one build; "off": attention only, no room kept for the MoE
+    layer. One build serves every batch, context and placement that fits it; what does
+    not fit is refused by the compiler with the reason."""
     from compiler.chip import moe_words
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
@@ -162,15 +168,16 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
     rows = 8
     max_context = kv_context(rows, cfg.page_size, max_context,
-                             2048 if cfg.page_size >= n else 64)
+                             4096 if cfg.page_size >= n else 64)
     working = WORKING_WORDS
     if moe != "off":
         try:
-            working = max(working, moe_words(cfg, k, n))
+            working = max(working, moe_words(cfg, k, n, moe))
         except ValueError as error:
             more_tiles = isinstance(error, MemoryFull) and error.per_tile \
                 and error.memory == "scratchpad"
-            raise ValueError(f"the MoE layer of {cfg.name} does not fit the tiles of a "
+            mapping = "dense-masked " if moe == "dense" else ""
+            raise ValueError(f"the {mapping}MoE layer of {cfg.name} does not fit the tiles of a "
                              f"{k}x{k} chip ({error}); "
                              f"{'use a larger mesh, or ' if more_tiles else ''}"
                              "simulate attention alone") from None
@@ -184,20 +191,22 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
 
 
 def chip_figures(result: dict, k: int, n: int) -> dict:
-    """The report's figures from a chip run, per phase (prefill; decode per step, i.e.
-    per generated token of every sequence): cycles of the attention rounds, of the MoE
-    rounds and of the layer (their sum: rounds run one after another); utilisation =
+    """The report's figures from a chip run, per phase (prefill: every chunk of the
+    prompt; decode per step, i.e. per generated token of every sequence): cycles of the
+    attention rounds, of the MoE rounds and of the layer (their sum: rounds run one
+    after another); utilisation =
     the MACs the programs execute / (tiles x N² x cycles); phase shares summed over the
     tiles; network flits; simulation speed (cycles over the rounds' wall time)."""
     tiles = k * k
     rounds = result["rounds"]
     out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
-    for phase in ("prefill", "decode"):
-        attn = [r for r in rounds if r["phase"] == phase]
-        moe = [r for r in rounds if r["phase"] == f"{phase}-moe"]
+    for phase, kinds in (("prefill", ("prefill", "extend")), ("decode", ("decode",))):
+        attn = [r for r in rounds if r["phase"] in kinds]
+        moe = [r for r in rounds if r["phase"] in [f"{kind}-moe" for kind in kinds]]
         if not attn:
             continue
-        steps = len({tuple(r["contexts"]) for r in attn})
+        # A prompt's chunks (extend steps) make one prefill; decode is per step.
+        steps = 1 if phase == "prefill" else len({tuple(r["contexts"]) for r in attn})
         attn_cycles = sum(r["cycles"] for r in attn) // steps
         moe_cycles = sum(r["cycles"] for r in moe) // steps
         cycles = attn_cycles + moe_cycles

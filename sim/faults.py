@@ -98,8 +98,16 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
         ops = load.dispatched
         if ops is None:
             ops = [decode(word) for word in load.instructions]
+        after_with = False
         for op, fields in ops:
+            dynamic, after_with = after_with, op == Opcode.WITH
             if op not in (Opcode.GEMM, Opcode.VEC, Opcode.DMA):
+                continue
+            if dynamic:  # an attention loop's GEMM (a page from the page table, read
+                # at run time): its reads are not targets, its writes are accumulator
+                if op != Opcode.GEMM:
+                    raise ValueError(f"tile {tile}: a {op.name} with fields from "
+                                     "registers needs the operations it dispatched")
                 continue
             got, put = accesses(op, fields, n)
             reads[tile] |= {a for a in got if a < 1 << 20}  # not accumulator entries

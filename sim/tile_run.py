@@ -84,18 +84,21 @@ def tile_build(config: TileConfig, *, simulator: str | None = None,
 def simulate_attention(config: TileConfig, workload: str, layer: int, *, prefill: int = 0,
                        context: int = 0, steps: int = 1, seed: int = 1, idle: float = 0.0,
                        stall: float = 0.0, simulator: str | None = None,
-                       waves: bool | None = None) -> dict:
+                       waves: bool | None = None, loops: bool | None = None) -> dict:
     """Prefill ``prefill`` prompt tokens (0: none), fill the KV cache up to ``context``
     tokens directly (if more), then run ``steps`` decode steps appending one token's K/V
     each; every output is checked bit-exact against golden. Returns the run's metrics
-    (per phase cycles and counters, the programs' summaries)."""
+    (per phase cycles and counters, the programs' summaries). ``loops``: True makes every
+    program compact (loops over key blocks), False none; by default those whose straight
+    program does not fit the program memory."""
     if prefill < 0 or context < 0 or steps < 0 or prefill + context + steps == 0:
         raise ValueError("nothing to simulate: give prefill tokens, a context or decode steps")
     handle = tile_build(config, simulator=simulator, waves=waves)
     params = {"config": config_json(config), "workload": workload, "layer": layer,
               "prefill": prefill, "context": context, "steps": steps, "seed": seed,
-              "idle": idle, "stall": stall}
-    tag = f"{workload}-l{layer}-p{prefill}-c{context}-s{steps}-i{idle}-b{stall}"
+              "idle": idle, "stall": stall, "loops": loops}
+    tag = (f"{workload}-l{layer}-p{prefill}-c{context}-s{steps}-i{idle}-b{stall}"
+           f"{'' if loops is None else f'-loops{int(loops)}'}")
     return run(handle, MODULE, testcase="tile_attention", seed=seed, params=params, tag=tag)
 
 

@@ -18,8 +18,9 @@ from spec.params import MAX_N, MIN_N
 
 __all__ = ["ChipConfig", "TileConfig", "ceil_div", "kv_context", "next_pow2"]
 
-#: Block-table entries the scratchpad keeps in registers (``rtl.scratchpad``).
-MAX_TABLE_ENTRIES = 1024
+#: Most block-table entries of a scratchpad (``rtl.scratchpad``: a mapped bit per entry
+#: in registers, the physical pages in a memory).
+MAX_TABLE_ENTRIES = 2048
 
 
 def ceil_div(x: int, n: int) -> int:

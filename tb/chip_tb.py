@@ -116,7 +116,7 @@ async def chip_layer(dut):
         if faults:
             await faults.inject(driver, index, rnd.loads)
         before = driver.net_counters()
-        longest = max(len(ld.instructions) for ld in rnd.loads.values())
+        longest = max(len(ld.instructions) + ld.looped for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
                                      + 20_000)
         if faults and faults.check_round(driver, index):

@@ -52,7 +52,8 @@ async def tile_attention(dut):
     p = parameters()
     config = TileConfig(**p["config"])
     steps = attention_steps(config, p["workload"], p["layer"], prefill=p["prefill"],
-                            context=p["context"], steps=p["steps"], seed=p["seed"])
+                            context=p["context"], steps=p["steps"], seed=p["seed"],
+                            loops=p.get("loops"))
     driver = TileDriver(dut, sim_tile(config), harness_depths(config))
     driver.set_traffic(p["idle"], p["stall"], p["seed"])
     await driver.reset()
@@ -60,7 +61,8 @@ async def tile_attention(dut):
     for index, step in enumerate(steps):
         program = step.program
         await driver.load(program.instructions, program.spad_writes, step.kv_requests)
-        run = await driver.execute(CYCLES_PER_INSTRUCTION * len(program.instructions) + 10_000)
+        run = await driver.execute(CYCLES_PER_INSTRUCTION * program.summary.notes["unrolled"]
+                                   + 10_000)
         assert run.error == ErrorCode.NONE, f"step {index}: {run.error.name} at pc {run.pc}"
         assert run.engine_error == 0, f"step {index}: engine error flags {run.engine_error:#b}"
         words, _ = await driver.read(program.output_words)

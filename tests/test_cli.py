@@ -46,6 +46,22 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert "not measured: add --energy" in text
 
 
+def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
+    """--prefill-chunk: a prefill step, then extend steps; the report's prefill is every
+    chunk's rounds."""
+    out = tmp_path / "report.json"
+    assert main(["sim", "--workload", "tiny", "--batch", "1", "--prefill", "9",
+                 "--prefill-chunk", "4", "--context", "9", "--steps", "1", "--moe", "off",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "prefill 9 tokens per sequence in chunks of 4" in text
+    assert "round 3/4 extend at contexts [9]" in text and "round 4/4 decode" in text
+    figures = json.loads(out.read_text())
+    chunks = [r for r in figures["rounds"] if r["phase"] != "decode"]
+    assert [r["phase"] for r in chunks] == ["prefill", "extend", "extend"]
+    assert figures["metrics"]["chip__prefill__cycles"] == sum(r["cycles"] for r in chunks)
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [
@@ -53,6 +69,7 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
         (["--mesh", "9x9"], "1..8"),
         (["--placement", "scattered"], "invalid choice"),
         (["--batch", "0"], "positive"),
+        (["--prefill-chunk", "0"], "positive"),
         (["--heads", "-2"], "positive"),
         (["--heads", "100000"], "at most 4095"),
         (["--array", "12"], "power of two"),

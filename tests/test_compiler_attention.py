@@ -25,7 +25,8 @@ from compiler import (
     run_on_model,
 )
 from compiler.emit import ENGINE_SEMAPHORES
-from compiler.hazards import accesses
+from compiler.hazards import accesses, executed_ops
+from compiler.program import encode_ops
 from golden.attention import AttentionScales, _multipliers, attention_decode, attention_prefill
 from golden.exp import quantize_log2_logit
 from golden.kv_cache import PagedKVCache, build_cache
@@ -173,6 +174,66 @@ def test_shapes_against_golden(shape):
                                     scales, window=window, sinks=sink_logits)
         program = build_decode(cfg, layer, q[context - 1], k[:context], v[:context])
         np.testing.assert_array_equal(_run(program), expected, err_msg=f"context {context}")
+
+
+def _layer(rng, heads, kvh, d, ps, window, sinks: bool) -> tuple[AttentionLayer, object, object]:
+    scales = AttentionScales(0.02, 0.03, 0.05, 0.03)
+    sink_logits = rng.normal(1.0, 3.0, heads) if sinks else None
+    (lm, ls), (om, osh) = _multipliers(scales, d, NUMERICS)
+    layer = AttentionLayer(heads, kvh, d, d, ps, window,
+                           None if sink_logits is None else
+                           tuple(int(x) for x in quantize_log2_logit(sink_logits)),
+                           lm, ls, om, osh)
+    return layer, scales, sink_logits
+
+
+@pytest.mark.parametrize("window", [None, 96], ids=["full", "window96"])
+def test_compact_programs_run_what_the_straight_ones_do(window):
+    """Loops over key blocks (``loops=True``): the same output, and the tile model
+    executes exactly the straight program's instructions (page addresses from the page
+    table, LOADs aside), which are synchronised; the length does not grow with the
+    context."""
+    rng = np.random.default_rng(7)
+    layer, scales, sinks = _layer(rng, 4, 2, 16, 8, window, True)
+    cfg = TileConfig.for_attention(16, 16, 8, spad_words=32768, num_pages=256, max_pages=64,
+                                   kv_sequences=16, acc_depth=1024)
+    lengths = []
+    for context in (150, 230):
+        q, k, v = (rng.integers(-128, 128, (context, *s)).astype(np.int8)
+                   for s in ((4, 16), (2, 16), (2, 16)))
+        expected = attention_prefill(q, k, v, scales, window=window, sinks=sinks,
+                                     block_keys=8)[-16:]
+        straight, compact = (build_extend(cfg, layer, q[-16:], k, v, loops=loops,
+                                          allocator=PageAllocator(cfg, seed=context))
+                             for loops in (False, True))
+        assert straight.summary.notes["loops"] == 0 < compact.summary.notes["loops"]
+        assert len(compact.ops) < len(straight.ops)
+        assert compact.summary.macs == straight.summary.macs
+        output, model = run_on_model(compact)
+        np.testing.assert_array_equal(output, expected)
+        ran = [(op, f) for op, f in executed_ops(model.executed) if op != Opcode.LOAD]
+        assert encode_ops(ran) == straight.instructions[:-1]  # the model logs no HALT
+        check_synchronisation(executed_ops(model.executed), cfg.n)
+        lengths.append(len(compact.ops))
+    assert lengths[0] == lengths[1]
+
+
+def test_a_long_program_is_made_compact():
+    """Without ``loops``, a program is made compact only when the straight one does not
+    fit the program memory; with ``loops=False`` that is refused."""
+    rng = np.random.default_rng(8)
+    layer, scales, _ = _layer(rng, 2, 1, 8, 8, None, False)
+    q, k, v = (rng.integers(-128, 128, (400, *s)).astype(np.int8)
+               for s in ((2, 8), (1, 8), (1, 8)))
+    cfg = TileConfig.for_attention(8, 8, 8, spad_words=16384, num_pages=128, max_pages=64,
+                                   kv_sequences=2, program_depth=512)
+    program = build_decode(cfg, layer, q[-1], k, v)
+    assert program.summary.notes["loops"] == 1 and len(program.ops) <= 512
+    assert program.summary.notes["key_blocks"] == 50
+    np.testing.assert_array_equal(run_on_model(program)[0][0], attention_decode(
+        q[-1:], *build_cache([k], [v], 8, rng=rng), np.array([400]), scales)[0])
+    with pytest.raises(ValueError, match="needs .* instructions .* program_depth = 512"):
+        build_decode(cfg, layer, q[-1], k, v, loops=False)
 
 
 def test_chunks_shrink_to_fit_the_accumulator():
@@ -339,7 +400,7 @@ def test_gemm_operands_start_half_the_banks_apart(gpt_oss, banks):
     ({"spad_words": 1 << 17}, "spad_words"),
     ({"num_pages": 1000}, "do not fit"),
     ({"kv_base": 100}, "kv_base"),
-    ({"kv_sequences": 16, "max_pages": 128}, "at most 1024"),
+    ({"kv_sequences": 16, "max_pages": 256}, "at most 2048"),
     ({"banks": 6}, "banks must be a power of two"),
     ({"banks": 128}, "banks must be a power of two up to 64"),
     ({"spad_words": 1000, "banks": 16, "num_pages": 1}, "divides spad_words"),
@@ -388,10 +449,12 @@ def test_refuses_what_does_not_fit(tiny, gpt_oss):
                      np.zeros((1, 8), np.int8), k8, k8)
     with pytest.raises(ValueError, match="attention layers 0..1"):
         AttentionLayer.from_workload(tiny, 2)
-    # A 1024-token gpt-oss decode fits the default config; 4096 tokens do not fit its
-    # program memory.
+    # A 4096-token gpt-oss decode: straight, it does not fit the default config's
+    # program memory; compact, it does, and its context does not fit the block table.
     layer = AttentionLayer.from_workload(gpt_oss, 1)
     cfg = _config(gpt_oss)
     kk = np.zeros((4096, 2, 32), np.int8)
-    with pytest.raises(ValueError, match="program_depth"):
+    with pytest.raises(ValueError, match="needs 5641 instructions .* program_depth"):
+        build_decode(cfg, layer, gpt_oss.tensors["attn1.q_decode"][0], kk, kk, loops=False)
+    with pytest.raises(ValueError, match="256 pages of 16 .* max_pages = 128"):
         build_decode(cfg, layer, gpt_oss.tensors["attn1.q_decode"][0], kk, kk)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.chip import PLACEMENTS, agent_schedule, attention_rounds, contexts, layer_rounds
+from compiler.chip import (
+    PLACEMENTS,
+    agent_schedule,
+    attention_rounds,
+    contexts,
+    layer_rounds,
+    prefill_schedule,
+)
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
@@ -50,6 +57,33 @@ def test_tiny_batch_on_2x2_is_exact(placement):
     assert [r.phase for r in rounds] == ["prefill"] * 2 + ["decode"] * 4
     moved = run_rounds(config, rounds)
     assert (moved > 0) == (placement == "striped")
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["window5", "full"])
+def test_a_long_prompt_is_prefilled_in_chunks(layer):
+    """A 23-token prompt in chunks of 8: a prefill, then extend steps over the cache, each
+    job's outputs the golden prefill's rows of its chunk (the window of 5 tokens spans
+    chunks); the chunks' outputs make the whole prompt's."""
+    assert prefill_schedule(23, 2, 8) == [("prefill", (8, 8), False),
+                                          ("extend", (16, 16), False),
+                                          ("extend", (23, 23), False)]
+    assert prefill_schedule(8, 1, 8) == [("prefill", (8,), False)]
+    assert prefill_schedule(0, 1, 8) == []
+    with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
+        prefill_schedule(8, 1, 0)
+    config = chip_config("tiny", k=2)
+    chunked = attention_rounds(config, "tiny", layer, batch=2, prefill=23, steps=1,
+                               prefill_chunk=8)
+    assert [(r.phase, r.contexts, r.tokens) for r in chunked] == [
+        ("prefill", (8, 8), 8), ("extend", (16, 16), 8), ("extend", (23, 23), 7),
+        ("decode", (24, 24), 1)]
+    run_rounds(config, chunked)
+    whole = attention_rounds(config, "tiny", layer, batch=2, prefill=23, steps=1,
+                             prefill_chunk=23)  # the same tensors: as long a run
+    for job in whole[0].jobs:
+        rows = [j.expected for r in chunked[:3] for j in r.jobs
+                if (j.sequence, j.kv_head) == (job.sequence, job.kv_head)]
+        np.testing.assert_array_equal(np.concatenate(rows), job.expected)
 
 
 def test_sliding_window_layer_with_sinks_on_3x3():
@@ -100,11 +134,11 @@ def test_decoder_layer_rounds_add_the_moe_layer_per_step():
 
 
 def test_the_default_kv_cache_stays_within_the_block_table():
-    """tiny at N = 4: 2048 tokens of 4-token pages would need 512 entries per row; the
-    default is what 8 rows of the 1024-entry table map, and asking more is refused."""
-    assert chip_config("tiny", k=2, n=4, moe="off").tile.max_pages == 1024 // 8
-    with pytest.raises(ValueError, match="only up to 512 tokens"):
-        chip_config("tiny", k=2, max_context=600)
+    """tiny at N = 4: 4096 tokens of 4-token pages would need 1024 entries per row; the
+    default is what 8 rows of the 2048-entry table map, and asking more is refused."""
+    assert chip_config("tiny", k=2, n=4, moe="off").tile.max_pages == 2048 // 8
+    with pytest.raises(ValueError, match="only up to 1024 tokens"):
+        chip_config("tiny", k=2, max_context=1100)
 
 
 def test_moe_that_does_not_fit_is_refused_before_simulation():

@@ -52,6 +52,18 @@ def test_gpt_oss_prefill_then_decode_at_1030_tokens():
     assert phases == [("prefill", 24), ("decode", 1031)]
 
 
+def test_gpt_oss_compact_programs_at_600_tokens():
+    """Programs with loops over their key blocks (page addresses LOADed from the page
+    table, the loops' registers and branches) on the RTL tile, with backpressure: decode
+    steps at 601 tokens of the sliding-window layer (window 128: 9 key blocks) and of the
+    full layer (38 key blocks)."""
+    config = tile_config("gpt-oss")
+    for layer in (0, 1):
+        result = simulate_attention(config, "gpt-oss", layer, context=600, steps=1, idle=0.2,
+                                    stall=0.2, loops=True)
+        assert all(p["summary"]["loops"] > 0 for p in result["phases"]), layer
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"n": 0}, "n must be a power of two in \\[2, 32\\], not 0"),
     ({"n": 3}, "n must be a power of two"),
