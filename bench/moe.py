@@ -17,6 +17,9 @@ build: MoE by sparse dispatch and dense-masked. Figures:
   the same bytes spread over every tile.
 - ``moe__decode__tile_load_max_over_mean``: the decode step's token-expert pairs on the
   busiest tile over the mean (round-robin placement: expert e on tile e mod k²).
+- ``moe__{prefill,decode}__network_wait_share``: of the MoE rounds' tile-cycles, those
+  a tile's program spent held by a WAIT with no engine busy (the tiles' ``wait``
+  counters: only words arriving over the network release such a WAIT).
 - ``moe__{dispatch,combine}_words``: words of token rows sent to remote experts' tiles
   and of result rows sent back, over the run's MoE rounds (the metadata, counts and
   result tables, is in ``chip__network__moe_words`` with them).
@@ -58,6 +61,10 @@ def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
            if run["phase"].endswith("moe")]
     out = {"moe__executed_over_sparse_macs": round(
         sum(run["macs"] for _, run in moe) / sum(run["macs_sparse"] for _, run in moe), 4)}
+    figures = chip_figures(result, k, n)
+    for phase in ("prefill", "decode"):
+        out[f"moe__{phase}__network_wait_share"] = \
+            figures[f"chip__{phase}__moe_network_wait_share"]
     dispatch = 0
     for compiled, _ in moe:
         load = compiled.summaries[0]["expert_load"]

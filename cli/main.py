@@ -268,8 +268,11 @@ def _moe_line(dispatch: str, rounds: list[dict], metrics: dict) -> str:
     how = ("sparse dispatch: each token to its experts' tiles by indexed DMA, each expert "
            "over the tokens it received" if dispatch == "sparse" else
            "dense-masked: every expert over every token")
+    waits = [f"{metrics[key]:.0%} in {phase}" for phase in ("prefill", "decode")
+             if (key := f"chip__{phase}__moe_network_wait_share") in metrics]
     return (f"{how}; the tiles counted {ratio:.2f}x the MACs of the projection, the router "
-            "and each token's top-k experts (docs/moe_mapping.md)")
+            "and each token's top-k experts (docs/moe_mapping.md); waiting on the network: "
+            f"{', '.join(waits)} of the rounds' tile-cycles")
 
 
 def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> list:
@@ -460,7 +463,7 @@ def _add_sim_parser(commands) -> None:
                              "(default 2)")
     parser.add_argument("--max-context", type=options.positive, default=None,
                         help="size the tiles' KV caches for this many tokens per "
-                             "sequence (default 2048, or 64 when the workload's pages "
+                             "sequence (default 4096, or 64 when the workload's pages "
                              "are smaller than N, e.g. tiny at N = 8, at most what the "
                              "block table maps; one build per size)")
     for name, what in options.SHAPE_OPTIONS:

@@ -216,8 +216,8 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                         help=f"the MoE layer {after}: sparse dispatch (each token to its "
                              "experts' tiles, each expert over its own tokens; default), "
                              "dense-masked (every expert over every token, unchosen ones "
-                             "weighted 0), or off (attention alone); one build runs all "
-                             "three")
+                             "weighted 0), or off (attention alone); the build sized for "
+                             "dense runs all three")
     parser.add_argument("--no-moe", dest="moe", action="store_const", const="off",
                         help="attention alone (= --moe off)")
 

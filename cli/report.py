@@ -47,7 +47,9 @@ def shares(counters: dict) -> str:
     total = counters["cycles"] or 1
     names = (("gemm", "GEMM"), ("vec", "vector"), ("gemm_vec", "both"), ("dma", "DMA"),
              ("stall", "sequencer/stall"))
-    return ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
+    text = ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
+    return text + (f" (waiting on the network {counters['wait'] / total:.0%})"
+                   if "wait" in counters else "")
 
 
 def fmax_line(n: int) -> tuple[float | None, str]:

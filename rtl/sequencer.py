@@ -151,6 +151,8 @@ class Sequencer(wiring.Component):
             "dma_done": done,
             "arrival": In(stream.Signature(unsigned(4))),
             "semaphores": Out(data.ArrayLayout(unsigned(COUNT_BITS), SEMAPHORES)),
+            # A WAIT is held this cycle: its semaphore is short of its count.
+            "waiting": Out(1),
             # LOAD's word reads (an address only: the tile ties write and data to 0).
             "spad_req": Out(stream.Signature(data.StructLayout({"addr": ADDR_BITS}))),
             "spad_resp": In(stream.Signature(Response(8 * array_size))),
@@ -529,6 +531,8 @@ class Sequencer(wiring.Component):
                 with m.If(sem.wait_ready):
                     m.d.comb += sem.wait_done.eq(1)
                     advance()
+                with m.Else():
+                    m.d.comb += self.waiting.eq(1)
             with m.Case(Opcode.SIGNAL):
                 m.d.comb += sem.signal_now.eq(1)
                 advance()

@@ -27,13 +27,16 @@ COUNTER_BITS = 32
 class Counters(data.StructLayout):
     """Cycle counts from ``go`` until the program halts: every running cycle, split
     into exclusive phases by which engines are busy (``stall``: none is, the sequencer
-    is fetching or waiting), the tensor core's accepted operand beats, and the MACs of
-    the GEMMs dispatched (m·k·p of each as the GEMM engine takes it, registers added:
-    the work a program does at run time, modulo 2^32)."""
+    is fetching or waiting), of those stall cycles the ones a WAIT holds (``wait``:
+    with no engine busy, only words arriving from the network release it), the tensor
+    core's accepted operand beats, and the MACs of the GEMMs dispatched (m·k·p of each
+    as the GEMM engine takes it, registers added: the work a program does at run time,
+    modulo 2^32)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
-            "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "tc_beats", "macs")})
+            "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "wait", "tc_beats",
+            "macs")})
 
 
 def _join(m: Module, source, sink) -> None:
@@ -194,6 +197,7 @@ class Tile(wiring.Component):
                 c.gemm_vec.eq(c.gemm_vec + (g & v)),
                 c.dma.eq(c.dma + (d & ~g & ~v)),
                 c.stall.eq(c.stall + ~(g | v | d)),
+                c.wait.eq(c.wait + (~(g | v | d) & seq.waiting)),
                 c.tc_beats.eq(c.tc_beats + gemm.beat),
                 c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
             ]

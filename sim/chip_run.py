@@ -194,9 +194,10 @@ def chip_figures(result: dict, k: int, n: int) -> dict:
     """The report's figures from a chip run, per phase (prefill: every chunk of the
     prompt; decode per step, i.e. per generated token of every sequence): cycles of the
     attention rounds, of the MoE rounds and of the layer (their sum: rounds run one
-    after another); utilisation =
-    the MACs the programs execute / (tiles x N² x cycles); phase shares summed over the
-    tiles; network flits; simulation speed (cycles over the rounds' wall time)."""
+    after another); utilisation = useful MACs (the attention programs' GEMMs, the MoE
+    rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares summed over the
+    tiles; the share of the MoE rounds' tile-cycles spent waiting on the network;
+    network flits; simulation speed (cycles over the rounds' wall time)."""
     tiles = k * k
     rounds = result["rounds"]
     out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
@@ -210,7 +211,9 @@ def chip_figures(result: dict, k: int, n: int) -> dict:
         attn_cycles = sum(r["cycles"] for r in attn) // steps
         moe_cycles = sum(r["cycles"] for r in moe) // steps
         cycles = attn_cycles + moe_cycles
-        macs = sum(r["macs"] for r in attn + moe) // steps
+        # Useful work: a MoE round's sparse-dispatch MACs (the router, the projection and
+        # each token's top-k experts), not what the tiles executed besides.
+        macs = sum(r.get("macs_sparse", r["macs"]) for r in attn + moe) // steps
         phases: dict[str, int] = {}
         for r in attn + moe:
             for counters in r["tiles"].values():
@@ -219,8 +222,13 @@ def chip_figures(result: dict, k: int, n: int) -> dict:
         name = "cycles" if phase == "prefill" else "cycles_per_token"
         out[f"chip__{phase}__{name}"] = cycles
         out[f"chip__{phase}__attention_cycles"] = attn_cycles
-        if moe != "off":
+        if moe:
             out[f"chip__{phase}__moe_cycles"] = moe_cycles
+            # Tile-cycles of the MoE rounds spent held by a WAIT with no engine busy
+            # (only arriving words release it): waiting on the network.
+            waited = sum(c["wait"] for r in moe for c in r["tiles"].values())
+            out[f"chip__{phase}__moe_network_wait_share"] = round(
+                waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)

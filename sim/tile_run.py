@@ -35,7 +35,7 @@ WORKING_WORDS = 8192
 def tile_config(workload: str, *, n: int = 8, max_context: int | None = None) -> TileConfig:
     """The one-tile design point for a workload's attention: KV pages for one sequence of
     up to ``max_context`` tokens (default 1056 with pages of at least N tokens, else 64,
-    at most what the 1024-entry block table maps) for every KV head, K and V; the
+    at most what the 2048-entry block table maps) for every KV head, K and V; the
     scratchpad rounded up to a power of two with :data:`WORKING_WORDS` to spare; a
     4096-instruction program memory."""
     cfg = get_workload(workload)

@@ -191,6 +191,8 @@ async def tile_network(dut):
                        for i, w in enumerate(words)])
     run = await driver.wait_halt(10_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    # Held by its first WAIT, no engine busy, until the words arrive: counted as waiting.
+    assert 0 < run.counters["wait"] <= run.counters["stall"], run.counters
     got, _ = await driver.read([src + i for i in range(count)] + [dst + i for i in range(count)])
     assert got == words + words, [hex(w) for w in got]
     assert run.counters["dma"] > 0

@@ -30,6 +30,9 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
                                                 + metrics["chip__prefill__moe_cycles"])
     assert 0 < metrics["chip__decode__utilisation"] < 1
     assert 1 < metrics["moe__executed_over_sparse_macs"] < 2.5  # tables, gates, combine
+    # Expert tiles wait for their tokens: part of the MoE rounds, not all of them.
+    assert 0 < metrics["chip__decode__moe_network_wait_share"] < 1
+    assert "waiting on the network: " in text
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text
