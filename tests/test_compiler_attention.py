@@ -140,19 +140,27 @@ SHAPES = {
 }
 
 
+def _layer(rng, heads: int, kvh: int, d: int, dv: int, ps: int, window: int | None,
+           sinks: bool) -> tuple[AttentionLayer, AttentionScales, np.ndarray | None]:
+    """A layer of that shape with fixed scales and (``sinks``) random sink logits; the
+    layer, its scales and the sink logits."""
+    scales = AttentionScales(0.02, 0.03, 0.05, 0.03)
+    sink_logits = rng.normal(1.0, 3.0, heads) if sinks else None
+    (lm, ls), (om, osh) = _multipliers(scales, d, NUMERICS)
+    layer = AttentionLayer(heads, kvh, d, dv, ps, window,
+                           None if sink_logits is None else
+                           tuple(int(x) for x in quantize_log2_logit(sink_logits)),
+                           lm, ls, om, osh)
+    return layer, scales, sink_logits
+
+
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_shapes_against_golden(shape):
     n, heads, kvh, d, dv, ps, window, sinks, tokens, slots = shape
     rng = np.random.default_rng(sum(shape[:6]))
     q, k, v = (rng.integers(-128, 128, s).astype(np.int8)
                for s in ((tokens, heads, d), (tokens, kvh, d), (tokens, kvh, dv)))
-    scales = AttentionScales(0.02, 0.03, 0.05, 0.03)
-    sink_logits = rng.normal(1.0, 3.0, heads) if sinks else None
-    (lm, ls), (om, osh) = _multipliers(scales, d, NUMERICS)
-    layer = AttentionLayer(heads, kvh, d, dv, ps, window,
-                           None if sinks is False else
-                           tuple(int(x) for x in quantize_log2_logit(sink_logits)),
-                           lm, ls, om, osh)
+    layer, scales, sink_logits = _layer(rng, heads, kvh, d, dv, ps, window, sinks)
     cfg = TileConfig.for_attention(d, dv, ps, n=n, slots=slots, spad_words=65536,
                                    num_pages=256, max_pages=64, kv_sequences=16,
                                    acc_depth=1024)
@@ -176,17 +184,6 @@ def test_shapes_against_golden(shape):
         np.testing.assert_array_equal(_run(program), expected, err_msg=f"context {context}")
 
 
-def _layer(rng, heads, kvh, d, ps, window, sinks: bool) -> tuple[AttentionLayer, object, object]:
-    scales = AttentionScales(0.02, 0.03, 0.05, 0.03)
-    sink_logits = rng.normal(1.0, 3.0, heads) if sinks else None
-    (lm, ls), (om, osh) = _multipliers(scales, d, NUMERICS)
-    layer = AttentionLayer(heads, kvh, d, d, ps, window,
-                           None if sink_logits is None else
-                           tuple(int(x) for x in quantize_log2_logit(sink_logits)),
-                           lm, ls, om, osh)
-    return layer, scales, sink_logits
-
-
 @pytest.mark.parametrize("window", [None, 96], ids=["full", "window96"])
 def test_compact_programs_run_what_the_straight_ones_do(window):
     """Loops over key blocks (``loops=True``): the same output, and the tile model
@@ -194,7 +191,7 @@ def test_compact_programs_run_what_the_straight_ones_do(window):
     table, LOADs aside), which are synchronised; the length does not grow with the
     context."""
     rng = np.random.default_rng(7)
-    layer, scales, sinks = _layer(rng, 4, 2, 16, 8, window, True)
+    layer, scales, sinks = _layer(rng, 4, 2, 16, 16, 8, window, True)
     cfg = TileConfig.for_attention(16, 16, 8, spad_words=32768, num_pages=256, max_pages=64,
                                    kv_sequences=16, acc_depth=1024)
     lengths = []
@@ -222,7 +219,7 @@ def test_a_long_program_is_made_compact():
     """Without ``loops``, a program is made compact only when the straight one does not
     fit the program memory; with ``loops=False`` that is refused."""
     rng = np.random.default_rng(8)
-    layer, scales, _ = _layer(rng, 2, 1, 8, 8, None, False)
+    layer, scales, _ = _layer(rng, 2, 1, 8, 8, 8, None, False)
     q, k, v = (rng.integers(-128, 128, (400, *s)).astype(np.int8)
                for s in ((2, 8), (1, 8), (1, 8)))
     cfg = TileConfig.for_attention(8, 8, 8, spad_words=16384, num_pages=128, max_pages=64,
