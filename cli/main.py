@@ -316,7 +316,8 @@ def agent(args: argparse.Namespace) -> int:
                                            cache) for cache in ("hit", "miss")}
         # Compiled once, before any build: what does not fit fails here.
         compiled = {cache: layer_rounds(config, cfg, layer, moe=args.moe, schedule=schedule,
-                                        seed=args.seed) for cache, schedule in schedules.items()}
+                                        seed=args.seed, prefill_chunk=args.prefill_chunk)
+                    for cache, schedule in schedules.items()}
     except ValueError as error:
         print(f"serrano agent: {error}", file=sys.stderr)
         return 2
@@ -332,7 +333,8 @@ def agent(args: argparse.Namespace) -> int:
             lambda progress, schedule=schedule, rounds=compiled[cache]: simulate_layer(
                 config, cfg, layer, moe=args.moe, schedule=schedule, seed=args.seed,
                 simulator=args.sim, waves=args.waves, progress=progress,
-                threads=options.threads_of(args), rounds=rounds), prefix=f"{cache}: ")
+                threads=options.threads_of(args), rounds=rounds,
+                prefill_chunk=args.prefill_chunk), prefix=f"{cache}: ")
         if "failure" in outcome:
             print(f"\nresult       FAIL ({cache})\n{outcome['failure']}")
             return 1
@@ -418,8 +420,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_sim_parser(commands) -> None:
-    from compiler.chip import PREFILL_CHUNK
-
     parser = commands.add_parser(
         "sim", help="a decoder layer for a batch on the chip (prefill + decode), checked "
                     "against golden: the architect's report",
@@ -451,10 +451,7 @@ def _add_sim_parser(commands) -> None:
                              "(default 2)")
     parser.add_argument("--prefill", type=options.non_negative, default=32,
                         help="prompt tokens prefilled per sequence (default 32; 0: none)")
-    parser.add_argument("--prefill-chunk", type=options.positive, default=PREFILL_CHUNK,
-                        help="prompt tokens per prefill step: a longer prompt is prefilled "
-                             "in chunks, each attending to the cache the chunks before it "
-                             f"filled (default {PREFILL_CHUNK})")
+    options.add_prefill_chunk_option(parser)
     parser.add_argument("--context", type=options.non_negative, default=256,
                         help="tokens of the longest sequence before its first decode "
                              "step; the others have a little less (default 256)")
@@ -519,6 +516,7 @@ def _add_agent_parser(commands) -> None:
                         help="tokens of each tool result (default 8)")
     parser.add_argument("--answer", type=options.positive, default=2,
                         help="tokens decoded per answer (default 2)")
+    options.add_prefill_chunk_option(parser)
     options.add_moe_options(parser, "after every step")
     options.add_run_options(parser)
     parser.add_argument("--seed", type=options.non_negative, default=1,

@@ -207,6 +207,16 @@ def list_of(parse):
     return parse_list
 
 
+def add_prefill_chunk_option(parser: argparse.ArgumentParser) -> None:
+    """``--prefill-chunk C``: prompt tokens per prefill step (chunked prefill)."""
+    from compiler.chip import PREFILL_CHUNK
+
+    parser.add_argument("--prefill-chunk", type=positive, default=PREFILL_CHUNK,
+                        help="prompt tokens per prefill step: a step that adds more is "
+                             "prefilled in chunks, each attending to the cache the chunks "
+                             f"before it filled (default {PREFILL_CHUNK})")
+
+
 def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
     """``--moe sparse|dense|off`` (default sparse) and ``--no-moe``, an alias of off;
     ``after``: when the MoE layer runs."""

@@ -45,7 +45,7 @@ from spec.isa import Opcode, encode
 
 __all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV", "ChipRound", "Job",
            "KvCacheFull", "Step", "accuracy", "agent_schedule", "attention_rounds",
-           "batch_workloads", "contexts", "layer_rounds", "moe_round", "moe_words",
+           "batch_workloads", "chunked", "contexts", "layer_rounds", "moe_round", "moe_words",
            "prefill_schedule"]
 
 #: The phases of a schedule step (see :data:`Step`).
@@ -317,11 +317,30 @@ Step = tuple[str, tuple[int, ...], bool]
 def prefill_schedule(prefill: int, batch: int, chunk: int = PREFILL_CHUNK) -> list[Step]:
     """The steps that prefill ``prefill`` prompt tokens of ``batch`` sequences: a
     prefill of the first ``chunk``, then extend steps of ``chunk`` more each."""
+    return chunked([("prefill", (prefill,) * batch, False)] if prefill else [], chunk)
+
+
+def chunked(schedule: list[Step], chunk: int = PREFILL_CHUNK) -> list[Step]:
+    """A valid ``schedule`` with every prefill or extend step that adds more than
+    ``chunk`` tokens to its sequences split into steps of ``chunk`` (the last takes
+    what is left): the first keeps the step's phase and eviction, the others are extend
+    steps over what the ones before cached."""
     if chunk < 1:
         raise ValueError(f"the prefill chunk must be >= 1 token, not {chunk}")
-    ends = [*range(chunk, prefill, chunk), prefill] if prefill else []
-    return [("prefill" if i == 0 else "extend", (end,) * batch, False)
-            for i, end in enumerate(ends)]
+    batch = len(schedule[0][1]) if schedule else 0
+    out: list[Step] = []
+    for (phase, lengths, evict), before in zip(schedule, _cached_contexts(schedule, batch),
+                                               strict=True):
+        if phase == "prefill":  # every token from the first
+            before = (0,) * batch
+        new = lengths[0] - before[0]
+        if phase == "decode" or new <= chunk:
+            out.append((phase, lengths, evict))
+            continue
+        for i, done in enumerate([*range(chunk, new, chunk), new]):
+            out.append((phase if i == 0 else "extend",
+                        tuple(b + done for b in before), evict and i == 0))
+    return out
 
 
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
@@ -330,11 +349,11 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                      placement: str = "local", seed: int = 1,
                      schedule: list[Step] | None = None,
                      prefill_chunk: int = PREFILL_CHUNK) -> list[ChipRound]:
-    """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0;
-    in chunks of ``prefill_chunk``, :func:`prefill_schedule`), then ``steps`` decode
-    steps, sequence s starting from ``contexts(...)[s]`` tokens — or the steps of
-    ``schedule`` (see :func:`agent_schedule`). Raises ValueError for a placement, shape
-    or capacity the chip cannot take."""
+    """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
+    then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
+    or the steps of ``schedule`` (see :func:`agent_schedule`); a step that adds more
+    than ``prefill_chunk`` tokens is prefilled in chunks (:func:`chunked`). Raises
+    ValueError for a placement, shape or capacity the chip cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
     if batch < 1:
@@ -350,9 +369,10 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"KV cache has page_size {chip.tile.page_size}")
     if schedule is None:
         starts = contexts(batch, context, prefill)
-        schedule = prefill_schedule(prefill, batch, prefill_chunk)
+        schedule = [("prefill", (prefill,) * batch, False)] if prefill else []
         schedule += [("decode", tuple(c + step + 1 for c in starts), False)
                      for step in range(steps)]
+    schedule = chunked(schedule, prefill_chunk)
     cached = _cached_contexts(schedule, batch)
     longest = max((max(lengths) for _, lengths, _ in schedule), default=0)
     capacity = chip.tile.max_pages * chip.tile.page_size

@@ -10,6 +10,7 @@ from compiler.chip import (
     PLACEMENTS,
     agent_schedule,
     attention_rounds,
+    chunked,
     contexts,
     layer_rounds,
     prefill_schedule,
@@ -84,6 +85,26 @@ def test_a_long_prompt_is_prefilled_in_chunks(layer):
         rows = [j.expected for r in chunked[:3] for j in r.jobs
                 if (j.sequence, j.kv_head) == (job.sequence, job.kv_head)]
         np.testing.assert_array_equal(np.concatenate(rows), job.expected)
+
+
+def test_an_agent_loops_long_steps_are_prefilled_in_chunks():
+    """A step adding more than the chunk is split: the first chunk keeps the step's
+    phase and eviction, the rest extend; decode steps and short steps stay."""
+    hit, miss = (chunked(agent_schedule(2, 10, 9, 1, cache), 4) for cache in ("hit", "miss"))
+    assert hit == [("prefill", (4,), False), ("extend", (8,), False), ("extend", (10,), False),
+                   ("decode", (11,), False), ("extend", (15,), False),
+                   ("extend", (19,), False), ("extend", (20,), False), ("decode", (21,), False)]
+    assert miss[4:7] == [("prefill", (4,), True), ("extend", (8,), False),
+                         ("extend", (12,), False)]
+    short = [("prefill", (4, 4), False), ("extend", (7, 7), False)]
+    assert chunked(short, 4) == short
+    config = chip_config("tiny", k=2)
+    for cache in ("hit", "miss"):
+        rounds = attention_rounds(config, "tiny", 1, prefill_chunk=4,
+                                  schedule=agent_schedule(2, 10, 9, 1, cache))
+        assert [(r.phase, r.contexts) for r in rounds][:3] == [
+            ("prefill", (4,)), ("extend", (8,)), ("extend", (10,))]
+        run_rounds(config, rounds)
 
 
 def test_sliding_window_layer_with_sinks_on_3x3():
