@@ -28,7 +28,7 @@ import numpy as np
 
 from compiler.attention import AttentionLayer, build_decode, build_extend
 from compiler.kv import PageAllocator
-from compiler.program import TileProgram
+from compiler.program import TileProgram, relocated
 from golden.attention import (
     attention_decode,
     attention_decode_float,
@@ -235,14 +235,14 @@ def _striped_programs(chip: ChipConfig, loads: dict[int, TileLoad], sends: dict)
                                remote_semaphore=SEM_KV if signal else 0))
         for dst in last:
             waits[dst] = waits.get(dst, 0) + 1
-        loads[owner].instructions = dmas + loads[owner].instructions
+        loads[owner].instructions = dmas + relocated(loads[owner].instructions, len(dmas))
     for tile, load in loads.items():
         if waits.get(tile):
             body = load.instructions
             dma_count = len(sends.get(tile, []))
             load.instructions = (body[:dma_count]
                                  + [encode(Opcode.WAIT, semaphore=SEM_KV, count=waits[tile])]
-                                 + body[dma_count:])
+                                 + relocated(body[dma_count:], 1))
         if len(load.instructions) > cfg.program_depth:
             raise ValueError(f"tile {tile}: {len(load.instructions)} instructions (striped "
                              f"page sends included) exceed program_depth {cfg.program_depth}")

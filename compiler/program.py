@@ -19,7 +19,8 @@ from golden.vector_model import VectorOpcode
 from spec.config import TileConfig
 from spec.isa import Opcode, encode
 
-__all__ = ["ProgramSummary", "TileProgram", "encode_ops", "run_on_model", "summarise"]
+__all__ = ["ProgramSummary", "TileProgram", "encode_ops", "relocated", "run_on_model",
+           "summarise"]
 
 #: An instruction before encoding: the opcode and its fields (``spec.isa.encode``'s
 #: keyword arguments; ints for enum fields).
@@ -108,6 +109,20 @@ def encode_ops(ops: Sequence[Op]) -> list[int]:
             word = _ENCODED[key] = encode(op, **fields)
         words.append(word)
     return words
+
+
+def relocated(words: Sequence[int], offset: int) -> list[int]:
+    """Instruction words moved ``offset`` words on in the program memory (instructions
+    put before them): each LOOP's and SKIP's ``target`` moved with them."""
+    from spec.isa import decode
+
+    out = []
+    for word in words:
+        opcode, fields = decode(word)
+        if opcode in (Opcode.LOOP, Opcode.SKIP):
+            word = encode(opcode, **{**fields, "target": fields["target"] + offset})
+        out.append(word)
+    return out
 
 
 @dataclass(frozen=True)

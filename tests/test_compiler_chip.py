@@ -3,6 +3,8 @@ model (golden.chip_model) bit-exact with golden; bad mappings refused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -105,6 +107,19 @@ def test_an_agent_loops_long_steps_are_prefilled_in_chunks():
         assert [(r.phase, r.contexts) for r in rounds][:3] == [
             ("prefill", (4,)), ("extend", (8,)), ("extend", (10,))]
         run_rounds(config, rounds)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_compact_programs_under_each_placement(placement):
+    """A program memory of 128 words: the decode programs loop over their key blocks,
+    and striped placement's page DMAs put before them move their branch targets."""
+    config = chip_config("tiny", k=2)
+    small = ChipConfig(k=2, tile=replace(config.tile, program_depth=128))
+    rounds = attention_rounds(small, "tiny", 1, batch=2, prefill=4, context=60, steps=1,
+                              placement=placement)
+    decode = rounds[-1]
+    assert all(job.program.summary.notes["loops"] for job in decode.jobs)
+    run_rounds(small, rounds)
 
 
 def test_sliding_window_layer_with_sinks_on_3x3():
