@@ -127,6 +127,23 @@ def semaphore_overflow(semaphore: int = 3) -> list[int]:
             encode(Opcode.SIGNAL, semaphore=semaphore, count=1), HALT]
 
 
+def coincident_overflow(semaphore: int) -> list[int]:
+    """A full semaphore (65 535) to which, in one cycle, a GEMM's and a VEC's completions
+    add one each and a SIGNAL adds 65 535: a sum of 2^17, its bit 16 clear, is an
+    overflow too (SEMAPHORE_OVERFLOW). On the tiny tile (N = 8, nothing held back) a
+    GEMM of k = 8 and a VEC of 19 beats writing nothing finish in the cycle the second
+    SIGNAL's addition applies: found by moving each one a cycle at a time against a
+    WAIT's subtraction in that place (with the other one running), which overflows
+    exactly when the completion comes first, and checked with a WAIT of 2 there (no
+    overflow; k = 7 or 18 beats, one cycle early, overflow)."""
+    signal = {"signal": {"enable": 1, "semaphore": semaphore}}
+    return [encode(Opcode.SIGNAL, semaphore=semaphore, count=0xFFFF), gemm(k=8, **signal),
+            vec(rows=1, beats=19, a=0, b=0, c=0, dst=0, dst_kind=VecDst.NONE.value,
+                **signal),
+            *[encode(Opcode.NOP)] * 6,
+            encode(Opcode.SIGNAL, semaphore=semaphore, count=0xFFFF), HALT]
+
+
 def _blocks(size: int, n: int) -> int:
     return -(-size // n)
 

@@ -24,6 +24,7 @@ from sim.sequencer_cases import (
     Sizes,
     bad_instructions,
     boundary_instructions,
+    coincident_overflow,
     fitting_program,
     gemm,
     high_bit_instructions,
@@ -498,6 +499,8 @@ async def tile_programs(dut):
              # (the pc of the instruction executing the cycle after, rtl.sequencer)
              *((f"semaphore {s} overflowing", semaphore_overflow(s), "SEMAPHORE_OVERFLOW",
                 None) for s in range(SEMAPHORES)),
+             *((f"semaphore {s}: three additions in one cycle", coincident_overflow(s),
+                "SEMAPHORE_OVERFLOW", None) for s in range(SEMAPHORES)),
              ("off the end", [encode(Opcode.NOP)] * config.program_depth, "PC_OVERFLOW",
               config.program_depth - 1)]
     for what, program, error, pc in cases:
