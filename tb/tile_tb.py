@@ -25,6 +25,7 @@ from sim.sequencer_cases import (
     bad_instructions,
     boundary_instructions,
     coincident_overflow,
+    dma,
     fitting_program,
     gemm,
     high_bit_instructions,
@@ -42,7 +43,16 @@ from sim.sequencer_cases import (
 from sim.tile_driver import TileDriver
 from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
-from spec.isa import SEMAPHORES, Opcode, decode, encode, index_entry, tile_bit, tile_index
+from spec.isa import (
+    SEMAPHORES,
+    Opcode,
+    VecDst,
+    decode,
+    encode,
+    index_entry,
+    tile_bit,
+    tile_index,
+)
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -217,7 +227,34 @@ async def tile_network(dut):
     await _local_dma_beside_a_gemm(driver, own)
     await _dma_behind_a_dma(driver, own)
     await _idma_rows_to_both_tiles(driver, own, other)
+    await _four_increments_in_one_cycle(driver, own)
     report(passed=True)
+
+
+async def _four_increments_in_one_cycle(driver: TileDriver, own: int) -> None:
+    """On each semaphore, in one cycle: a local DMA's, a GEMM's and a VEC's completions
+    and a word arriving from the network with its signal; a WAIT for the four then
+    passes. On the tiny tile, nothing held back, a DMA of 18 words, a GEMM of k = 8, a
+    VEC of 19 beats writing nothing and a word sent 46 cycles after ``go`` all land in
+    the cycle the WAIT nine instructions in would subtract: found by moving each one a
+    cycle at a time against that WAIT's subtraction from a full semaphore, which
+    overflows exactly when the increment comes first; together, with a WAIT of 4 there,
+    no overflow, and one cycle earlier for any of them, an overflow."""
+    for s in range(SEMAPHORES):
+        signal = {"signal": {"enable": 1, "semaphore": s}}
+        await driver.load([
+            encode(Opcode.SIGNAL, semaphore=s, count=0),  # the probes' SIGNAL of 65 535
+            dma(src=1000, dst=1100, length=18, tiles=own, **signal),
+            gemm(k=8, **signal),
+            vec(rows=1, beats=19, a=0, b=0, c=0, dst=0, dst_kind=VecDst.NONE.value, **signal),
+            *[encode(Opcode.NOP)] * 6,
+            encode(Opcode.WAIT, semaphore=s, count=4), HALT], {}, [])
+        await driver.go()
+        await ClockCycles(driver.dut.clk, 46)
+        await driver.send([{"tiles": own, "addr": 900, "data": 0, "write": 1, "last": 1,
+                            "signal": 1, "semaphore": s}])
+        run = await driver.wait_halt(2_000)
+        assert run.error == ErrorCode.NONE and run.engine_error == 0, (s, run)
 
 
 async def _idma_rows_to_both_tiles(driver: TileDriver, own: int, other: int) -> None:
@@ -530,3 +567,5 @@ async def tile_programs(dut):
         assert got == (error, 0), f"{opcode.name} {fields}: {run.error.name} at {run.pc}"
         assert run.engine_error == 0, f"{opcode.name} {fields}: engine error flags"
     report(passed=True)
+
+
