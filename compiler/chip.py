@@ -380,6 +380,17 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
         raise KvCacheFull(f"a context of {longest} tokens does not fit the KV cache "
                          f"({capacity} tokens per sequence: {chip.tile.max_pages} pages of "
                          f"{chip.tile.page_size})")
+    # Each job slot of a tile has its own share of the tile's KV pages (striped: half of
+    # it for the pages stored for others); refused before any tensor is generated.
+    slots = -(-batch * wcfg.kv_heads // chip.tiles)
+    share = chip.tile.num_pages // (slots * PLACEMENTS[placement].parts_per_slot)
+    need = 2 * -(-longest // chip.tile.page_size)
+    if 1 <= share < need:
+        raise ValueError(f"a context of {longest} tokens needs {need} KV pages for a "
+                         f"(sequence, KV head)'s K and V, and a tile's {chip.tile.num_pages} "
+                         f"pages leave {share} to each of its jobs ({slots} per tile, "
+                         f"{placement} placement): a shorter context, a smaller batch or "
+                         "--moe off (no room kept for the MoE layer) fit more")
     batch_ = _Batch(chip, wcfg, layer, batch_workloads(wcfg, batch, max(longest, 1), seed),
                     PLACEMENTS[placement])
     return [batch_.round(phase, lengths, before, slot, evict)
