@@ -33,7 +33,7 @@ import numpy as np
 
 from compiler.emit import Emitter, MemoryFull, Regions
 from compiler.kv import KvLayout, PageAllocator, pack_word
-from compiler.program import Op, OutputRows, TileProgram, encode_ops, summarise
+from compiler.program import Op, OutputRows, TileProgram, encode_ops, frozen, summarise
 from golden.attention import _multipliers
 from golden.exp import NEG_INF, quantize_log2_logit
 from golden.vector_model import VectorOpcode as VOP
@@ -526,9 +526,6 @@ R_TRIP, R_LIMIT, R_OFFSET, R_PAGE = 0, 1, 2, 3
 def _key(op: Op, paged: bool) -> tuple:
     """What two instructions must share to be one instruction of a loop body: all
     fields but a KV page's address (looked up in the page table at run time)."""
-    def frozen(value):
-        return tuple(sorted((k, frozen(v)) for k, v in value.items())) \
-            if isinstance(value, dict) else value
     opcode, fields = op
     return opcode, paged, frozen({k: v for k, v in fields.items() if not (paged and k == "b")})
 

@@ -45,8 +45,7 @@ from spec.isa import Opcode, encode
 
 __all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV", "ChipRound", "Job",
            "KvCacheFull", "Step", "accuracy", "agent_schedule", "attention_rounds",
-           "batch_workloads", "chunked", "contexts", "layer_rounds", "moe_round", "moe_words",
-           "prefill_schedule"]
+           "batch_workloads", "chunked", "contexts", "layer_rounds", "moe_round", "moe_words"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -133,6 +132,16 @@ def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
     return tuple(start - s * step for s in range(batch))
 
 
+def _job_slots(chip: ChipConfig, jobs: int) -> int:
+    """Rounds a phase step's ``jobs`` take on the chip's tiles: each tile's job slots."""
+    return -(-jobs // chip.tiles)
+
+
+def _pages_per_part(chip: ChipConfig, slots: int, placement: Placement) -> int:
+    """KV pages of one part of a tile (a job slot's own, or striped: those it stores)."""
+    return chip.tile.num_pages // (slots * placement.parts_per_slot)
+
+
 class _Tiles:
     """Per-tile KV bookkeeping across rounds: page ranges per job slot, block-table rows,
     what the host already mapped and appended."""
@@ -140,7 +149,7 @@ class _Tiles:
     def __init__(self, chip: ChipConfig, slots: int, placement: Placement):
         cfg = chip.tile
         self.chip, self.placement = chip, placement
-        self.per_part = cfg.num_pages // (slots * placement.parts_per_slot)
+        self.per_part = _pages_per_part(chip, slots, placement)
         if self.per_part < 1 or 2 * slots > cfg.kv_sequences:
             raise ValueError(
                 f"{slots} jobs per tile need {2 * slots} block-table rows and KV pages for "
@@ -314,12 +323,6 @@ class _RoundBuild:
 Step = tuple[str, tuple[int, ...], bool]
 
 
-def prefill_schedule(prefill: int, batch: int, chunk: int = PREFILL_CHUNK) -> list[Step]:
-    """The steps that prefill ``prefill`` prompt tokens of ``batch`` sequences: a
-    prefill of the first ``chunk``, then extend steps of ``chunk`` more each."""
-    return chunked([("prefill", (prefill,) * batch, False)] if prefill else [], chunk)
-
-
 def chunked(schedule: list[Step], chunk: int = PREFILL_CHUNK) -> list[Step]:
     """A valid ``schedule`` with every prefill or extend step that adds more than
     ``chunk`` tokens to its sequences split into steps of ``chunk`` (the last takes
@@ -382,8 +385,8 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"{chip.tile.page_size})")
     # Each job slot of a tile has its own share of the tile's KV pages (striped: half of
     # it for the pages stored for others); refused before any tensor is generated.
-    slots = -(-batch * wcfg.kv_heads // chip.tiles)
-    share = chip.tile.num_pages // (slots * PLACEMENTS[placement].parts_per_slot)
+    slots = _job_slots(chip, batch * wcfg.kv_heads)
+    share = _pages_per_part(chip, slots, PLACEMENTS[placement])
     need = 2 * -(-longest // chip.tile.page_size)
     if 1 <= share < need:
         raise ValueError(f"a context of {longest} tokens needs {need} KV pages for a "
@@ -434,7 +437,7 @@ class _Batch:
         self.scales = workloads[0].attention_scales(layer)
         self.kvh = wcfg.kv_heads
         self.jobs_total = len(workloads) * self.kvh
-        self.slots = -(-self.jobs_total // chip.tiles)
+        self.slots = _job_slots(chip, self.jobs_total)
         self.tiles = _Tiles(chip, self.slots, placement)
 
     def round(self, phase: str, lengths: tuple[int, ...], before: tuple[int, ...],

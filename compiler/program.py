@@ -19,8 +19,8 @@ from golden.vector_model import VectorOpcode
 from spec.config import TileConfig
 from spec.isa import Opcode, encode
 
-__all__ = ["ProgramSummary", "TileProgram", "encode_ops", "relocated", "run_on_model",
-           "summarise"]
+__all__ = ["ProgramSummary", "TileProgram", "encode_ops", "frozen", "relocated",
+           "run_on_model", "summarise"]
 
 #: An instruction before encoding: the opcode and its fields (``spec.isa.encode``'s
 #: keyword arguments; ints for enum fields).
@@ -92,9 +92,10 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
 _ENCODED: dict[tuple, int] = {}
 
 
-def _frozen(value):
+def frozen(value):
+    """An instruction's fields (nested dicts) as a hashable, order-independent value."""
     if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
     return value
 
 
@@ -103,7 +104,7 @@ def encode_ops(ops: Sequence[Op]) -> list[int]:
     instructions)."""
     words = []
     for op, fields in ops:
-        key = (op, _frozen(fields))
+        key = (op, frozen(fields))
         word = _ENCODED.get(key)
         if word is None:
             word = _ENCODED[key] = encode(op, **fields)

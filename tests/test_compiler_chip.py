@@ -15,7 +15,6 @@ from compiler.chip import (
     chunked,
     contexts,
     layer_rounds,
-    prefill_schedule,
 )
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
@@ -67,24 +66,24 @@ def test_a_long_prompt_is_prefilled_in_chunks(layer):
     """A 23-token prompt in chunks of 8: a prefill, then extend steps over the cache, each
     job's outputs the golden prefill's rows of its chunk (the window of 5 tokens spans
     chunks); the chunks' outputs make the whole prompt's."""
-    assert prefill_schedule(23, 2, 8) == [("prefill", (8, 8), False),
-                                          ("extend", (16, 16), False),
-                                          ("extend", (23, 23), False)]
-    assert prefill_schedule(8, 1, 8) == [("prefill", (8,), False)]
-    assert prefill_schedule(0, 1, 8) == []
+    assert chunked([("prefill", (23, 23), False)], 8) == [("prefill", (8, 8), False),
+                                                         ("extend", (16, 16), False),
+                                                         ("extend", (23, 23), False)]
+    assert chunked([("prefill", (8,), False)], 8) == [("prefill", (8,), False)]
+    assert chunked([], 8) == []
     with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
-        prefill_schedule(8, 1, 0)
+        chunked([("prefill", (8,), False)], 0)
     config = chip_config("tiny", k=2)
-    chunked = attention_rounds(config, "tiny", layer, batch=2, prefill=23, steps=1,
-                               prefill_chunk=8)
-    assert [(r.phase, r.contexts, r.tokens) for r in chunked] == [
+    pieces = attention_rounds(config, "tiny", layer, batch=2, prefill=23, steps=1,
+                              prefill_chunk=8)
+    assert [(r.phase, r.contexts, r.tokens) for r in pieces] == [
         ("prefill", (8, 8), 8), ("extend", (16, 16), 8), ("extend", (23, 23), 7),
         ("decode", (24, 24), 1)]
-    run_rounds(config, chunked)
+    run_rounds(config, pieces)
     whole = attention_rounds(config, "tiny", layer, batch=2, prefill=23, steps=1,
                              prefill_chunk=23)  # the same tensors: as long a run
     for job in whole[0].jobs:
-        rows = [j.expected for r in chunked[:3] for j in r.jobs
+        rows = [j.expected for r in pieces[:3] for j in r.jobs
                 if (j.sequence, j.kv_head) == (job.sequence, job.kv_head)]
         np.testing.assert_array_equal(np.concatenate(rows), job.expected)
 
