@@ -470,6 +470,7 @@ class _SparseBuild(_ExpertTiles):
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
+            scatter = None
             for ex in mine:
                 e.drain()
                 if ex < self.experts:
@@ -482,12 +483,16 @@ class _SparseBuild(_ExpertTiles):
                 else:
                     e.ops.append((Opcode.SET, {"rd": R_LEFT, "value": t}))
                     source = self.xr
-                self._expert_loop(i, ex, source)
-                self._send_results(i, ex)
+                self._expert_loop(i, ex, source, scatter)
+                scatter = self._send_results(i, ex)
+            if scatter is not None:
+                e.ops.append(scatter)
 
-    def _expert_loop(self, i: int, ex: int, source: int) -> None:
+    def _expert_loop(self, i: int, ex: int, source: int, scatter=None) -> None:
         """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
-        at a time, the results as rows into the expert's result rows."""
+        at a time, the results as rows into the expert's result rows. ``scatter``: the
+        previous expert's results going home (an IDMA), issued once while this expert's
+        first GEMMs run, or at once if it has no rows."""
         n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
         e, plan, layer = self.emitters[i], self.plans[i], self.layer
         wg, wu, wd = self.w_addr[ex]
@@ -498,23 +503,28 @@ class _SparseBuild(_ExpertTiles):
         ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
         skip_all = len(ops)  # no rows: not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_ZERO, "rb": R_LEFT, "target": 0}))
-        # The SiLU table loads while the first block's gate and up GEMMs run: the body's
-        # WAITs are for its own operations (the table is vector-unit state, loaded in
-        # order before SWIGLU, and its entries are outside the FFN's), so they count
-        # the same in every iteration.
-        self.load_words(i, self.tbl_addr[ex], plan["table"], self.q_words)
-        self.load_table(i, None)
         body = len(ops)
         ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
         short = len(ops)
         ops.append((Opcode.SKIP, {"ra": R_NM1, "rb": R_LEFT, "target": 0}))
         ops.append((Opcode.SET, {"rd": R_ROWS, "value": n}))
         ops[short][1]["target"] = len(ops)
+        # The SiLU table's entries, the gate and up GEMMs, then (while they run) the
+        # previous expert's results home and the table into the vector unit, in order
+        # before SWIGLU. Every block loads the table again: the body's WAITs are for its
+        # own operations, so they count the same in every iteration.
+        self.load_words(i, self.tbl_addr[ex], plan["table"], self.q_words)
         rows, full = [("m", R_ROWS)], {"m": n}
         for w, c in ((wg, plan["g"]), (wu, plan["u"])):
             e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": ffn,
                                     "a_rows": 1, "a_row_major": 1, "b_rows": 0},
                       [("a", R_OFF)] + rows, full)
+        if scatter is not None:  # in the first block only (R_OFF is 0 there, then N·hc)
+            guard = len(ops)
+            ops.append((Opcode.SKIP, {"ra": R_OFF, "rb": R_N, "target": 0}))
+            ops.append(scatter)
+            ops[guard][1]["target"] = len(ops)
+        self.load_table(i, None)
         by_rows = {"registers": [("rows", R_ROWS)], "assume": {"rows": n}}
         every = {"lo": 0, "hi": fc * n}
         e.vec(VOP.REQUANT, 0, fc, plan["g"], mult=gm, shift=gs, dst=plan["g"],
@@ -540,19 +550,28 @@ class _SparseBuild(_ExpertTiles):
         ops.append((Opcode.ADD, {"rd": R_OFF, "ra": R_OFF, "imm": n * hc}))
         ops.append((Opcode.LOOP, {"counter": R_IT, "limit": R_LIM, "target": body,
                                   "bound": ceil_div(self.tokens, n)}))
-        ops[skip_all][1]["target"] = ops[done][1]["target"] = len(ops)
+        ops[done][1]["target"] = len(ops)
+        if scatter is not None:  # the loop ran: on past the scatter for no rows
+            jump = len(ops)
+            ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_N, "target": 0}))
+            ops[skip_all][1]["target"] = len(ops)
+            ops.append(scatter)
+            ops[jump][1]["target"] = len(ops)
+        else:
+            ops[skip_all][1]["target"] = len(ops)
 
-    def _send_results(self, i: int, ex: int) -> None:
-        """A routed expert's rows into home's slot buffer (IDMA scatter over its result
-        table); a remote shared expert's rows to home by DMA."""
+    def _send_results(self, i: int, ex: int):
+        """A routed expert's rows into home's slot buffer: the IDMA scatter over its
+        result table, returned for the caller to place. A remote shared expert's rows
+        to home by DMA, emitted here (None returned)."""
         e, t, hc = self.emitters[i], self.tokens, self.hc
         if ex < self.experts:
-            e.ops.append((Opcode.IDMA, {
+            return (Opcode.IDMA, {
                 "src": self.y_rows[ex], "dst": self.slot_rows,
                 "table": self.meta + ex * self.meta_words + 1, "count": t, "row": hc,
                 "scatter": 1, "tile_base": self.index_of(self.home), "remote_signal": 1,
-                "remote_semaphore": SEM_RESULTS}))
-        elif i != self.home:
+                "remote_semaphore": SEM_RESULTS})
+        if i != self.home:
             home = tile_bit(self.home % self.k, self.home // self.k)
             size = t * hc
             for start in range(0, size, MAX_DMA_LENGTH):
