@@ -276,14 +276,16 @@ class _SparseBuild(_ExpertTiles):
     # -- instructions --------------------------------------------------------------------
 
     def emit_home_inputs(self) -> None:
-        """Constants into the accumulator, the token rows (projected by every tile, a
-        slice each, or written by the host) where the router and the shared experts read
-        them, the SiLU table cleared."""
+        """Constants into the accumulator, the SiLU table cleared, the token rows
+        (projected by every tile, a slice each, or written by the host) where the router
+        and the shared experts read them."""
         home, n, plan = self.home, self.n, self.plans[self.home]
         e = self.emitters[home]
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
         e.vec(VOP.LOGIT, n, 1, plan["eye"], mult=1, shift=-G_BITS, imm=NEG_INF,
               dst=plan["eye15"], dst_kind=VecDst.TILE, lo=0, hi=n)
+        self.load_words(home, self.iota[home], plan["iota"], self.q_words)
+        self.load_table(home, plan["zero"])
         shared_tiles = {self.expert_tile[s] for s in range(self.experts, self.layer.total)}
         readers = {home} | shared_tiles  # tiles that read every token row
         if self.projection is not None:
@@ -302,8 +304,6 @@ class _SparseBuild(_ExpertTiles):
             self.x_inputs = {r: ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
                              for r in shared_tiles - {home}}
         e.wait_arrivals(SEM_INPUTS, self.x_inputs.get(home, 0))
-        self.load_words(home, self.iota[home], plan["iota"], self.q_words)
-        self.load_table(home, plan["zero"])
 
     def _emit_projection(self, i: int, readers: set[int]) -> None:
         """Tile i's slice of x = clamp(residual + rq(o · W_o)) into its token rows, block
@@ -433,12 +433,13 @@ class _SparseBuild(_ExpertTiles):
                       tiles=tile_bit(tile % self.k, tile // self.k), remote_signal=1,
                       remote_semaphore=SEM_INPUTS)
         e.drain()  # the tables and the token rows are written: the IDMAs read them
-        for ex in range(self.experts):
-            tile = self.expert_tile[ex]
-            e.ops.append((Opcode.IDMA, {
-                "src": self.xr, "dst": self.recv[ex], "table": self.gtab + ex * self.tw,
-                "count": t, "row": self.hc, "tile_base": self.index_of(tile),
-                "remote_signal": 1, "remote_semaphore": self._rows_sem(ex)}))
+        # Each expert's rows: IDMAs placed by emit_experts, home's own before each of
+        # its experts, the others' while home's experts compute.
+        self.gathers = {ex: (Opcode.IDMA, {
+            "src": self.xr, "dst": self.recv[ex], "table": self.gtab + ex * self.tw,
+            "count": t, "row": self.hc, "tile_base": self.index_of(self.expert_tile[ex]),
+            "remote_signal": 1, "remote_semaphore": self._rows_sem(ex)})
+            for ex in range(self.experts)}
 
     def _rows_out(self, entries: int, rows: int, beats: int, dst: int, stride: int,
                   op: VOP) -> None:
@@ -470,10 +471,13 @@ class _SparseBuild(_ExpertTiles):
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
-            scatter = None
+            once = self._dispatch_slots() if i == self.home else {}
+            scatter = []
             for ex in mine:
                 e.drain()
                 if ex < self.experts:
+                    if i == self.home:
+                        e.ops.append(self.gathers[ex])
                     e.ops.append((Opcode.LOAD, {"rd": R_LEFT,
                                                 "addr": self.meta + ex * self.meta_words,
                                                 "lane": n - 1}))
@@ -483,16 +487,36 @@ class _SparseBuild(_ExpertTiles):
                 else:
                     e.ops.append((Opcode.SET, {"rd": R_LEFT, "value": t}))
                     source = self.xr
-                self._expert_loop(i, ex, source, scatter)
+                self._expert_loop(i, ex, source, scatter + once.get(ex, []))
                 scatter = self._send_results(i, ex)
-            if scatter is not None:
-                e.ops.append(scatter)
+            e.ops.extend(scatter)
 
-    def _expert_loop(self, i: int, ex: int, source: int, scatter=None) -> None:
+    def _dispatch_slots(self) -> dict[int, list]:
+        """The other tiles' experts' rows, as IDMAs issued while home's routed experts
+        compute (:meth:`_expert_loop`'s ``once``), every tile's first expert's first:
+        each home expert takes as many as the sequencer walks while its gate and up
+        GEMMs stream their weights (an IDMA estimated at 24 cycles, 2 an entry and 6 +
+        hc a row, for the mean rows an expert gets), its last the rest (all at once if
+        home has none)."""
+        home = self.routed_on(self.home)
+        others = sorted((rank, ex) for t in range(self.tiles) if t != self.home
+                        for rank, ex in enumerate(self.routed_on(t)))
+        gathers = [self.gathers[ex] for _, ex in others]
+        if not home:
+            self.emitters[self.home].ops.extend(gathers)
+            return {}
+        shadow = 2 * self.hidden * self.ffn // self.n  # the gate and up GEMMs' beats
+        rows = self.tokens * self.top_k / self.experts
+        per = max(1, int(shadow // (24 + 2 * self.tokens + rows * (6 + self.hc))))
+        slots = {ex: gathers[j * per:(j + 1) * per] for j, ex in enumerate(home)}
+        slots[home[-1]] += gathers[len(home) * per:]
+        return slots
+
+    def _expert_loop(self, i: int, ex: int, source: int, once: list) -> None:
         """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
-        at a time, the results as rows into the expert's result rows. ``scatter``: the
-        previous expert's results going home (an IDMA), issued once while this expert's
-        first GEMMs run, or at once if it has no rows."""
+        at a time, the results as rows into the expert's result rows. ``once``: raw
+        IDMAs (the previous expert's results going home, other experts' rows) issued in
+        the first block while its gate and up GEMMs run, or at once if it has no rows."""
         n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
         e, plan, layer = self.emitters[i], self.plans[i], self.layer
         wg, wu, wd = self.w_addr[ex]
@@ -519,10 +543,10 @@ class _SparseBuild(_ExpertTiles):
             e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": ffn,
                                     "a_rows": 1, "a_row_major": 1, "b_rows": 0},
                       [("a", R_OFF)] + rows, full)
-        if scatter is not None:  # in the first block only (R_OFF is 0 there, then N·hc)
+        if once:  # in the first block only (R_OFF is 0 there, then N·hc)
             guard = len(ops)
             ops.append((Opcode.SKIP, {"ra": R_OFF, "rb": R_N, "target": 0}))
-            ops.append(scatter)
+            ops.extend(once)
             ops[guard][1]["target"] = len(ops)
         self.load_table(i, None)
         by_rows = {"registers": [("rows", R_ROWS)], "assume": {"rows": n}}
@@ -551,26 +575,26 @@ class _SparseBuild(_ExpertTiles):
         ops.append((Opcode.LOOP, {"counter": R_IT, "limit": R_LIM, "target": body,
                                   "bound": ceil_div(self.tokens, n)}))
         ops[done][1]["target"] = len(ops)
-        if scatter is not None:  # the loop ran: on past the scatter for no rows
+        if once:  # the loop ran: on past the copy for no rows
             jump = len(ops)
             ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_N, "target": 0}))
             ops[skip_all][1]["target"] = len(ops)
-            ops.append(scatter)
+            ops.extend(once)
             ops[jump][1]["target"] = len(ops)
         else:
             ops[skip_all][1]["target"] = len(ops)
 
     def _send_results(self, i: int, ex: int):
         """A routed expert's rows into home's slot buffer: the IDMA scatter over its
-        result table, returned for the caller to place. A remote shared expert's rows
-        to home by DMA, emitted here (None returned)."""
+        result table, returned (in a list) for the caller to place. A remote shared
+        expert's rows to home by DMA, emitted here (nothing returned)."""
         e, t, hc = self.emitters[i], self.tokens, self.hc
         if ex < self.experts:
-            return (Opcode.IDMA, {
+            return [(Opcode.IDMA, {
                 "src": self.y_rows[ex], "dst": self.slot_rows,
                 "table": self.meta + ex * self.meta_words + 1, "count": t, "row": hc,
                 "scatter": 1, "tile_base": self.index_of(self.home), "remote_signal": 1,
-                "remote_semaphore": SEM_RESULTS})
+                "remote_semaphore": SEM_RESULTS})]
         if i != self.home:
             home = tile_bit(self.home % self.k, self.home // self.k)
             size = t * hc
@@ -579,6 +603,7 @@ class _SparseBuild(_ExpertTiles):
                       length=min(MAX_DMA_LENGTH, size - start), tiles=home, remote_signal=1,
                       remote_semaphore=SEM_RESULTS)
                 self.remote_shared_dmas += 1
+        return []
 
     def emit_combine(self) -> None:
         """Home: once every result has arrived, per block ``Σ_j diag(G_j)·Y_j`` (+ the
