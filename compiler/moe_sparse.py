@@ -73,8 +73,8 @@ __all__ = ["SEM_INPUTS", "SEM_RESULTS", "build_sparse_moe"]
 #: home, then one per routed expert of a tile for its rows.
 SEM_INPUTS, SEM_RESULTS, FIRST_ROWS_SEM = 3, 4, 5
 #: Registers of the expert loop: rows left, rows of this block, the block's first word,
-#: N, N - 1, the loop counter, its limit, and r7, never written, 0.
-R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_ZERO = range(8)
+#: N, N - 1, the loop counter, its limit, and the block's first word in a result slice.
+R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_YOFF = range(8)
 
 
 def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
@@ -106,7 +106,7 @@ class _SparseBuild(_ExpertTiles):
         super().__init__(*args)
         self.tw = ceil_div(self.tokens, entries_per_word(self.n))  # an index table's words
         self.meta_words = 1 + self.tw  # per expert: its count, then its result table
-        self.remote_shared_dmas = 0
+        self.shared_dmas: dict[int, int] = {}  # a tile's shared experts' result DMAs
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
@@ -130,6 +130,10 @@ class _SparseBuild(_ExpertTiles):
     def routed_on(self, t: int) -> list[int]:
         return [e for e in self.experts_on(t) if e < self.experts]
 
+    def _mask(self, tiles) -> int:
+        """The tile mask of tiles given by index."""
+        return sum(tile_bit(t % self.k, t // self.k) for t in tiles)
+
     def index_of(self, t: int) -> int:
         """Tile t's index in a tile mask (``spec.isa.tile_index``)."""
         return tile_index(t % self.k, t // self.k)
@@ -140,8 +144,23 @@ class _SparseBuild(_ExpertTiles):
         config, n, t, hc = self.config, self.n, self.tokens, self.hc
         glob = _bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
         self.a_bank, self.b_bank = config.banks // 2, 0
-        self.xr = glob.take(t * hc, "token rows", self.a_bank)
+        a, b = self.a_bank, self.b_bank
+        self.xr = glob.take(t * hc, "token rows", a)
         self.meta = glob.take(self.experts * self.meta_words, "counts and result tables")
+        # Home and every expert tile combine (and project) a slice of the channels, w
+        # words of each row; what they exchange sits at the same address on each.
+        doers = sorted({self.home} | set(self.expert_tile))
+        self.w = w = ceil_div(hc, len(doers))
+        self.slices = {i: (j * w, min(hc, (j + 1) * w)) for j, i in enumerate(doers)
+                       if j * w < hc}
+        self.slot_rows = glob.take(self.top_k * t * w, "result slices by top-k slot", b)
+        shared = range(self.experts, self.layer.total)
+        self.shared_rows = {s: glob.take(t * w, f"expert{s} result slices", b) for s in shared}
+        diag = self.tb * self.top_k * n
+        self.d_lo = glob.take(diag, "gate diagonals, low limbs", a)
+        self.d_hi = glob.take(diag, "gate diagonals, high limbs", a)
+        self.d_top = glob.take(diag, "gate diagonals, bit 14", a)
+        self.d_two = glob.take(n, "2 on the diagonal", a)
         self.spad = [_bump(glob.end, config.kv_start, "scratchpad",
                            f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
                      for i in range(self.tiles)]
@@ -149,6 +168,11 @@ class _SparseBuild(_ExpertTiles):
         self._place_home()
         self.recv, self.y_rows = {}, {}
         self.place_expert_tiles(self._expert_regions)
+        self.out_part = {}
+        for i in self.slices:
+            self.words[i].put(self.d_two, 2 * np.eye(n, dtype=np.int64))
+            if i != self.home:
+                self.out_part[i] = self.spad[i].take(t * self.w, "output slices")
         if self.projection is not None:
             self._place_projection()
         self.plans = [self._acc_plan(i) for i in range(self.tiles)]
@@ -197,26 +221,13 @@ class _SparseBuild(_ExpertTiles):
                 out.append(spad.take(2 * rows, f"{name} table constants", b))
                 words.put(out[-1], _column_layout(d, n))
         self.gtab = spad.take(self.experts * self.tw, "gather tables")
-        self.slot_rows = spad.take(top_k * t * hc, "results by top-k slot", b)
-        shared = range(self.experts, self.layer.total)
-        self.shared_rows = {s: spad.take(t * hc, f"expert{s} results", b) for s in shared}
-        diag = self.tb * top_k * n
-        self.d_lo = spad.take(diag, "gate diagonals, low limbs", a)
-        self.d_hi = spad.take(diag, "gate diagonals, high limbs", a)
-        self.d_top = spad.take(diag, "gate diagonals, bit 14", a)
-        self.d_two = spad.take(n, "2 on the diagonal", a)
-        words.put(self.d_two, 2 * np.eye(n, dtype=np.int64))
         self.out_addr = spad.take(t * hc, "output rows")
 
     def _place_projection(self) -> None:
         """Each tile with an identity (home and the expert tiles) projects a slice of the
         channels: the attention outputs, its columns of ``W_o`` and of the residual."""
-        n, t, hc, a, b = self.n, self.tokens, self.hc, self.a_bank, self.b_bank
+        n, t, a, b = self.n, self.tokens, self.a_bank, self.b_bank
         self.channels = self.attn_out.shape[1]
-        doers = sorted(self.ident)
-        per = ceil_div(hc, len(doers))
-        self.slices = {i: (j * per, min(hc, (j + 1) * per)) for j, i in enumerate(doers)
-                       if j * per < hc}
         self.o_addr, self.res_addr, self.wo_addr = {}, {}, {}
         for i, (c0, c1) in self.slices.items():
             spad, words, w = self.spad[i], self.words[i], c1 - c0
@@ -229,15 +240,18 @@ class _SparseBuild(_ExpertTiles):
             words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 
     def _expert_regions(self, i: int, spad, e: int) -> None:
-        """A routed expert's received token rows; where an expert's result rows wait
-        (a shared expert on home writes them where the combine reads them)."""
-        rows = self.tokens * self.hc
+        """A routed expert's received token rows; its result rows by slice (slice j of
+        every row, w words each, then slice j + 1: what goes to each combining tile
+        is consecutive)."""
         if e < self.experts:
-            self.recv[e] = spad.take(rows, f"expert{e} token rows", self.a_bank)
-        if e < self.experts or i != self.home:
-            self.y_rows[e] = spad.take(rows, f"expert{e} result rows")
-        else:
-            self.y_rows[e] = self.shared_rows[e]
+            self.recv[e] = spad.take(self.tokens * self.hc, f"expert{e} token rows",
+                                     self.a_bank)
+        self.y_rows[e] = spad.take(len(self.slices) * self.tokens * self.w,
+                                   f"expert{e} result slices")
+
+    def _y_slice(self, ex: int, i: int) -> int:
+        """Where expert ex's results for tile i's slice of the channels start."""
+        return self.y_rows[ex] + list(self.slices).index(i) * self.tokens * self.w
 
     def _acc_plan(self, i: int) -> dict:
         """Tile i's accumulator entries: constants, then phases that overlay one another."""
@@ -260,6 +274,7 @@ class _SparseBuild(_ExpertTiles):
         plan["c_tiles"] = min(hc, (depth - base) // n)
         plan["proj"] = _bump(base, depth, "accumulator memory", f"tile {i}").take(
             n, "projected attention")
+        plan["comb"] = plan["proj"]
         if i == self.home:
             gating = _bump(base, depth, "accumulator memory", f"tile {i}")
             for name, size in (("v", self.ec * n), ("s", self.ec * n), ("rank_mask", self.ec * n),
@@ -270,7 +285,6 @@ class _SparseBuild(_ExpertTiles):
             tables = _bump(base, depth, "accumulator memory", f"tile {i}")
             plan["tab"] = tables.take(ceil_div(2 * self.tokens, n) * n, "index tables")
             plan["cnt"] = tables.take(n, "token counts")
-            plan["comb"] = plan["proj"]
         return plan
 
     # -- instructions --------------------------------------------------------------------
@@ -434,12 +448,21 @@ class _SparseBuild(_ExpertTiles):
                       remote_semaphore=SEM_INPUTS)
         e.drain()  # the tables and the token rows are written: the IDMAs read them
         # Each expert's rows: IDMAs placed by emit_experts, home's own before each of
-        # its experts, the others' while home's experts compute.
+        # its experts, the others' while home's experts compute; then the gate diagonals
+        # to the other combining tiles (counted with their results).
         self.gathers = {ex: (Opcode.IDMA, {
             "src": self.xr, "dst": self.recv[ex], "table": self.gtab + ex * self.tw,
             "count": t, "row": self.hc, "tile_base": self.index_of(self.expert_tile[ex]),
             "remote_signal": 1, "remote_semaphore": self._rows_sem(ex)})
             for ex in range(self.experts)}
+        combiners = self._mask(set(self.slices) - {home})
+        size = self.tb * self.top_k * n
+        self.diag_sends = [
+            (Opcode.DMA, {"src": region + start, "dst": region + start,
+                          "length": min(MAX_DMA_LENGTH, size - start), "tiles": combiners,
+                          "remote_signal": 1, "remote_semaphore": SEM_RESULTS})
+            for region in (self.d_lo, self.d_hi, self.d_top)
+            for start in range(0, size, MAX_DMA_LENGTH)] if combiners else []
 
     def _rows_out(self, entries: int, rows: int, beats: int, dst: int, stride: int,
                   op: VOP) -> None:
@@ -496,12 +519,13 @@ class _SparseBuild(_ExpertTiles):
         compute (:meth:`_expert_loop`'s ``once``), every tile's first expert's first:
         each home expert takes as many as the sequencer walks while its gate and up
         GEMMs stream their weights (an IDMA estimated at 24 cycles, 2 an entry and 6 +
-        hc a row, for the mean rows an expert gets), its last the rest (all at once if
-        home has none)."""
+        hc a row, for the mean rows an expert gets), its last the rest and the gate
+        diagonals for the other combining tiles (all at once if home has none)."""
         home = self.routed_on(self.home)
         others = sorted((rank, ex) for t in range(self.tiles) if t != self.home
                         for rank, ex in enumerate(self.routed_on(t)))
         gathers = [self.gathers[ex] for _, ex in others]
+        gathers += self.diag_sends
         if not home:
             self.emitters[self.home].ops.extend(gathers)
             return {}
@@ -523,10 +547,10 @@ class _SparseBuild(_ExpertTiles):
         (gm, gs), (um, us) = layer.gate[ex], layer.up[ex]
         (hm, hs), (dm, ds) = layer.swiglu[ex], layer.down[ex]
         ops = e.ops
-        ops.append((Opcode.SET, {"rd": R_OFF, "value": 0}))
-        ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
-        skip_all = len(ops)  # no rows: not even the SiLU table is loaded
-        ops.append((Opcode.SKIP, {"ra": R_ZERO, "rb": R_LEFT, "target": 0}))
+        for reg in (R_OFF, R_YOFF, R_IT):
+            ops.append((Opcode.SET, {"rd": reg, "value": 0}))
+        skip_all = len(ops)  # no rows (R_IT is 0): not even the SiLU table is loaded
+        ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
         body = len(ops)
         ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
         short = len(ops)
@@ -563,15 +587,19 @@ class _SparseBuild(_ExpertTiles):
             e.dynamic(Opcode.GEMM, {"a": self.h_addr[i], "b": wd + j0 * ffn, "c": plan["g"],
                                     "m": 0, "k": ffn, "p": min(width * n, hidden - j0 * n),
                                     "a_rows": 1, "b_rows": 0}, rows, full)
-            e.vec(VOP.REQUANT, 0, width, plan["g"], mult=dm, shift=ds,
-                  dst=self.y_rows[ex] + j0, dst_kind=VecDst.SPAD, dst_stride=hc, lo=0,
-                  hi=width * n, registers=[("rows", R_ROWS), ("dst", R_OFF)],
-                  assume={"rows": n})
+            for tile, (c0, c1) in self.slices.items():  # each combining tile's columns
+                lo, hi = max(c0, j0), min(c1, j0 + width)
+                if lo < hi:
+                    e.vec(VOP.REQUANT, 0, hi - lo, plan["g"] + (lo - j0) * n, mult=dm,
+                          shift=ds, dst=self._y_slice(ex, tile) + lo - c0,
+                          dst_kind=VecDst.SPAD, dst_stride=self.w, lo=0, hi=(hi - lo) * n,
+                          registers=[("rows", R_ROWS), ("dst", R_YOFF)], assume={"rows": n})
         e.drain()
         done = len(ops)
         ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_LEFT, "target": 0}))
         ops.append((Opcode.ADD, {"rd": R_LEFT, "ra": R_LEFT, "imm": -n}))
         ops.append((Opcode.ADD, {"rd": R_OFF, "ra": R_OFF, "imm": n * hc}))
+        ops.append((Opcode.ADD, {"rd": R_YOFF, "ra": R_YOFF, "imm": n * self.w}))
         ops.append((Opcode.LOOP, {"counter": R_IT, "limit": R_LIM, "target": body,
                                   "bound": ceil_div(self.tokens, n)}))
         ops[done][1]["target"] = len(ops)
@@ -584,54 +612,68 @@ class _SparseBuild(_ExpertTiles):
         else:
             ops[skip_all][1]["target"] = len(ops)
 
-    def _send_results(self, i: int, ex: int):
-        """A routed expert's rows into home's slot buffer: the IDMA scatter over its
-        result table, returned (in a list) for the caller to place. A remote shared
-        expert's rows to home by DMA, emitted here (nothing returned)."""
-        e, t, hc = self.emitters[i], self.tokens, self.hc
+    def _send_results(self, i: int, ex: int) -> list:
+        """A routed expert's result slices into each combining tile's slot buffer: IDMA
+        scatters over its result table (one a tile), returned for the caller to place.
+        A shared expert's slices to the other combining tiles by DMA, emitted here
+        (nothing returned)."""
+        e, t, w = self.emitters[i], self.tokens, self.w
         if ex < self.experts:
             return [(Opcode.IDMA, {
-                "src": self.y_rows[ex], "dst": self.slot_rows,
-                "table": self.meta + ex * self.meta_words + 1, "count": t, "row": hc,
-                "scatter": 1, "tile_base": self.index_of(self.home), "remote_signal": 1,
-                "remote_semaphore": SEM_RESULTS})]
-        if i != self.home:
-            home = tile_bit(self.home % self.k, self.home // self.k)
-            size = t * hc
-            for start in range(0, size, MAX_DMA_LENGTH):
-                e.dma(src=self.y_rows[ex] + start, dst=self.shared_rows[ex] + start,
-                      length=min(MAX_DMA_LENGTH, size - start), tiles=home, remote_signal=1,
-                      remote_semaphore=SEM_RESULTS)
-                self.remote_shared_dmas += 1
+                "src": self._y_slice(ex, d), "dst": self.slot_rows,
+                "table": self.meta + ex * self.meta_words + 1, "count": t, "row": w,
+                "scatter": 1, "tile_base": self.index_of(d), "remote_signal": 1,
+                "remote_semaphore": SEM_RESULTS}) for d in self.slices]
+        for d in self.slices:
+            if d != i:
+                for start in range(0, t * w, MAX_DMA_LENGTH):
+                    e.dma(src=self._y_slice(ex, d) + start, dst=self.shared_rows[ex] + start,
+                          length=min(MAX_DMA_LENGTH, t * w - start), tiles=self._mask([d]),
+                          remote_signal=1, remote_semaphore=SEM_RESULTS)
+                    self.shared_dmas[d] = self.shared_dmas.get(d, 0) + 1
         return []
 
     def emit_combine(self) -> None:
-        """Home: once every result has arrived, per block ``Σ_j diag(G_j)·Y_j`` (+ the
-        shared experts' 2^15·y) in two passes (bit 14 first, shifted by 14 under the
-        low 14 bits), requantised into the output rows."""
-        n, hc, home, top_k, t = self.n, self.hc, self.home, self.top_k, self.tokens
-        e, plan = self.emitters[home], self.plans[home]
-        e.drain()
-        e.wait_arrivals(SEM_RESULTS, t * top_k + self.remote_shared_dmas)
-        comb, chunk = plan["comb"], plan["c_tiles"]
+        """Each combining tile, its slice of the channels once its results (and the gate
+        diagonals) have arrived: per block ``Σ_j diag(G_j)·Y_j`` (+ the shared experts'
+        2^15·y) in two passes (bit 14 first, shifted by 14 under the low 14 bits),
+        requantised into the output rows; the slices go to home's output rows."""
+        n, hc, w, home, top_k, t = self.n, self.hc, self.w, self.home, self.top_k, self.tokens
         shared = range(self.experts, self.layer.total)
         om, osh = self.layer.out
-        for b, rows in enumerate(self.block_rows):
-            slot = [self.slot_rows + (j * t + b * n) * hc for j in range(top_k)]
-            terms = [({"a": self.d_top + (b * top_k + j) * n}, slot[j]) for j in range(top_k)]
-            terms += [({"a": self.d_two}, self.shared_rows[s] + b * n * hc) for s in shared]
-            terms += [({"a": self.d_hi + (b * top_k + j) * n, "a_lo": self.d_lo
-                        + (b * top_k + j) * n, "a_limbs": 1}, slot[j]) for j in range(top_k)]
-            for j0 in range(0, hc, chunk):
-                width = min(chunk, hc - j0)
-                for index, (a, rows_at) in enumerate(terms):
-                    e.gemm(**a, b=rows_at + j0, c=comb, m=rows, k=rows,
-                           p=min(width * n, self.hidden - j0 * n), a_rows=1, b_rows=0,
-                           b_stride=hc, accumulate=int(index > 0),
-                           acc_shift=14 if index == top_k + len(shared) else 0)
-                e.vec(VOP.REQUANT, rows, width, comb, mult=om, shift=osh,
-                      dst=self.out_addr + b * n * hc + j0, dst_kind=VecDst.SPAD,
-                      dst_stride=hc, lo=0, hi=width * n)
+        for i, (c0, c1) in self.slices.items():
+            e, plan = self.emitters[i], self.plans[i]
+            e.drain()
+            e.wait_arrivals(SEM_RESULTS, t * top_k + self.shared_dmas.get(i, 0)
+                            + (0 if i == home else len(self.diag_sends)))
+            comb, chunk = plan["comb"], plan["c_tiles"]
+            for b, rows in enumerate(self.block_rows):
+                slot = [self.slot_rows + (j * t + b * n) * w for j in range(top_k)]
+                terms = [({"a": self.d_top + (b * top_k + j) * n}, slot[j])
+                         for j in range(top_k)]
+                terms += [({"a": self.d_two}, b * n * w + (
+                    self._y_slice(s, i) if self.expert_tile[s] == i else self.shared_rows[s]))
+                    for s in shared]
+                terms += [({"a": self.d_hi + (b * top_k + j) * n, "a_lo": self.d_lo
+                            + (b * top_k + j) * n, "a_limbs": 1}, slot[j])
+                          for j in range(top_k)]
+                out, stride = ((self.out_addr + b * n * hc + c0, hc) if i == home
+                               else (self.out_part[i] + b * n * w, w))
+                for j0 in range(0, c1 - c0, chunk):
+                    width = min(chunk, c1 - c0 - j0)
+                    for index, (a, rows_at) in enumerate(terms):
+                        e.gemm(**a, b=rows_at + j0, c=comb, m=rows, k=rows,
+                               p=min(width * n, self.hidden - (c0 + j0) * n), a_rows=1,
+                               b_rows=0, b_stride=w, accumulate=int(index > 0),
+                               acc_shift=14 if index == top_k + len(shared) else 0)
+                    e.vec(VOP.REQUANT, rows, width, comb, mult=om, shift=osh, dst=out + j0,
+                          dst_kind=VecDst.SPAD, dst_stride=stride, lo=0, hi=width * n)
+            if i != home:
+                for r in range(t):
+                    e.dma(src=self.out_part[i] + r * w, dst=self.out_addr + r * hc + c0,
+                          length=c1 - c0, tiles=self._mask([home]), remote_signal=1,
+                          remote_semaphore=SEM_INPUTS)
+        self.emitters[home].wait_arrivals(SEM_INPUTS, t * (len(self.slices) - 1))
 
     def program(self) -> MoeChipProgram:
         n, hc, k, home, config, t = self.n, self.hc, self.k, self.home, self.config, self.tokens
