@@ -20,9 +20,10 @@ build: MoE by sparse dispatch and dense-masked. Figures:
 - ``moe__{prefill,decode}__network_wait_share``: of the MoE rounds' tile-cycles, those
   a tile's program spent held by a WAIT with no engine busy (the tiles' ``wait``
   counters: only words arriving over the network release such a WAIT).
-- ``moe__{dispatch,combine}_words``: words of token rows sent to remote experts' tiles
-  and of result rows sent back, over the run's MoE rounds (the metadata, counts and
-  result tables, is in ``chip__network__moe_words`` with them).
+- ``moe__{dispatch,combine}_words``: words of token rows sent to remote experts' tiles;
+  of result slices sent to the other combining tiles, the gate diagonals and the output
+  slices sent to home; over the run's MoE rounds (the metadata, counts and result
+  tables, and the projection's rows are in ``chip__network__moe_words`` with them).
 - ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE) on
   a 4 x 4 chip, prefill of 32 tokens and one decode step from contexts 256/200.
 """
@@ -55,7 +56,7 @@ def _layer(config, workload, layer, mesh, context, moe):
 def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
     """The MoE figures of a sparse run (see the module docstring)."""
     cfg = get_workload(workload)
-    tiles, hc = k * k, -(-cfg.hidden // n)
+    tiles = k * k
     expert_bytes = 3 * cfg.hidden * cfg.ffn
     moe = [(compiled, run) for compiled, run in zip(rounds, result["rounds"], strict=True)
            if run["phase"].endswith("moe")]
@@ -65,11 +66,9 @@ def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
     for phase in ("prefill", "decode"):
         out[f"moe__{phase}__network_wait_share"] = \
             figures[f"chip__{phase}__moe_network_wait_share"]
-    dispatch = 0
-    for compiled, _ in moe:
-        load = compiled.summaries[0]["expert_load"]
-        dispatch += sum(c for e, c in enumerate(load) if e % tiles != 0) * hc
-    out["moe__dispatch_words"] = out["moe__combine_words"] = dispatch
+    for name in ("dispatch", "combine"):
+        out[f"moe__{name}_words"] = sum(compiled.summaries[0][f"{name}_words"]
+                                        for compiled, _ in moe)
     decode = [(compiled, run) for compiled, run in moe if run["phase"] == "decode-moe"]
     ratios, bounds, chipwide, spread = [], [], [], []
     for compiled, run in decode:

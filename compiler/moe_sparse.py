@@ -20,9 +20,11 @@ dispatch"):
   trip count and the rows of the last block from the count (registers, ``WITH``), then
   scatter the results into the home's slot buffers (IDMA scatter over the result table).
   Shared experts see every token (the rows multicast once).
-- **Combine** on home: per block, ``Σ_j diag(G_j) · Y_j`` by GEMMs whose A operand is the
-  diagonal of slot j's gates (Q0.15 as a 1-bit and a 14-bit part, the latter as joined
-  7-bit limbs) and whose B operand is slot j's rows; shared experts add ``2^15 · y``.
+- **Combine** by slices of the channels, on home and every expert tile: per block,
+  ``Σ_j diag(G_j) · Y_j`` by GEMMs whose A operand is the diagonal of slot j's gates
+  (Q0.15 as a 1-bit and a 14-bit part, the latter as joined 7-bit limbs, multicast by
+  home) and whose B operand is slot j's result slices (scattered to each tile by the
+  experts); shared experts add ``2^15 · y``; the output slices go to home's rows.
 
 Expert e runs on tile ``e mod k²`` (round-robin, routed then shared). Semaphores: 0 GEMM,
 1 VEC, 2 DMA (local completions), 3 inputs arrived (counts and tables, shared experts'
@@ -675,6 +677,21 @@ class _SparseBuild(_ExpertTiles):
                           remote_semaphore=SEM_INPUTS)
         self.emitters[home].wait_arrivals(SEM_INPUTS, t * (len(self.slices) - 1))
 
+    def _words_moved(self, load: np.ndarray) -> dict:
+        """Words over the mesh: ``dispatch_words``, token rows to the experts' tiles;
+        ``combine_words``, result slices to other combining tiles, the gate diagonals and
+        the output slices to home (metadata and the projection's rows not counted)."""
+        t, w, hc, home = self.tokens, self.w, self.hc, self.home
+        tiles = list(self.slices)
+        dispatch = sum(int(c) * hc for e, c in enumerate(load) if self.expert_tile[e] != home)
+        combine = sum(int(c) * w * sum(1 for d in tiles if d != self.expert_tile[e])
+                      for e, c in enumerate(load))
+        combine += sum(t * w * sum(1 for d in tiles if d != self.expert_tile[s])
+                       for s in range(self.experts, self.layer.total))
+        combine += sum(op[1]["length"] for op in self.diag_sends) * (len(tiles) - 1)
+        combine += t * sum(c1 - c0 for d, (c0, c1) in self.slices.items() if d != home)
+        return {"dispatch_words": dispatch, "combine_words": combine}
+
     def program(self) -> MoeChipProgram:
         n, hc, k, home, config, t = self.n, self.hc, self.k, self.home, self.config, self.tokens
         shape = (t, self.hidden)
@@ -693,6 +710,7 @@ class _SparseBuild(_ExpertTiles):
                             + (0 if self.projection is None
                                else t * self.channels * self.hidden)),
             "expert_load": load.tolist(),
+            **self._words_moved(load),
             "instructions": [p.summary.length for p in programs],
             "experts_per_tile": [len(self.experts_on(i)) for i in range(self.tiles)],
             "scratchpad_words": [p.summary.spad_words for p in programs],
