@@ -622,7 +622,9 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                                             "macs_sparse": s["macs_sparse"],
                                             "executed_over_sparse": macs / s["macs_sparse"],
                                             "expert_load": [int(c) for c in golden.load],
-                                            "tied": tied}])
+                                            "tied": tied,
+                                            **{f"{name}_words": s.get(f"{name}_words", 0)
+                                               for name in ("dispatch", "combine")}}])
 
 
 @functools.lru_cache(maxsize=4)

@@ -177,16 +177,16 @@ def test_the_default_kv_cache_stays_within_the_block_table():
 
 
 def test_a_context_beyond_a_jobs_kv_pages_is_refused_before_anything_is_built():
-    """gpt-oss on the default chip: 359 pages a tile hold K and V of 2,864 tokens of a
+    """gpt-oss on the default chip: 383 pages a tile hold K and V of 3,056 tokens of a
     KV head; one token more is refused with the pages it needs, before any tensor."""
     config = chip_config("gpt-oss", k=2)
-    assert config.tile.num_pages == 359
-    with pytest.raises(ValueError, match="3001 tokens needs 376 KV pages .* leave 359 to "
+    assert config.tile.num_pages == 383
+    with pytest.raises(ValueError, match="3057 tokens needs 384 KV pages .* leave 383 to "
                                          r"each of its jobs \(1 per tile, local"):
-        attention_rounds(config, "gpt-oss", 1, prefill=3000, steps=1)
-    with pytest.raises(ValueError, match=r"leave 179 to each of its jobs \(1 per tile, "
+        attention_rounds(config, "gpt-oss", 1, prefill=3056, steps=1)
+    with pytest.raises(ValueError, match=r"leave 191 to each of its jobs \(1 per tile, "
                                          "striped"):
-        attention_rounds(config, "gpt-oss", 1, prefill=1500, placement="striped")
+        attention_rounds(config, "gpt-oss", 1, prefill=1600, placement="striped")
 
 
 def test_moe_that_does_not_fit_is_refused_before_simulation():
