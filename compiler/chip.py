@@ -623,8 +623,9 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                                             "executed_over_sparse": macs / s["macs_sparse"],
                                             "expert_load": [int(c) for c in golden.load],
                                             "tied": tied,
-                                            **{f"{name}_words": s.get(f"{name}_words", 0)
-                                               for name in ("dispatch", "combine")}}])
+                                            **{name: s[name] for name in
+                                               ("dispatch_words", "combine_words")
+                                               if name in s}}])
 
 
 @functools.lru_cache(maxsize=4)

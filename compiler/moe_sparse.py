@@ -311,7 +311,7 @@ class _SparseBuild(_ExpertTiles):
         else:
             others = sorted(shared_tiles - {home})
             if others:
-                mask = sum(tile_bit(t % self.k, t // self.k) for t in others)
+                mask = self._mask(others)
                 size = self.tokens * self.hc
                 for start in range(0, size, MAX_DMA_LENGTH):
                     e.dma(src=self.xr + start, dst=self.xr + start,
@@ -324,7 +324,7 @@ class _SparseBuild(_ExpertTiles):
     def _emit_projection(self, i: int, readers: set[int]) -> None:
         """Tile i's slice of x = clamp(residual + rq(o · W_o)) into its token rows, block
         by block, then each row's slice to the ``readers`` (one multicast DMA a row)."""
-        n, hc, k = self.n, self.hc, self.k
+        n, hc = self.n, self.hc
         e, plan = self.emitters[i], self.plans[i]
         c0, c1 = self.slices[i]
         w = c1 - c0
@@ -346,7 +346,7 @@ class _SparseBuild(_ExpertTiles):
                 e.vec(VOP.REQUANT, rows, width, proj, mult=IDENTITY[0], shift=IDENTITY[1],
                       dst=self.xr + b * n * hc + c0 + j0, dst_kind=VecDst.SPAD,
                       dst_stride=hc, **every)
-        mask = sum(tile_bit(r % k, r // k) for r in readers)
+        mask = self._mask(readers)
         if mask:
             for row in range(self.tokens):
                 at = self.xr + row * hc + c0
@@ -446,7 +446,7 @@ class _SparseBuild(_ExpertTiles):
             if tile != home:
                 at = self.meta + ex * self.meta_words
                 e.dma(src=at, dst=at, length=self.meta_words,
-                      tiles=tile_bit(tile % self.k, tile // self.k), remote_signal=1,
+                      tiles=self._mask([tile]), remote_signal=1,
                       remote_semaphore=SEM_INPUTS)
         e.drain()  # the tables and the token rows are written: the IDMAs read them
         # Each expert's rows: IDMAs placed by emit_experts, home's own before each of
@@ -540,7 +540,7 @@ class _SparseBuild(_ExpertTiles):
 
     def _expert_loop(self, i: int, ex: int, source: int, once: list) -> None:
         """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
-        at a time, the results as rows into the expert's result rows. ``once``: raw
+        at a time, the results by slice into the expert's result rows. ``once``: raw
         IDMAs (the previous expert's results going home, other experts' rows) issued in
         the first block while its gate and up GEMMs run, or at once if it has no rows."""
         n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
