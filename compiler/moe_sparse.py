@@ -108,6 +108,10 @@ class _SparseBuild(_ExpertTiles):
         super().__init__(*args)
         self.tw = ceil_div(self.tokens, entries_per_word(self.n))  # an index table's words
         self.meta_words = 1 + self.tw  # per expert: its count, then its result table
+        # The router's lanes (and the index tables' rows) hold the routed experts in tile
+        # order: a tile's experts' counts and result tables go to it in one DMA.
+        order = sorted(range(self.experts), key=lambda ex: (self.expert_tile[ex], ex))
+        self.lane = {ex: p for p, ex in enumerate(order)}
         self.shared_dmas: dict[int, int] = {}  # a tile's shared experts' result DMAs
 
     def _check(self, x: np.ndarray) -> None:
@@ -185,12 +189,13 @@ class _SparseBuild(_ExpertTiles):
         if self.projection is None:
             words.put(self.xr, _row_layout(self.x, n))
         self.router_addr = spad.take(ec * self.hidden, "router weights", b)
-        words.put(self.router_addr, _column_layout(self.weights.router, n))
+        order = sorted(self.lane, key=self.lane.get)
+        words.put(self.router_addr, _column_layout(self.weights.router[:, order], n))
         a2, b2, self.cb = _encoding(self.experts, t)
         self.enc_a = spad.take(self.tb * 2, "encoding constants", a)
         words.put(self.enc_a, _token_layout(a2, n))
         self.enc_b = spad.take(ec * 2, "encoding constants", b)
-        words.put(self.enc_b, _column_layout(b2, n))
+        words.put(self.enc_b, _column_layout(b2[:, order], n))
         # Accumulator constants: zero, -128 (N rows), rank j + 1 and 1 per lane, identity.
         consts = np.zeros((4 * n, n), np.int64)
         consts[1:1 + n] = -128
@@ -202,8 +207,8 @@ class _SparseBuild(_ExpertTiles):
         # The masks, transposed: word j·T + t = expert block j of token t.
         self.sel_rank = spad.take(ec * t, "rank mask", a)
         self.sel_one = spad.take(ec * t, "selection mask", a)
-        self.ones_col = spad.take(1, "ones", a)
-        words.put(self.ones_col, [np.ones(n, np.int64)])
+        self.ones_col = spad.take(ec, "ones", a)
+        words.put(self.ones_col, [np.ones(n, np.int64)] * ec)
         tw2 = ceil_div(2 * t, n)
         self.neg_row = spad.take(tw2, "minus ones", b)
         words.put(self.neg_row, [np.full(n, -1)] * tw2)
@@ -284,31 +289,44 @@ class _SparseBuild(_ExpertTiles):
                                ("gs", self.top_k)):
                 plan[name] = gating.take(size, name)
             plan["one_mask"] = plan["s"]  # the top-k tile is dead once k128 holds its list
+            # Index tables for every expert at once when the tokens are one block and
+            # they fit (else a group of N experts at a time), in two buffers: the
+            # gather tables' GEMMs run while the result tables go out.
             tables = _bump(base, depth, "accumulator memory", f"tile {i}")
-            plan["tab"] = tables.take(ceil_div(2 * self.tokens, n) * n, "index tables")
-            plan["cnt"] = tables.take(n, "token counts")
+            tw2 = ceil_div(2 * self.tokens, n)
+            plan["groups"] = self.ec if (len(self.block_rows) == 1 and base
+                                         + self.ec * n * (2 * tw2 + 1) <= depth) else 1
+            size = plan["groups"] * tw2 * n
+            plan["tabs"] = (tables.take(size, "index tables"), tables.take(size, "index tables"))
+            plan["cnt"] = tables.take(plan["groups"] * n, "token counts")
         return plan
 
     # -- instructions --------------------------------------------------------------------
 
     def emit_home_inputs(self) -> None:
-        """Constants into the accumulator, the SiLU table cleared, the token rows
-        (projected by every tile, a slice each, or written by the host) where the router
-        and the shared experts read them."""
+        """Constants into the accumulator, the SiLU table cleared (while home's first
+        projection GEMM streams, if it has one), the token rows (projected by every
+        tile, a slice each, or written by the host) where the router and the shared
+        experts read them."""
         home, n, plan = self.home, self.n, self.plans[self.home]
         e = self.emitters[home]
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
-        e.vec(VOP.LOGIT, n, 1, plan["eye"], mult=1, shift=-G_BITS, imm=NEG_INF,
-              dst=plan["eye15"], dst_kind=VecDst.TILE, lo=0, hi=n)
         self.load_words(home, self.iota[home], plan["iota"], self.q_words)
-        self.load_table(home, plan["zero"])
+
+        def vector_constants():
+            e.vec(VOP.LOGIT, n, 1, plan["eye"], mult=1, shift=-G_BITS, imm=NEG_INF,
+                  dst=plan["eye15"], dst_kind=VecDst.TILE, lo=0, hi=n)
+            self.load_table(home, plan["zero"])
+
         shared_tiles = {self.expert_tile[s] for s in range(self.experts, self.layer.total)}
         readers = {home} | shared_tiles  # tiles that read every token row
         if self.projection is not None:
             for i in self.slices:
-                self._emit_projection(i, readers - {i})
+                self._emit_projection(i, readers - {i},
+                                      vector_constants if i == home else None)
             self.x_inputs = {r: self.tokens * len(set(self.slices) - {r}) for r in readers}
         else:
+            vector_constants()
             others = sorted(shared_tiles - {home})
             if others:
                 mask = self._mask(others)
@@ -321,9 +339,10 @@ class _SparseBuild(_ExpertTiles):
                              for r in shared_tiles - {home}}
         e.wait_arrivals(SEM_INPUTS, self.x_inputs.get(home, 0))
 
-    def _emit_projection(self, i: int, readers: set[int]) -> None:
+    def _emit_projection(self, i: int, readers: set[int], meanwhile=None) -> None:
         """Tile i's slice of x = clamp(residual + rq(o · W_o)) into its token rows, block
-        by block, then each row's slice to the ``readers`` (one multicast DMA a row)."""
+        by block, then each row's slice to the ``readers`` (one multicast DMA a row).
+        ``meanwhile()`` emits what runs while the first GEMM streams."""
         n, hc = self.n, self.hc
         e, plan = self.emitters[i], self.plans[i]
         c0, c1 = self.slices[i]
@@ -338,6 +357,9 @@ class _SparseBuild(_ExpertTiles):
                 e.gemm(a=self.o_addr[i] + b * self.channels,
                        b=self.wo_addr[i] + j0 * self.channels, c=proj, m=rows,
                        k=self.channels, p=cols, a_rows=0, b_rows=0)
+                if meanwhile is not None:
+                    meanwhile()
+                    meanwhile = None
                 e.vec(VOP.REQUANT, rows, width, proj, mult=pm, shift=ps, dst=proj,
                       dst_kind=VecDst.TILE, **every)
                 e.gemm(a=self.ident[i], b=self.res_addr[i] + b * n * w + j0, c=proj, m=rows,
@@ -416,21 +438,23 @@ class _SparseBuild(_ExpertTiles):
                   dst_kind=VecDst.SPAD, **zero)  # lane r: (gate + 2^14) >> 15, bit 14
 
     def emit_tables_and_dispatch(self) -> None:
-        """Per group of N experts: counts, result tables (into each expert's metadata) and
-        gather tables; then each remote expert's metadata and every expert's rows go."""
-        n, t, ec, home = self.n, self.tokens, self.ec, self.home
+        """Per group of experts (all of them, or N at a time: the plan's ``groups``):
+        counts, result tables (into each expert's metadata) and gather tables; then each
+        tile's experts' metadata (one DMA) and every expert's rows go."""
+        n, t, home = self.n, self.tokens, self.home
         e, plan = self.emitters[home], self.plans[home]
-        tab, tw2 = plan["tab"], ceil_div(2 * t, n)
-        for g in range(ec):
-            rows = min(n, self.experts - g * n)
-            one, rank = self.sel_one + g * t, self.sel_rank + g * t
+        tw2, per = ceil_div(2 * t, n), plan["groups"] * n
+        for g0 in range(0, self.experts, per):
+            rows = min(per, self.experts - g0)
+            one, rank = self.sel_one + g0 // n * t, self.sel_rank + g0 // n * t
             e.gemm(a=one, b=self.ones_tn, c=plan["cnt"], m=rows, k=t, p=n, a_rows=0, b_rows=0)
-            self._rows_out(plan["cnt"], rows, 1, self.meta + g * n * self.meta_words,
+            self._rows_out(plan["cnt"], rows, 1, self.meta + g0 * self.meta_words,
                            self.meta_words, VOP.REQUANT)
-            for dst, stride, terms in (
-                    (self.meta + g * n * self.meta_words + 1, self.meta_words,
+            for tab, (dst, stride, terms) in zip(plan["tabs"], (
+                    (self.meta + g0 * self.meta_words + 1, self.meta_words,
                      ((one, self.d_result), (rank, self.d_rank))),
-                    (self.gtab + g * n * self.tw, self.tw, ((one, self.d_gather),))):
+                    (self.gtab + g0 * self.tw, self.tw, ((one, self.d_gather),))),
+                    strict=True):
                 # Token block b's entries are columns 2bN .. of the table: one GEMM per
                 # block over its own tokens (the constants are block-diagonal).
                 for blk, block_rows in enumerate(self.block_rows):
@@ -441,19 +465,24 @@ class _SparseBuild(_ExpertTiles):
                 e.gemm(a=self.ones_col, b=self.neg_row, c=tab, m=rows, k=1, p=2 * t,
                        a_rows=0, b_rows=0, accumulate=1, acc_shift=0)
                 self._rows_out(tab, rows, tw2, dst, stride, VOP.LOGIT)
-        for ex in range(self.experts):
-            tile = self.expert_tile[ex]
-            if tile != home:
-                at = self.meta + ex * self.meta_words
-                e.dma(src=at, dst=at, length=self.meta_words,
-                      tiles=self._mask([tile]), remote_signal=1,
-                      remote_semaphore=SEM_INPUTS)
+        self.meta_dmas = {}
+        for tile in range(self.tiles):
+            mine = self.routed_on(tile)
+            if tile != home and mine:
+                at = self._meta(mine[0])
+                size = len(mine) * self.meta_words
+                for start in range(0, size, MAX_DMA_LENGTH):
+                    e.dma(src=at + start, dst=at + start,
+                          length=min(MAX_DMA_LENGTH, size - start),
+                          tiles=self._mask([tile]), remote_signal=1,
+                          remote_semaphore=SEM_INPUTS)
+                self.meta_dmas[tile] = ceil_div(size, MAX_DMA_LENGTH)
         e.drain()  # the tables and the token rows are written: the IDMAs read them
         # Each expert's rows: IDMAs placed by emit_experts, home's own before each of
         # its experts, the others' while home's experts compute; then the gate diagonals
         # to the other combining tiles (counted with their results).
         self.gathers = {ex: (Opcode.IDMA, {
-            "src": self.xr, "dst": self.recv[ex], "table": self.gtab + ex * self.tw,
+            "src": self.xr, "dst": self.recv[ex], "table": self.gtab + self.lane[ex] * self.tw,
             "count": t, "row": self.hc, "tile_base": self.index_of(self.expert_tile[ex]),
             "remote_signal": 1, "remote_semaphore": self._rows_sem(ex)})
             for ex in range(self.experts)}
@@ -468,16 +497,22 @@ class _SparseBuild(_ExpertTiles):
 
     def _rows_out(self, entries: int, rows: int, beats: int, dst: int, stride: int,
                   op: VOP) -> None:
-        """Rows (experts) of a tile of entries into the scratchpad, row r at
-        ``dst + r·stride``, as bytes (REQUANT: clamped; LOGIT by 1: the low 8 bits)."""
+        """Rows (experts) of a GEMM's entries, ``beats`` tiles of N columns (row r of
+        tile j at ``entries + (⌊r / N⌋·beats + j)·N + r mod N``), into the scratchpad, row
+        r at ``dst + r·stride``, as bytes (REQUANT: clamped; LOGIT by 1: the low 8 bits)."""
         e, n = self.emitters[self.home], self.n
         step = min(n, self.config.slots)
         scale = {"mult": IDENTITY[0], "shift": IDENTITY[1]} if op == VOP.REQUANT else {
             "mult": 1, "shift": 0, "imm": NEG_INF}
-        for r0 in range(0, rows, step):
-            part = min(step, rows - r0)
-            e.vec(op, part, beats, entries + r0, dst=dst + r0 * stride, dst_kind=VecDst.SPAD,
-                  dst_stride=stride, lo=0, hi=beats * n, **scale)
+        for t0 in range(0, rows, n):
+            for r0 in range(t0, min(rows, t0 + n), step):
+                part = min(step, rows - r0, t0 + n - r0)
+                e.vec(op, part, beats, entries + t0 * beats + r0 - t0, dst=dst + r0 * stride,
+                      dst_kind=VecDst.SPAD, dst_stride=stride, lo=0, hi=beats * n, **scale)
+
+    def _meta(self, ex: int) -> int:
+        """Where routed expert ex's count (then its result table) is."""
+        return self.meta + self.lane[ex] * self.meta_words
 
     def _rows_sem(self, ex: int) -> int:
         return FIRST_ROWS_SEM + self.routed_on(self.expert_tile[ex]).index(ex)
@@ -492,7 +527,7 @@ class _SparseBuild(_ExpertTiles):
                 continue
             e, plan = self.emitters[i], self.plans[i]
             if i != self.home:
-                e.wait_arrivals(SEM_INPUTS, len(self.routed_on(i)) + self.x_inputs.get(i, 0))
+                e.wait_arrivals(SEM_INPUTS, self.meta_dmas.get(i, 0) + self.x_inputs.get(i, 0))
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
@@ -504,7 +539,7 @@ class _SparseBuild(_ExpertTiles):
                     if i == self.home:
                         e.ops.append(self.gathers[ex])
                     e.ops.append((Opcode.LOAD, {"rd": R_LEFT,
-                                                "addr": self.meta + ex * self.meta_words,
+                                                "addr": self._meta(ex),
                                                 "lane": n - 1}))
                     e.ops.append((Opcode.WITH, {"field0": 1, "reg0": R_LEFT}))
                     e.ops.append((Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0}))
@@ -565,8 +600,12 @@ class _SparseBuild(_ExpertTiles):
         # own operations, so they count the same in every iteration.
         self.load_words(i, self.tbl_addr[ex], plan["table"], self.q_words)
         rows, full = [("m", R_ROWS)], {"m": n}
-        for w, c in ((wg, plan["g"]), (wu, plan["u"])):
-            e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": ffn,
+        # Gate and up in one GEMM when the up weights' blocks follow the gate's (and the
+        # up entries the gate's): one pipeline fill less per block.
+        fused = ffn % n == 0 and wu == wg + fc * hidden and plan["u"] == plan["g"] + fc * n
+        for w, c, p in (((wg, plan["g"], 2 * ffn),) if fused else
+                        ((wg, plan["g"], ffn), (wu, plan["u"], ffn))):
+            e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": p,
                                     "a_rows": 1, "a_row_major": 1, "b_rows": 0},
                       [("a", R_OFF)] + rows, full)
         if once:  # in the first block only (R_OFF is 0 there, then N·hc)
@@ -623,7 +662,7 @@ class _SparseBuild(_ExpertTiles):
         if ex < self.experts:
             return [(Opcode.IDMA, {
                 "src": self._y_slice(ex, d), "dst": self.slot_rows,
-                "table": self.meta + ex * self.meta_words + 1, "count": t, "row": w,
+                "table": self._meta(ex) + 1, "count": t, "row": w,
                 "scatter": 1, "tile_base": self.index_of(d), "remote_signal": 1,
                 "remote_semaphore": SEM_RESULTS}) for d in self.slices]
         for d in self.slices:
