@@ -158,10 +158,11 @@ def check_synchronisation(ops: Sequence[Op], n: int) -> None:
                 known[engine_of[s]] = max(known[engine_of[s]], s)
         elif op == Opcode.SIGNAL:
             raise ValueError(f"instruction {j}: SIGNAL is not modelled by this checker")
-        elif op == Opcode.LOAD:  # the sequencer reads the word as it executes
+        elif op == Opcode.LOAD:  # the sequencer reads the word or entry as it executes
             engine_of[j] = -1
-            if f["addr"] in last_write:
-                need(j, last_write[f["addr"]], "LOAD after write", f["addr"])
+            address = f["addr"] + (_ACC if f.get("acc") else 0)
+            if address in last_write:
+                need(j, last_write[address], "LOAD after write", address)
         elif op == Opcode.IDMA:
             raise ValueError(f"instruction {j}: IDMA's rows come from its index table, "
                              f"which this checker does not read")

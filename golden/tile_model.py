@@ -68,7 +68,7 @@ FIELDS = {
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
     "SET": ("rd", "value"), "ADD": ("rd", "ra", "imm"),
     "LOOP": ("counter", "limit", "target", "bound"), "SKIP": ("ra", "rb", "target"),
-    "LOAD": ("rd", "addr", "lane"),
+    "LOAD": ("rd", "addr", "lane", "acc"),
     "WITH": tuple(f"{kind}{i}" for i in range(WITH_SLOTS) for kind in ("field", "reg")),
 }
 
@@ -296,10 +296,19 @@ class TileModel:
             if count < limit:
                 return f["target"]
         elif name == "LOAD":
-            self._spad_region("LOAD", f["addr"], 1)
             if f["lane"] >= self.n:
                 raise ValueError(f"LOAD lane {f['lane']} is past the word's {self.n} lanes")
-            regs[f["rd"]] = (self.spad[f["addr"]] >> (8 * f["lane"])) & (top - 1)
+            if f.get("acc"):
+                self._acc_entry("LOAD", f["addr"])
+                value = int(self.acc[f["addr"], f["lane"]])
+                if not 0 <= value < top:
+                    raise ProgramError("BAD_REGISTER", f"LOAD of accumulator entry "
+                                                       f"{f['addr']} lane {f['lane']}: "
+                                                       f"{value} is not a register value")
+                regs[f["rd"]] = value
+            else:
+                self._spad_region("LOAD", f["addr"], 1)
+                regs[f["rd"]] = (self.spad[f["addr"]] >> (8 * f["lane"])) & (top - 1)
         elif name == "SKIP" and regs[f["ra"]] >= regs[f["rb"]]:
             return f["target"]
         elif name == "WITH":

@@ -10,6 +10,7 @@ from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from rtl.accumulator import Entry
 from rtl.scratchpad import Response, failed
 from spec.isa import (
     ACC_ADDR_BITS,
@@ -156,6 +157,12 @@ class Sequencer(wiring.Component):
             # LOAD's word reads (an address only: the tile ties write and data to 0).
             "spad_req": Out(stream.Signature(data.StructLayout({"addr": ADDR_BITS}))),
             "spad_resp": In(stream.Signature(Response(8 * array_size))),
+            # A LOAD's accumulator entry: ``acc_addr`` while ``acc_read`` is high (the
+            # vector engine idle: the tile lends the sequencer that engine's c port),
+            # the entry on ``acc_data`` the cycle after.
+            "acc_read": Out(1),
+            "acc_addr": Out(range(acc_depth)),
+            "acc_data": In(Entry(array_size)),
         })
 
     @property
@@ -203,7 +210,8 @@ class Sequencer(wiring.Component):
         return fetch, Signal(INSTRUCTION)
 
     def _outstanding(self, m: Module) -> Signal:
-        """Operations dispatched and not yet done, per engine; whether none is."""
+        """Operations dispatched and not yet done, per engine; whether none is (``all``)
+        and whether the vector engine has none (``vec``)."""
         outstanding = []
         for name in ("gemm", "vec", "dma"):
             command, done = getattr(self, name), getattr(self, f"{name}_done")
@@ -213,8 +221,10 @@ class Sequencer(wiring.Component):
             finished = done.valid
             m.d.sync += count.eq(count + issued - finished)
             outstanding.append(count)
-        idle = Signal()
-        m.d.comb += idle.eq(~(outstanding[0].any() | outstanding[1].any() | outstanding[2].any()))
+        idle = SimpleNamespace(all=Signal(), vec=Signal())
+        m.d.comb += [idle.all.eq(~(outstanding[0].any() | outstanding[1].any()
+                                   | outstanding[2].any())),
+                     idle.vec.eq(~outstanding[1].any())]
         return idle
 
     def _semaphores(self, m: Module, wait) -> SimpleNamespace:
@@ -301,9 +311,15 @@ class Sequencer(wiring.Component):
                 m.next = "FETCH"
 
         def load():
-            """LOAD's checked word read (its response comes in the state LOAD)."""
+            """LOAD's checked read: a scratchpad word (its response comes in the state
+            LOAD) or, once the vector engine is idle, an accumulator entry (LOAD_ACC)."""
+            load = instruction.args.load
             with m.If(~checks.load_ok):
                 fail(ErrorCode.BAD_ADDRESS)
+            with m.Elif(load.acc):
+                with m.If(idle.vec):
+                    m.d.comb += [self.acc_read.eq(1), self.acc_addr.eq(load.addr)]
+                    m.next = "LOAD_ACC"
             with m.Else():
                 m.d.comb += [self.spad_req.valid.eq(1),
                              self.spad_req.payload.addr.eq(instruction.args.load.addr)]
@@ -364,9 +380,18 @@ class Sequencer(wiring.Component):
             with m.State("LOAD"):  # the word's response
                 self._load_response(m, instruction.args.load, regs, fail, advance)
                 stop_on_overflow()
+            with m.State("LOAD_ACC"):  # the entry read in the cycle before
+                load = instruction.args.load
+                lane = self.acc_data[load.lane]
+                with m.If((lane < 0) | (lane >= (1 << REG_BITS))):
+                    fail(ErrorCode.BAD_REGISTER)
+                with m.Else():
+                    m.d.sync += regs[load.rd].eq(lane[:REG_BITS])
+                    advance()
+                stop_on_overflow()
             self._idma_rows(m, instruction.args.idma, rows, fail, advance, stop_on_overflow)
             with m.State("DRAIN"):
-                with m.If(idle):
+                with m.If(idle.all):
                     m.d.sync += status.halted.eq(1)
                     m.next = "IDLE"
 
@@ -729,7 +754,9 @@ class _Checks:
                                   & self.dst_ok),
             self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
             self.dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & self.outside) == 0)),
-            self.load_ok.eq((self.args.load.addr < self.words) & (self.args.load.lane < self.n)),
+            self.load_ok.eq((self.args.load.addr < Mux(self.args.load.acc, self.entries,
+                                                       self.words))
+                            & (self.args.load.lane < self.n)),
             self.idma_ok_shape.eq(self.args.idma.row != 0),
             self.idma_ok_bounds.eq(
                 fits(self.args.idma.table, self.table_words)

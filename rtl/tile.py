@@ -166,9 +166,12 @@ class Tile(wiring.Component):
         wiring.connect(m, gemm.acc_w, acc.gemm)
         wiring.connect(m, vec.acc_w, acc.vec)
         m.d.comb += [acc.gemm_addr.eq(gemm.acc_addr), gemm.acc_data.eq(acc.gemm_data)]
-        for operand in "abc":
+        for operand in "ab":
             m.d.comb += [getattr(acc, f"vec_{operand}_addr").eq(getattr(vec, f"{operand}_addr")),
                          getattr(vec, f"{operand}_data").eq(getattr(acc, f"vec_{operand}_data"))]
+        # The c port is lent to the sequencer's LOAD while the vector engine is idle.
+        m.d.comb += [acc.vec_c_addr.eq(Mux(seq.acc_read, seq.acc_addr, vec.c_addr)),
+                     vec.c_data.eq(acc.vec_c_data), seq.acc_data.eq(acc.vec_c_data)]
 
         # Network: DMA words out; arriving words written, their signal after the write.
         wiring.connect(m, dma.net_out, wiring.flipped(self.net_out))

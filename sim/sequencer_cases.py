@@ -30,8 +30,8 @@ from spec.isa import (
 )
 from spec.isa import SEMAPHORES as SEMAPHORE_COUNT
 
-__all__ = ["CHECKS", "HALT", "Sizes", "bad_instructions", "boundary_instructions", "dma",
-           "expected_error", "fitting_program", "gemm",
+__all__ = ["CHECKS", "HALT", "Sizes", "acc_load_programs", "bad_instructions",
+           "boundary_instructions", "dma", "expected_error", "fitting_program", "gemm",
            "high_bit_instructions", "idma_edges", "loaded_words", "model_outcome", "op", "outcome",
            "random_register_program", "register_errors", "register_programs",
            "semaphore_overflow", "semaphore_programs", "vec", "with_"]
@@ -371,6 +371,12 @@ LANES_WORD = 0x8E2DF1A73C59B46B
 LANES_AT = 88
 
 
+#: A word of bytes 1, 2, … (at :data:`ACC_B_AT`): the B operand of the accumulator LOADs'
+#: GEMM, so that lane j of its row r is byte r of :data:`COUNTS_WORD` times j + 1.
+ACC_B_WORD = 0x0807060504030201
+ACC_B_AT = 91
+
+
 #: Where the IDMA programs' index tables start.
 TABLES_AT = 92
 #: The IDMA programs' tables: (row, tile) entries, the tile ``None`` for this tile
@@ -410,7 +416,7 @@ def loaded_words(n: int, own_index: int) -> dict[int, int]:
     them)."""
     lanes = (1 << 8 * n) - 1
     out = {COUNTS_AT: COUNTS_WORD, LANES_AT: LANES_WORD & lanes,
-           LANES_AT + 1: ~LANES_WORD & lanes}
+           LANES_AT + 1: ~LANES_WORD & lanes, ACC_B_AT: ACC_B_WORD & lanes}
     for at, words in _tables(n, own_index).values():
         out |= {at + i: word for i, word in enumerate(words)}
     return out
@@ -619,6 +625,31 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
             *_idma_programs(n, own_index)]
 
 
+def acc_load_programs(n: int) -> list[tuple[str, list[int], str, int]]:
+    """(what, program, the ErrorCode name it stops with, the pc) of LOADs from the
+    accumulator on a tile with its accumulator (the words of :func:`loaded_words`
+    written): a GEMM of :data:`COUNTS_WORD`'s bytes by :data:`ACC_B_WORD`'s, then each
+    lane of its row 0 LOADed and compared with 3·(j + 1) (a wrong register halts
+    early), and the same with :data:`LANES_WORD`, whose lane 1 is negative:
+    BAD_REGISTER at its LOAD."""
+    def product(b_at: int) -> list[int]:
+        return [gemm(a=COUNTS_AT, b=b_at, c=16, m=n, k=1, p=n,
+                     signal={"enable": 1, "semaphore": 0}),
+                op(Opcode.WAIT, semaphore=0, count=1)]
+    every = product(ACC_B_AT)
+    for lane in range(n):
+        pc = len(every)
+        every += [op(Opcode.LOAD, rd=1, addr=16, lane=lane, acc=1),
+                  op(Opcode.SET, rd=2, value=3 * (lane + 1)),
+                  op(Opcode.SKIP, ra=1, rb=2, target=pc + 4), HALT,  # r1 >= r2
+                  op(Opcode.SKIP, ra=2, rb=1, target=pc + 6), HALT]  # r2 >= r1
+    negative = product(LANES_AT) + [op(Opcode.LOAD, rd=1, addr=16, lane=0, acc=1),
+                                    op(Opcode.LOAD, rd=1, addr=16, lane=1, acc=1), HALT]
+    return [("every lane of a GEMM's row LOADed from the accumulator", every + [HALT],
+             "NONE", len(every)),
+            ("a negative accumulator lane LOADed", negative, "BAD_REGISTER", 3)]
+
+
 def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], str, int]]:
     """(what, program, the ErrorCode name it stops with, the pc it stops at) for each
     way a register program goes wrong; ``n`` = the lanes of a word, ``depth`` = the
@@ -674,6 +705,13 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
         ("LOAD past the word's lanes", [op(Opcode.LOAD, rd=1, addr=0, lane=n - 1),
                                         op(Opcode.LOAD, rd=1, addr=0, lane=n), HALT],
          "BAD_ADDRESS", 1),
+        ("LOAD past the accumulator", [op(Opcode.LOAD, rd=1, addr=s.entries - 1, lane=0,
+                                          acc=1),
+                                       op(Opcode.LOAD, rd=1, addr=s.entries, lane=0, acc=1),
+                                       HALT], "BAD_ADDRESS", 1),
+        ("LOAD past an accumulator entry's lanes", [
+            op(Opcode.LOAD, rd=1, addr=0, lane=n - 1, acc=1),
+            op(Opcode.LOAD, rd=1, addr=0, lane=n, acc=1), HALT], "BAD_ADDRESS", 1),
         ("WITH a LOAD address past 16 bits", [op(Opcode.SET, rd=1, value=top), with_(
             (_field(Opcode.LOAD, "addr"), 1)), op(Opcode.LOAD, rd=2, addr=1), HALT],
          "BAD_REGISTER", 2),

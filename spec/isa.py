@@ -343,12 +343,16 @@ class SkipArgs(data.StructLayout):
 class LoadArgs(data.StructLayout):
     """LOAD: register ``rd`` = bytes ``lane`` and ``lane + 1`` of scratchpad word
     ``addr`` (lane ``lane`` the low byte, unsigned; past the word's last lane the high
-    byte is 0). An ``addr`` past the scratchpad or a ``lane`` past the word stops the
-    program (``BAD_ADDRESS``), an uncorrectable word too (``MEMORY_ERROR``). The
-    sequencer reads the word itself, so an engine writing it must be waited for first."""
+    byte is 0), or with ``acc`` lane ``lane`` of accumulator entry ``addr``, which must
+    lie in 0 .. 2**16 - 1 (else ``BAD_REGISTER``, the register unchanged). An ``addr``
+    past the memory or a ``lane`` past the word or entry stops the program
+    (``BAD_ADDRESS``), an uncorrectable scratchpad word too (``MEMORY_ERROR``). The
+    sequencer reads the memory itself, so an engine writing the word or entry must be
+    waited for first; an accumulator read waits for the vector engine to be idle."""
 
     def __init__(self):
-        super().__init__({"rd": _REG, "addr": unsigned(ADDR_BITS), "lane": unsigned(5)})
+        super().__init__({"rd": _REG, "addr": unsigned(ADDR_BITS), "lane": unsigned(5),
+                          "acc": 1})
 
 
 #: The fields WITH may add a register to, per opcode (field code = position + 1). A

@@ -22,6 +22,7 @@ from sim.runner import parameters, report
 from sim.sequencer_cases import (
     HALT,
     Sizes,
+    acc_load_programs,
     bad_instructions,
     boundary_instructions,
     coincident_overflow,
@@ -456,7 +457,8 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
 async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Sizes) -> None:
     """The register programs of sim.sequencer_cases on the RTL tile: each halts where the
     tile model does, with the scratchpad the model ends with (the DMAs' register-stepped
-    copies of random words); each register error stops at its instruction; random
+    copies of random words); each register error stops at its instruction; the
+    accumulator LOADs read what the model reads (or stop where it stops); random
     register programs end as the model does (the same error, or none, at the same pc)
     with the same copies."""
     x, y = driver.tile.position
@@ -477,6 +479,15 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         assert back == model.spad[256:320], f"{what}: the DMAs' copies differ"
     for what, program, error, pc in register_errors(sizes, config.n, config.program_depth):
         await driver.load(program, {}, [])
+        run = await driver.execute(20_000)
+        assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+    for what, program, error, pc in acc_load_programs(config.n):
+        model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
+                          slots=config.slots, position=(x, y))
+        for address, word in words.items():
+            model.spad[address] = word
+        assert (model_outcome(model, program), model.pc) == (error, pc), what
+        await driver.load(program, words, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
     for what, program, spad, error, pc in idma_edges(sizes, config.n):

@@ -11,6 +11,7 @@ from amaranth.sim import Simulator
 from compiler.hazards import accesses, check_synchronisation, executed_ops
 from golden.tile_model import TileModel
 from golden.vector_model import VectorOpcode as VOP
+from rtl.accumulator import LANE_BITS
 from rtl.sequencer import ErrorCode, Sequencer
 from sim import coverage
 from sim.runner import run_amaranth
@@ -44,17 +45,19 @@ SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2))
 
 
 def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
-        rng=None, spad=None, bad_words=()):
+        rng=None, spad=None, bad_words=(), acc=None):
     """Run ``program``; engines take a command when the cycle count is a multiple of
     ``ready_every`` and report it done ``engine_delay`` cycles later (with ``rng``: ready
     at random, done 1 to 12 cycles later). ``arrivals``: (cycle, semaphore) network
     arrivals. A LOAD's word comes from ``spad`` (address -> word, else 0) two cycles
-    after its request, uncorrectable at ``bad_words``. Returns the trace
-    (``dispatched`` and ``done`` cycles, ``loads``: the addresses read) and the status."""
+    after its request, uncorrectable at ``bad_words``; an accumulator LOAD's entry from
+    ``acc`` (entry -> N lane values, else zeros) the cycle after its read. Returns the
+    trace (``dispatched`` and ``done`` cycles, ``loads``: the addresses read,
+    ``acc_reads``: (cycle, entry) of accumulator reads) and the status."""
     dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
                     mesh=(2, 2), program_depth=depth)
-    trace = {"dispatched": [], "done": [], "halted_at": None, "loads": []}
-    spad = spad or {}
+    trace = {"dispatched": [], "done": [], "halted_at": None, "loads": [], "acc_reads": []}
+    spad, acc = spad or {}, acc or {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
 
@@ -84,6 +87,12 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
                 address = ctx.get(dut.spad_req.payload.addr)
                 trace["loads"].append(address)
                 reads.append((cycle + 2, address))
+            if ctx.get(dut.acc_read):  # the entry arrives after this cycle's edge
+                entry = ctx.get(dut.acc_addr)
+                trace["acc_reads"].append((cycle, entry))
+                ctx.set(dut.acc_data.as_value(), sum(
+                    (lane & (1 << LANE_BITS) - 1) << (LANE_BITS * i)
+                    for i, lane in enumerate(acc.get(entry, [0] * 8))))
             ready = cycle % ready_every == 0 if rng is None else rng.random() < 0.7
             for name in ("gemm", "vec", "dma"):
                 ctx.set(getattr(dut, name).ready, ready)
@@ -384,6 +393,31 @@ def test_register_errors_stop_at_their_instruction(what, program, error, pc):
     coverage.sequencer_error(error)
 
 
+@pytest.mark.parametrize(("value", "error"), [(7, "NONE"), (0xFFFF, "NONE"),
+                                              (-1, "BAD_REGISTER"),
+                                              (1 << 16, "BAD_REGISTER")])
+def test_load_from_an_accumulator_lane(value, error):
+    """LOAD with ``acc`` reads lane 3 of entry 5 once the vector engine is idle (after
+    the VEC dispatched before it is done) into a register a SIGNAL then adds; a lane
+    outside 0 .. 2**16 - 1 stops the program at the LOAD with BAD_REGISTER."""
+    lanes = [100 + i for i in range(8)]
+    lanes[3] = value
+    program = [vec(rows=4), op(Opcode.LOAD, rd=1, addr=5, lane=3, acc=1),
+               with_((WITH_FIELDS[Opcode.SIGNAL].index("count") + 1, 1)),
+               op(Opcode.SIGNAL, semaphore=6, count=0), HALT]
+    trace = run(program, depth=DEPTH, engine_delay=30, acc={5: lanes})
+    status = trace["status"]
+    vec_done = [cycle for cycle, name in trace["done"] if name == "vec"]
+    assert [entry for _, entry in trace["acc_reads"]] == [5]
+    assert trace["acc_reads"][0][0] > vec_done[0]  # not while the VEC may read c
+    if error == "NONE":
+        assert (status["error"], status["pc"]) == (ErrorCode.NONE, 4)
+        assert trace["semaphores"][6] == value
+    else:
+        assert (status["error"].name, status["pc"]) == (error, 1)
+        assert trace["semaphores"][6] == 0
+
+
 @pytest.mark.parametrize(("what", "program", "spad", "error", "pc"), idma_edges(SIZES, 8),
                          ids=lambda x: x if isinstance(x, str) and " " in x else "")
 def test_idma_edges_end_where_the_model_ends(what, program, spad, error, pc):
@@ -448,6 +482,16 @@ def test_the_hazard_check_orders_a_load_after_the_write_of_its_word():
     wait = (Opcode.WAIT, {"semaphore": 1, "count": 1})
     check_synchronisation([write, wait, load, (Opcode.HALT, {})], 8)
     with pytest.raises(ValueError, match="LOAD after write on scratchpad word 301"):
+        check_synchronisation([write, load, wait, (Opcode.HALT, {})], 8)
+    # From the accumulator: entry 70 of the 8 a GEMM writes from 64.
+    s0 = {"enable": 1, "semaphore": 0}
+    write = (Opcode.GEMM, decode(gemm(signal=s0))[1])
+    load = (Opcode.LOAD, {"rd": 1, "addr": 70, "lane": 3, "acc": 1})
+    wait = (Opcode.WAIT, {"semaphore": 0, "count": 1})
+    check_synchronisation([write, wait, load, (Opcode.HALT, {})], 8)
+    check_synchronisation([write, (Opcode.LOAD, load[1] | {"acc": 0}), wait,
+                           (Opcode.HALT, {})], 8)  # scratchpad word 70: not written
+    with pytest.raises(ValueError, match="LOAD after write on accumulator entry 70"):
         check_synchronisation([write, load, wait, (Opcode.HALT, {})], 8)
 
 
