@@ -35,70 +35,88 @@ __all__ = ["ENGINE_SEMAPHORES", "Emitter", "MemoryFull", "Regions"]
 ENGINE_SEMAPHORES = {Opcode.GEMM: 0, Opcode.VEC: 1, Opcode.DMA: 2}
 
 
+def _value(kind, member) -> int:
+    """The value of a member of enumeration ``kind`` given as a member or its value (an
+    Amaranth enum's call costs microseconds: members skip it)."""
+    return member.value if isinstance(member, kind) else kind(member).value
+
+
 class Emitter:
     """(Opcode, fields) instructions with the WAITs their hazards need (see the module
-    docstring). ``n``: the tile's array size (operand widths)."""
-
-    _ENGINES = tuple(ENGINE_SEMAPHORES)
+    docstring). ``n``: the tile's array size (operand widths). Engines are tracked by
+    their completion semaphore (0 GEMM, 1 VEC, 2 DMA)."""
 
     def __init__(self, n: int):
         self.n = n
         self.ops: list[Op] = []
-        self.known = {e: -1 for e in self._ENGINES}  # last op index known finished
-        self.snapshot: dict[int, dict] = {}  # op index -> `known` when it was dispatched
-        self.signalled: dict[Opcode, list[int]] = {e: [] for e in self._ENGINES}  # not waited
-        self.last_write: dict[int, int] = {}
-        self.last_of: dict[Opcode, int] = {}  # each engine's latest operation
-        self.readers: dict[int, dict] = {}
+        engines = len(ENGINE_SEMAPHORES)
+        self.known = [-1] * engines  # per engine, the last op index known finished
+        self.snapshot: dict[int, list[int]] = {}  # op index -> `known` when dispatched
+        self.signalled: list[list[int]] = [[] for _ in range(engines)]  # not waited
+        self.engine_of: dict[int, int] = {}  # op index -> its engine
+        self.last_write: dict[int, int] = {}  # address -> the op that last wrote it
+        self.last_of: dict[int, int] = {}  # engine -> its latest operation
+        self.readers: dict[int, list[int]] = {}  # address -> per engine its last reader
 
     def _wait_for(self, index: int) -> None:
-        engine = self.ops[index][0]
+        engine = self.engine_of[index]
         pending = self.signalled[engine]
         if index not in pending:
-            self.ops[index][1]["signal"] = {"enable": 1, "semaphore": ENGINE_SEMAPHORES[engine]}
+            self.ops[index][1]["signal"] = {"enable": 1, "semaphore": engine}
             pending.append(index)
             pending.sort()
         count = sum(1 for i in pending if i <= index)
         self.signalled[engine] = [i for i in pending if i > index]
-        self.ops.append((Opcode.WAIT, {"semaphore": ENGINE_SEMAPHORES[engine], "count": count}))
-        for e, i in self.snapshot[index].items():
-            self.known[e] = max(self.known[e], i)
-        self.known[engine] = max(self.known[engine], index)
+        self.ops.append((Opcode.WAIT, {"semaphore": engine, "count": count}))
+        known = self.known
+        for e, i in enumerate(self.snapshot[index]):
+            known[e] = max(known[e], i)
+        known[engine] = max(known[engine], index)
 
     def engine(self, op: Opcode, fields: dict, *, assume: dict | None = None,
                prefix: Op | None = None) -> int:
         """Emit one engine operation after the WAITs it needs (and ``prefix``, a WITH,
         right before it), its accesses those of ``fields | assume``; its index."""
         reads, writes = accesses(op, {**fields, **(assume or {})}, self.n)
-        need: dict[Opcode, int] = {}
-
-        def depends(i: int) -> None:
-            e = self.ops[i][0]
-            if e != op and self.known[e] < i:
-                need[e] = max(need.get(e, -1), i)
-
+        engine = ENGINE_SEMAPHORES[op]
+        known, engine_of = self.known, self.engine_of
+        last_write, readers = self.last_write, self.readers
+        need = [-1] * len(known)  # per other engine, the latest op this one must follow
         for address in reads:
-            if address in self.last_write:
-                depends(self.last_write[address])
+            i = last_write.get(address)
+            if i is not None:
+                e = engine_of[i]
+                if e != engine and i > known[e] and i > need[e]:
+                    need[e] = i
         for address in writes:
-            if address in self.last_write:
-                depends(self.last_write[address])
-            for i in self.readers.get(address, {}).values():
-                depends(i)
-        for e in self._ENGINES:
-            if e in need and self.known[e] < need[e]:
-                self._wait_for(need[e])
+            i = last_write.get(address)
+            if i is not None:
+                e = engine_of[i]
+                if e != engine and i > known[e] and i > need[e]:
+                    need[e] = i
+            last = readers.get(address)
+            if last is not None:
+                for e, i in enumerate(last):
+                    if e != engine and i > known[e] and i > need[e]:
+                        need[e] = i
+        for e, i in enumerate(need):
+            if i > known[e]:
+                self._wait_for(i)
         if prefix is not None:
             self.ops.append(prefix)
         j = len(self.ops)
         self.ops.append((op, fields))
-        self.last_of[op] = j
-        self.snapshot[j] = dict(self.known)
+        engine_of[j] = engine
+        self.last_of[engine] = j
+        self.snapshot[j] = list(known)
         for address in reads:
-            self.readers.setdefault(address, {})[op] = j
+            last = readers.get(address)
+            if last is None:
+                readers[address] = last = [-1] * len(known)
+            last[engine] = j
         for address in writes:
-            self.last_write[address] = j
-            self.readers.pop(address, None)
+            last_write[address] = j
+            readers.pop(address, None)
         return j
 
     def dynamic(self, op: Opcode, fields: dict, registers: list[tuple[str, int]],
@@ -137,7 +155,7 @@ class Emitter:
         fields.update(op=int(op), rows=rows, beats=beats, a=a, a_scalar=a_scalar,
                       b=a if b is None else b,
                       b_scalar=a_scalar if b_scalar is None else b_scalar,
-                      dst_kind=VecDst(dst_kind).value, pack=VecPack(pack).value)
+                      dst_kind=_value(VecDst, dst_kind), pack=_value(VecPack, pack))
         if imm is not None:
             fields.update(c_imm=1, imm=imm)
         elif c is not None:
@@ -160,9 +178,9 @@ class Emitter:
     def halt(self) -> list[Op]:
         """WAIT for every signal still outstanding (the next program starts from zero),
         HALT; the program."""
-        for engine in self._ENGINES:
-            if self.signalled[engine]:
-                self._wait_for(self.signalled[engine][-1])
+        for pending in self.signalled:
+            if pending:
+                self._wait_for(pending[-1])
         self.ops.append((Opcode.HALT, {}))
         return self.ops
 

@@ -42,6 +42,10 @@ _USES_C = {VOP.LOGIT, VOP.MAX, VOP.EXP, VOP.RESCALE, VOP.RECIP, VOP.SILU_LOAD, V
            VOP.TOPK_INDEX}
 
 
+#: Vector opcodes by value (an Amaranth enum's call costs microseconds; this runs per VEC).
+_VOPS = {int(code): code for code in VOP}
+
+
 def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
     """(reads, writes) of one engine operation: scratchpad word addresses, and
     accumulator entries offset by 2**20."""
@@ -61,7 +65,9 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
         if f.get("accumulate"):
             reads |= set(c)
     elif op == Opcode.VEC:
-        code = VOP(f["op"])
+        code = _VOPS.get(f["op"])
+        if code is None:
+            raise ValueError(f"VEC op {f['op']} is not a vector opcode")
         rows, beats = f["rows"], f["beats"]
         tile, scalar = ceil_div(rows, n) * beats * n, ceil_div(rows, n)
 

@@ -250,18 +250,30 @@ class _Words:
     def put(self, base: int, rows) -> None:
         """Words ``base + i`` from int8 lane values ``rows[i]`` (up to N each; as
         ``compiler.kv.pack_word``, vectorised)."""
-        rows = [np.asarray(row, np.int64) for row in rows]
-        lanes = np.zeros((len(rows), self.n), np.int64)
-        for i, row in enumerate(rows):
-            if row.size > self.n:
-                pack_word(row, self.n)  # raises: too many lanes
-            lanes[i, :row.size] = row
+        rows = list(rows)
+        try:  # rows of one length: one array
+            square = np.asarray(rows, np.int64)
+        except ValueError:
+            square = None
+        if square is not None and square.ndim == 2 and square.shape[1] <= self.n:
+            lanes = np.zeros((len(rows), self.n), np.int64)
+            lanes[:, :square.shape[1]] = square
+        else:
+            rows = [np.asarray(row, np.int64) for row in rows]
+            lanes = np.zeros((len(rows), self.n), np.int64)
+            for i, row in enumerate(rows):
+                if row.size > self.n:
+                    pack_word(row, self.n)  # raises: too many lanes
+                lanes[i, :row.size] = row
         if lanes.size and (lanes.min() < -128 or lanes.max() > 127):
             raise ValueError("a lane value is not int8")
         data = lanes.astype(np.int8).view(np.uint8)
         # Zero words too: the scratchpad keeps what earlier programs left there.
-        for i in range(len(rows)):
-            self.writes[base + i] = int.from_bytes(data[i].tobytes(), "little")
+        if self.n == 8:  # a word is one little-endian uint64
+            words = data.view("<u8").ravel().tolist()
+        else:
+            words = [int.from_bytes(row.tobytes(), "little") for row in data]
+        self.writes.update(enumerate(words, base))
 
 
 def _column_layout(matrix: np.ndarray, n: int) -> list[np.ndarray]:

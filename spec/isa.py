@@ -419,38 +419,40 @@ def field_width(opcode: Opcode, name: str) -> int:
 
 
 def encode(opcode: Opcode, **fields) -> int:
-    """One instruction word, e.g. ``encode(Opcode.WAIT, semaphore=3, count=2)``.
-
-    Unknown or out-of-range fields raise an error from the layout itself.
-    """
+    """One instruction word, e.g. ``encode(Opcode.WAIT, semaphore=3, count=2)``; fields
+    not given are 0. ``ValueError`` for an unknown field, a value that does not fit its
+    field (which the layout would truncate) or that is no member of its enumeration."""
     member = ARGS_OF.get(opcode)
     if member is None and fields:
         raise ValueError(f"{opcode.name} takes no fields, got {sorted(fields)}")
-    value = {"opcode": opcode}
+    word = Opcode(opcode).value << INSTRUCTION["opcode"].offset
     if member is not None:
-        _check_fields(INSTRUCTION["args"].shape[member].shape, fields, opcode.name)
-        value["args"] = {member: fields}
-    return INSTRUCTION.const(value).as_value().value
+        word |= _pack(fields, _DECODE_PLANS[opcode], opcode.name) << INSTRUCTION["args"].offset
+    return word
 
 
-def _check_fields(layout: data.StructLayout, fields: dict, path: str) -> None:
-    """Refuse unknown fields and values that do not fit (the layout would truncate them)."""
-    known = dict(iter(layout))
+def _pack(fields: dict, plan: tuple, path: str) -> int:
+    """The bits of ``fields`` laid out by ``plan`` (:func:`_plan`), each value checked."""
+    known = {entry[0]: entry for entry in plan}
     unknown = set(fields) - set(known)
     if unknown:
         raise ValueError(f"{path} has no field(s) {sorted(unknown)}")
+    bits = 0
     for name, value in fields.items():
-        shape = known[name].shape
-        if isinstance(shape, data.StructLayout):
-            _check_fields(shape, value, f"{path}.{name}")
-        else:
-            if isinstance(value, PyEnum):
-                value = value.value
-            shape = Shape.cast(shape)
-            low = -(1 << (shape.width - 1)) if shape.signed else 0
-            if not low <= value < low + (1 << shape.width):
-                raise ValueError(f"{path}.{name} = {value} does not fit "
-                                 f"{'signed ' if shape.signed else ''}{shape.width} bits")
+        _, offset, width, is_signed, nested, members = known[name]
+        if nested is not None:
+            bits |= _pack(value, nested, f"{path}.{name}") << offset
+            continue
+        if isinstance(value, PyEnum):
+            value = value.value
+        low = -(1 << (width - 1)) if is_signed else 0
+        if not low <= value < low + (1 << width):
+            raise ValueError(f"{path}.{name} = {value} does not fit "
+                             f"{'signed ' if is_signed else ''}{width} bits")
+        if members is not None and value not in members:
+            raise ValueError(f"{path}.{name} = {value} is no member of its enumeration")
+        bits |= (value & ((1 << width) - 1)) << offset
+    return bits
 
 
 def decode(word: int) -> tuple[Opcode, dict]:
