@@ -4,8 +4,12 @@ same operations dispatched with the same fields, the same error at the same pc."
 
 from __future__ import annotations
 
+from enum import Enum as PyEnum
+
 import numpy as np
 import pytest
+from amaranth import Shape
+from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from compiler.hazards import accesses, check_synchronisation, executed_ops
@@ -36,7 +40,17 @@ from sim.sequencer_cases import (
     vec,
     with_,
 )
-from spec.isa import INSTRUCTION, WITH_FIELDS, Opcode, VecArgs, VecDst, VecPack, decode, encode
+from spec.isa import (
+    ARGS_OF,
+    INSTRUCTION,
+    WITH_FIELDS,
+    Opcode,
+    VecArgs,
+    VecDst,
+    VecPack,
+    decode,
+    encode,
+)
 
 WORDS = 4096
 ENTRIES = 256
@@ -320,11 +334,44 @@ def test_isa_round_trip_and_refusals():
         encode(Opcode.DMA, destination=3)
     with pytest.raises(ValueError, match="takes no fields"):
         encode(Opcode.HALT, count=1)
+    with pytest.raises(ValueError, match=r"GEMM.signal has no field\(s\) \['sem'\]"):
+        encode(Opcode.GEMM, signal={"sem": 1})
+    with pytest.raises(ValueError, match="VEC.pack = 3 is no member"):
+        encode(Opcode.VEC, pack=3)
+    assert encode(Opcode.VEC, pack=VecPack.LIMB_HI) == encode(Opcode.VEC,
+                                                              pack=VecPack.LIMB_HI.value)
     with pytest.raises(ValueError, match="illegal opcode"):
         decode(0)
     pack = INSTRUCTION["args"].offset + VecArgs()["pack"].offset  # VecPack has no value 3
     with pytest.raises(ValueError, match="pack = 3 is no member"):
         decode(vec(pack=VecPack.BYTE) | 3 << pack)
+
+
+def test_encode_packs_what_the_layouts_define():
+    """``encode`` packs by the layouts' offsets itself: every opcode's fields, drawn at
+    random in range, give the word the Amaranth layout builds."""
+    rng = np.random.default_rng(3)
+    for opcode, member in ARGS_OF.items():
+        for _ in range(20):
+            fields = _draw(INSTRUCTION["args"].shape[member].shape, rng)
+            want = INSTRUCTION.const({"opcode": opcode, "args": {member: fields}})
+            assert encode(opcode, **fields) == want.as_value().value, (opcode, fields)
+
+
+def _draw(layout, rng) -> dict:
+    """Random in-range values for the fields of ``layout`` (enumerations: a member)."""
+    out = {}
+    for name, field in layout:
+        shape = field.shape
+        if isinstance(shape, data.StructLayout):
+            out[name] = _draw(shape, rng)
+        elif isinstance(shape, type) and issubclass(shape, PyEnum):
+            out[name] = list(shape)[rng.integers(len(shape))]
+        else:
+            cast = Shape.cast(shape)
+            low = -(1 << (cast.width - 1)) if cast.signed else 0
+            out[name] = low + int(rng.integers(0, 1 << 62)) % (1 << cast.width)
+    return out
 
 
 def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
