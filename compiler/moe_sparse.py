@@ -290,14 +290,16 @@ class _SparseBuild(_ExpertTiles):
                 plan[name] = gating.take(size, name)
             plan["one_mask"] = plan["s"]  # the top-k tile is dead once k128 holds its list
             # Index tables for every expert at once when the tokens are one block and
-            # they fit (else a group of N experts at a time), in two buffers: the
-            # gather tables' GEMMs run while the result tables go out.
+            # they fit (else a group of N experts at a time), in two buffers if they fit:
+            # the gather tables' GEMMs run while the result tables go out.
             tables = _bump(base, depth, "accumulator memory", f"tile {i}")
             tw2 = ceil_div(2 * self.tokens, n)
             plan["groups"] = self.ec if (len(self.block_rows) == 1 and base
                                          + self.ec * n * (2 * tw2 + 1) <= depth) else 1
             size = plan["groups"] * tw2 * n
-            plan["tabs"] = (tables.take(size, "index tables"), tables.take(size, "index tables"))
+            two = base + (2 * tw2 + 1) * plan["groups"] * n <= depth
+            first = tables.take(size, "index tables")
+            plan["tabs"] = (first, tables.take(size, "index tables") if two else first)
             plan["cnt"] = tables.take(plan["groups"] * n, "token counts")
         return plan
 

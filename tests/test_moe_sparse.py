@@ -46,6 +46,14 @@ def test_gpt_oss_on_2x2_does_the_sparse_work(gpt_oss, tokens):
     assert sparse < executed_macs(chip) < 1.2 * sparse
 
 
+def test_gpt_oss_with_64_tokens_and_256_pairs():
+    """The most token-expert pairs a round takes (64 x top-4 = 256): the index tables
+    then share one accumulator buffer (two do not fit 256 entries), still bit-exact."""
+    wl = generate("gpt-oss", moe_tokens=64)
+    out, want, _, _ = _run(wl, 2, wl.tensors["moe.x"])
+    np.testing.assert_array_equal(out, want)
+
+
 def _routed(workload, chosen: list[list[int]]) -> tuple[np.ndarray, MoEWeights]:
     """Tokens and a router that make token t choose experts ``chosen[t]`` (equal
     logits among them, so the lower expert goes first) and no other: token t is 100 in
