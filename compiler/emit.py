@@ -22,6 +22,7 @@ in a given bank, and a :class:`MemoryFull` naming what did not fit and the large
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 from compiler.hazards import accesses
 from compiler.program import Op
@@ -82,18 +83,13 @@ class Emitter:
         known, engine_of = self.known, self.engine_of
         last_write, readers = self.last_write, self.readers
         need = [-1] * len(known)  # per other engine, the latest op this one must follow
-        for address in reads:
+        for address in chain(reads, writes):  # after the last write (RAW, WAW)
             i = last_write.get(address)
             if i is not None:
                 e = engine_of[i]
                 if e != engine and i > known[e] and i > need[e]:
                     need[e] = i
-        for address in writes:
-            i = last_write.get(address)
-            if i is not None:
-                e = engine_of[i]
-                if e != engine and i > known[e] and i > need[e]:
-                    need[e] = i
+        for address in writes:  # after the last readers (WAR)
             last = readers.get(address)
             if last is not None:
                 for e, i in enumerate(last):

@@ -110,9 +110,10 @@ class _SparseBuild(_ExpertTiles):
         self.meta_words = 1 + self.tw  # per expert: its count, then its result table
         # The router's lanes (and the index tables' rows) hold the routed experts in tile
         # order: a tile's experts' counts and result tables go to it in one DMA.
-        order = sorted(range(self.experts), key=lambda ex: (self.expert_tile[ex], ex))
-        self.lane = {ex: p for p, ex in enumerate(order)}
+        self.lanes = sorted(range(self.experts), key=lambda ex: (self.expert_tile[ex], ex))
+        self.lane = {ex: p for p, ex in enumerate(self.lanes)}  # an expert's lane
         self.shared_dmas: dict[int, int] = {}  # a tile's shared experts' result DMAs
+        self.meta_dmas: dict[int, int] = {}  # the DMAs of a tile's experts' metadata
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
@@ -189,13 +190,12 @@ class _SparseBuild(_ExpertTiles):
         if self.projection is None:
             words.put(self.xr, _row_layout(self.x, n))
         self.router_addr = spad.take(ec * self.hidden, "router weights", b)
-        order = sorted(self.lane, key=self.lane.get)
-        words.put(self.router_addr, _column_layout(self.weights.router[:, order], n))
+        words.put(self.router_addr, _column_layout(self.weights.router[:, self.lanes], n))
         a2, b2, self.cb = _encoding(self.experts, t)
         self.enc_a = spad.take(self.tb * 2, "encoding constants", a)
         words.put(self.enc_a, _token_layout(a2, n))
         self.enc_b = spad.take(ec * 2, "encoding constants", b)
-        words.put(self.enc_b, _column_layout(b2[:, order], n))
+        words.put(self.enc_b, _column_layout(b2[:, self.lanes], n))
         # Accumulator constants: zero, -128 (N rows), rank j + 1 and 1 per lane, identity.
         consts = np.zeros((4 * n, n), np.int64)
         consts[1:1 + n] = -128
@@ -467,7 +467,6 @@ class _SparseBuild(_ExpertTiles):
                 e.gemm(a=self.ones_col, b=self.neg_row, c=tab, m=rows, k=1, p=2 * t,
                        a_rows=0, b_rows=0, accumulate=1, acc_shift=0)
                 self._rows_out(tab, rows, tw2, dst, stride, VOP.LOGIT)
-        self.meta_dmas = {}
         for tile in range(self.tiles):
             mine = self.routed_on(tile)
             if tile != home and mine:

@@ -516,19 +516,25 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
     ]
 
 
-def _every_lane(n: int, at: int) -> list[int]:
-    """LOAD each of the ``n`` lanes of word ``at`` of :func:`loaded_words` and compare
-    it with its value: SKIPs over a HALT either way when equal, so a wrong register
-    halts early."""
-    word = loaded_words(n, 0)[at]
-    program = []
-    for lane in range(n):
+def _loads_compared(program: list[int], loads: list[tuple[int, int]]) -> list[int]:
+    """``program`` followed by, per (LOAD word, expected value), the LOAD into r1 and a
+    comparison with the value: SKIPs over a HALT either way when equal, so a wrong
+    register halts early; then HALT."""
+    program = list(program)
+    for load, value in loads:
         pc = len(program)
-        program += [op(Opcode.LOAD, rd=1, addr=at, lane=lane),
-                    op(Opcode.SET, rd=2, value=word >> 8 * lane & 0xFFFF),
+        program += [load, op(Opcode.SET, rd=2, value=value),
                     op(Opcode.SKIP, ra=1, rb=2, target=pc + 4), HALT,  # r1 >= r2
                     op(Opcode.SKIP, ra=2, rb=1, target=pc + 6), HALT]  # r2 >= r1
     return program + [HALT]
+
+
+def _every_lane(n: int, at: int) -> list[int]:
+    """LOAD each of the ``n`` lanes of word ``at`` of :func:`loaded_words` and compare
+    it with its value (:func:`_loads_compared`)."""
+    word = loaded_words(n, 0)[at]
+    return _loads_compared([], [(op(Opcode.LOAD, rd=1, addr=at, lane=lane),
+                                 word >> 8 * lane & 0xFFFF) for lane in range(n)])
 
 
 def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
@@ -636,17 +642,13 @@ def acc_load_programs(n: int) -> list[tuple[str, list[int], str, int]]:
         return [gemm(a=COUNTS_AT, b=b_at, c=16, m=n, k=1, p=n,
                      signal={"enable": 1, "semaphore": 0}),
                 op(Opcode.WAIT, semaphore=0, count=1)]
-    every = product(ACC_B_AT)
-    for lane in range(n):
-        pc = len(every)
-        every += [op(Opcode.LOAD, rd=1, addr=16, lane=lane, acc=1),
-                  op(Opcode.SET, rd=2, value=3 * (lane + 1)),
-                  op(Opcode.SKIP, ra=1, rb=2, target=pc + 4), HALT,  # r1 >= r2
-                  op(Opcode.SKIP, ra=2, rb=1, target=pc + 6), HALT]  # r2 >= r1
+    every = _loads_compared(product(ACC_B_AT), [
+        (op(Opcode.LOAD, rd=1, addr=16, lane=lane, acc=1), 3 * (lane + 1))
+        for lane in range(n)])
     negative = product(LANES_AT) + [op(Opcode.LOAD, rd=1, addr=16, lane=0, acc=1),
                                     op(Opcode.LOAD, rd=1, addr=16, lane=1, acc=1), HALT]
-    return [("every lane of a GEMM's row LOADed from the accumulator", every + [HALT],
-             "NONE", len(every)),
+    return [("every lane of a GEMM's row LOADed from the accumulator", every,
+             "NONE", len(every) - 1),
             ("a negative accumulator lane LOADed", negative, "BAD_REGISTER", 3)]
 
 
