@@ -415,11 +415,10 @@ class Scratchpad(wiring.Component):
         s3_syn = Signal(code.hamming_bits, name=f"{name}_s3_syn")
         s3_parity = Signal(name=f"{name}_s3_parity")
         s3_status = Signal(Status(), name=f"{name}_s3_status")
-        m.d.sync += [
-            s3_valid.eq(s2_valid), s3_read.eq(s2_read), s3_write.eq(s2_write),
-            s3_word.eq(word), s3_syn.eq(syn), s3_parity.eq(parity),
-            s3_status.eq(s2_status),
-        ]
+        m.d.sync += [s3_valid.eq(s2_valid), s3_read.eq(s2_read), s3_write.eq(s2_write),
+                     s3_status.eq(s2_status)]
+        with m.If(s2_read):  # only a read's word is used (others answer zero)
+            m.d.sync += [s3_word.eq(word), s3_syn.eq(syn), s3_parity.eq(parity)]
         fixed, corrected, uncorrectable = _ecc.correct(m, code, s3_word, s3_syn, s3_parity,
                                                        name=f"{name}_ecc")
         response = Signal(self.response_layout, name=f"{name}_response")

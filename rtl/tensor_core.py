@@ -84,6 +84,11 @@ class TensorCore(wiring.Component):
         Sticky. Set when the two operand streams disagree on ``last`` (one ended early).
         The offending beats are not consumed, the unfinished tile is abandoned, finished
         tiles still drain on ``c``, and the core takes no more operands until reset.
+    active : Signal, out
+        A beat is in the array or a row in the result FIFO. While it is low and no beat
+        is offered, no register of the core changes (value registers load only with a
+        valid beat), so a clock gated by ``active | a.valid | b.valid`` is cycle for
+        cycle the same as the free-running one.
 
     Latency and throughput
     ----------------------
@@ -114,6 +119,7 @@ class TensorCore(wiring.Component):
             "b": In(stream.Signature(OperandBeat(n))),
             "c": Out(stream.Signature(ResultRow(n))),
             "error": Out(1),
+            "active": Out(1),
         })
 
     def elaborate(self, platform):
@@ -124,6 +130,16 @@ class TensorCore(wiring.Component):
         take, take_last = self._intake(m)
         shadow, row_done = self._array(m, *self._skew(m, take, take_last))
         self._drain(m, results, shadow, row_done)
+        # Quiet: no beat taken for `flush` cycles (its rows are in the FIFO by then) and
+        # the FIFO empty. The value registers load only on valid beats, so no register
+        # of the core changes until a beat is offered.
+        flush = self.latency + self.n
+        since_take = Signal(range(flush + 1), init=flush)
+        with m.If(take):
+            m.d.sync += since_take.eq(0)
+        with m.Elif(since_take != flush):
+            m.d.sync += since_take.eq(since_take + 1)
+        m.d.comb += self.active.eq((since_take != flush) | (results.level != 0))
         return m
 
     def _intake(self, m: Module) -> tuple[Signal, Signal]:
@@ -159,21 +175,28 @@ class TensorCore(wiring.Component):
         return take, take_last
 
     def _skew(self, m: Module, take: Signal, take_last: Signal) -> tuple[list, ...]:
-        """Input skew: row i of A and column j of B enter i (resp. j) cycles late."""
+        """Input skew: row i of A and column j of B enter i (resp. j) cycles late. A value
+        register loads only when the beat it holds is valid (idle, the array keeps its
+        values: no toggles, and nothing for a gated clock to change)."""
         n = self.n
 
-        def delayed(value, cycles, name):
-            for stage in range(cycles):
+        def delayed(value, valids, name):
+            for stage, valid in enumerate(valids):
                 reg = Signal.like(value, name=f"{name}_d{stage}")
-                m.d.sync += reg.eq(value)
+                with m.If(valid):
+                    m.d.sync += reg.eq(value)
                 value = reg
             return value
 
-        row_a = [delayed(self.a.payload.data[i], i, f"skew_a{i}") for i in range(n)]
-        row_valid = [delayed(take, i, f"skew_v{i}") for i in range(n)]
-        row_last = [delayed(take_last, i, f"skew_l{i}") for i in range(n)]
-        col_b = [delayed(self.b.payload.data[j], j, f"skew_b{j}") for j in range(n)]
-        return row_a, row_valid, row_last, col_b
+        taken, ended = [take], [take_last]  # take, take & last delayed 0 .. n-1 cycles
+        for stage in range(n - 1):
+            for chain, name in ((taken, "skew_v"), (ended, "skew_l")):
+                reg = Signal(name=f"{name}_d{stage}")
+                m.d.sync += reg.eq(chain[-1])
+                chain.append(reg)
+        row_a = [delayed(self.a.payload.data[i], taken[:i], f"skew_a{i}") for i in range(n)]
+        col_b = [delayed(self.b.payload.data[j], taken[:j], f"skew_b{j}") for j in range(n)]
+        return row_a, taken, ended, col_b
 
     def _array(self, m: Module, row_a, row_valid, row_last, col_b) -> tuple[list, list]:
         """The N x N processing elements: operands pass right (A) and down (B); each PE
@@ -196,12 +219,9 @@ class TensorCore(wiring.Component):
                 v_in = row_valid[i] if j == 0 else v_reg[i][j - 1]
                 l_in = row_last[i] if j == 0 else l_reg[i][j - 1]
                 b_in = col_b[j] if i == 0 else b_reg[i - 1][j]
-                m.d.sync += [
-                    a_reg[i][j].eq(a_in),
-                    b_reg[i][j].eq(b_in),
-                    v_reg[i][j].eq(v_in),
-                    l_reg[i][j].eq(l_in),
-                ]
+                with m.If(v_in):
+                    m.d.sync += [a_reg[i][j].eq(a_in), b_reg[i][j].eq(b_in)]
+                m.d.sync += [v_reg[i][j].eq(v_in), l_reg[i][j].eq(l_in)]
                 # The multiplier gets operand registers of its own: with fanout 1 they
                 # can sit next to its DSP, while a_reg/b_reg also feed the next PE. They
                 # load only on a valid beat, which also keeps Yosys from merging them
@@ -220,11 +240,9 @@ class TensorCore(wiring.Component):
                                  name=f"p_{i}_{j}")
                 p_valid = Signal(name=f"pv_{i}_{j}")
                 p_last = Signal(name=f"pl_{i}_{j}")
-                m.d.sync += [
-                    product.eq(mul_a * mul_b),
-                    p_valid.eq(mul_valid),
-                    p_last.eq(mul_last),
-                ]
+                with m.If(mul_valid):
+                    m.d.sync += product.eq(mul_a * mul_b)
+                m.d.sync += [p_valid.eq(mul_valid), p_last.eq(mul_last)]
                 acc = Signal(acc_shape, name=f"acc_{i}_{j}")
                 total = (acc + product)[: NUMERICS.acc_bits].as_signed()
                 with m.If(p_last):

@@ -74,8 +74,8 @@ class Tile(wiring.Component):
     :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
     port can flip stored bits, a test hook), ``sim_gating`` (for simulation: the vector
-    unit's clock is gated while it is idle, which Verilator skips; see
-    :class:`rtl.vec_engine.VecEngine`).
+    unit's and the tensor core's clocks are gated while they are idle, which Verilator
+    skips; see :class:`rtl.vec_engine.VecEngine` and :class:`rtl.gemm_engine.GemmEngine`).
     """
 
     def __init__(self, *, n: int = 8, position: tuple[int, int] | None = (0, 0),
@@ -128,7 +128,8 @@ class Tile(wiring.Component):
         m.submodules.acc = acc = AccumulatorMemory(
             n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
             writers=("vec", "gemm"), banks=2)
-        m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth)
+        m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth,
+                                                gate_core_clock=self.sim_gating)
         m.submodules.vec = vec = VecEngine(n, slots=self.slots, acc_depth=self.acc_depth,
                                                    gate_unit_clock=self.sim_gating)
         # (The DMA engine's read addresses need only the scratchpad's address bits.)

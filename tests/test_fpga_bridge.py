@@ -23,7 +23,7 @@ def test_channels_follow_the_signature():
     chans = channels(TensorCore(2).signature)
     assert [(c.name, c.kind, c.bits) for c in chans] == [
         ("a", "in", 17), ("b", "in", 17), ("c", "out", 65), ("poke", "poke", 0),
-        ("peek", "peek", 9)]
+        ("peek", "peek", 10)]
     assert crc8(b"123456789") == 0xF4  # the CRC-8/SMBUS check value
 
 
@@ -58,7 +58,7 @@ def test_bad_frames_are_refused_and_change_nothing():
                                       + 200_000)
     assert refusals == [("nak", 1), ("nak", 2), ("nak", 3)]
     assert silent == b""
-    assert peek == {"errors": 4, "error": 0}  # three refusals and one dropped frame
+    assert peek == {"errors": 4, "error": 0, "active": 0}  # three refusals, one dropped frame
 
 
 def test_a_silent_bridge_is_an_error_not_a_hang():

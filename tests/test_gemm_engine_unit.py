@@ -21,8 +21,8 @@ LANE = 48
 class Bench(wiring.Component):
     """The engine wired to an accumulator memory with a probe read port."""
 
-    def __init__(self, n, depth):
-        self.engine = GemmEngine(n, acc_depth=depth)
+    def __init__(self, n, depth, gated=False):
+        self.engine = GemmEngine(n, acc_depth=depth, gate_core_clock=gated)
         self.acc = AccumulatorMemory(n, depth, read_ports=("gemm", "probe"), writers=("gemm",))
         super().__init__({})
 
@@ -81,12 +81,14 @@ def reference(a, b, n, c_old=None, shift=0):
     return tiles
 
 
-def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
+def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset(), gated=False, gaps=None,
+        timeline=None):
     """Run ``gemms`` (dicts of GemmArgs fields + operand arrays) back to back; return
     the accumulator contents, done signals and the error flag. A read of an address in
-    ``bad`` returns 0 with the ``uncorrectable`` status (a double-bit ECC error)."""
-    rng = np.random.default_rng(seed)
-    bench = Bench(n, depth)
+    ``bad`` returns 0 with the ``uncorrectable`` status (a double-bit ECC error).
+    ``gated``: the tensor core's clock gated while it is quiet; ``gaps``: idle cycles
+    before each command; ``timeline`` (a list): gets each done's cycle."""
+    bench = Bench(n, depth, gated)
     engine = bench.engine
     spad: dict[int, int] = {}
     commands = []
@@ -114,7 +116,9 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
     sim.add_clock(1e-8)
 
     async def commander(ctx):
-        for fields in commands:
+        for fields, gap in zip(commands, gaps or [0] * len(commands), strict=True):
+            if gap:
+                await ctx.tick().repeat(gap)
             for name, value in fields.items():
                 if name == "signal":
                     ctx.set(engine.cmd.payload.signal.enable, value["enable"])
@@ -128,7 +132,11 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
                          "a_row_major", "b_stride"):
                 ctx.set(getattr(engine.cmd.payload, name), 0)
 
-    def scratchpad(req, resp):
+    def scratchpad(req, resp, index):
+        # A random stream per port: its draws depend only on its own requests, so the
+        # order in which the simulator runs the ports' processes changes nothing.
+        rng = np.random.default_rng([seed, index])
+
         async def port(ctx):
             pending = []  # (due cycle, data)
             cycle = 0
@@ -154,13 +162,15 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
 
     async def watcher(ctx):
         ctx.set(engine.done.ready, 1)
-        for _ in range(20000):  # watchdog: a hung engine fails the assertion below
+        for cycle in range(20000):  # watchdog: a hung engine fails the assertion below
             if len(dones) == len(commands):
                 break
             _, _, valid, enable, sem = await ctx.tick().sample(
                 engine.done.valid, engine.done.payload.enable, engine.done.payload.semaphore)
             if valid:
                 dones.append((enable, sem))
+                if timeline is not None:
+                    timeline.append(cycle)
         await ctx.tick().repeat(3)
         for entry in range(depth):
             ctx.set(bench.acc.probe_addr, entry)
@@ -169,9 +179,9 @@ def run(n, gemms, *, seed=0, depth=128, stall=0.3, bad=frozenset()):
         result["error"] = ctx.get(engine.error)
 
     sim.add_testbench(commander)
-    sim.add_process(scratchpad(engine.a_req, engine.a_resp))
-    sim.add_process(scratchpad(engine.a_lo_req, engine.a_lo_resp))
-    sim.add_process(scratchpad(engine.b_req, engine.b_resp))
+    sim.add_process(scratchpad(engine.a_req, engine.a_resp, 0))
+    sim.add_process(scratchpad(engine.a_lo_req, engine.a_lo_resp, 1))
+    sim.add_process(scratchpad(engine.b_req, engine.b_resp, 2))
     sim.add_testbench(watcher)
     run_amaranth(sim)
     assert len(dones) == len(commands), "not every GEMM finished"
@@ -298,6 +308,35 @@ def test_an_uncorrectable_word_sets_the_error_and_the_gemms_still_finish(port):
     assert error == 0
 
 
+@pytest.mark.parametrize("stall", [0.0, 0.3])
+def test_a_gated_core_clock_changes_no_cycle(stall, seed):
+    """With the tensor core's clock gated while it is quiet, GEMMs after idle gaps
+    (long enough for the core to stop, or not) finish on the same cycles with the same
+    results as with the free-running clock; limbs, layouts and accumulation mixed."""
+    n = 4
+    rng = np.random.default_rng(31 + seed)
+    gemms, c = [], 0
+    for index, (m, k, p) in enumerate([(5, 6, 7), (4, 16, 8), (9, 3, 2), (4, 4, 4), (1, 3, 2)]):
+        hi, b = operands(rng, m, k, p)
+        lo, _ = operands(rng, m, k, p)
+        g = {"A": hi, "B": b, "a": 100 * index, "b": 1000 + 100 * index, "c": c,
+             **list(A_LAYOUTS.values())[index % 3], "signal": {"enable": 1, "semaphore": index}}
+        if index % 2:
+            g.update(A_lo=lo, a_lo=500 + 100 * index, a_limbs=1)
+        gemms.append(g)
+        c += -(-m // n) * -(-p // n) * n
+    gaps = [int(g) for g in rng.choice([0, 3, 12, 40], len(gemms))]
+    runs = {}
+    for gated in (False, True):
+        timeline = []
+        acc, dones, error = run(n, gemms, seed=9 + seed, stall=stall, gated=gated, gaps=gaps,
+                                timeline=timeline)
+        runs[gated] = (acc, dones, error, timeline)
+    assert runs[False][1] == [(1, i) for i in range(len(gemms))] and runs[False][2] == 0
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])
+    assert runs[True][1:] == runs[False][1:]
+
+
 def test_impossible_parameters_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         GemmEngine(6)
@@ -307,6 +346,8 @@ def test_impossible_parameters_are_refused():
         GemmEngine(8, queue=0)
     with pytest.raises(ValueError, match="addr_bits"):
         GemmEngine(8, addr_bits=100)
+    with pytest.raises(ValueError, match="gate_core_clock must be True or False"):
+        GemmEngine(8, gate_core_clock=1)
     with pytest.raises(ValueError, match="power of two"):
         GemmEngine(8.0)
     with pytest.raises(ValueError, match="addr_bits"):
