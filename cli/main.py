@@ -152,7 +152,7 @@ def sim(args: argparse.Namespace) -> int:
             seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
             progress=progress, dump=args.dump, activity=args.energy,
             threads=options.threads_of(args), rounds=rounds, faults=faults,
-            prefill_chunk=args.prefill_chunk))
+            prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens))
     stopped = outcome.get("result", {}).get("faults", {}).get("stopped")
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
@@ -191,10 +191,11 @@ def _compile_layer(args: argparse.Namespace):
         raise ValueError(f"workload {args.workload} has attention layers "
                          f"0..{len(cfg.windows) - 1}, not {args.layer}")
     config = chip_config(cfg, k=args.mesh, n=args.array, max_context=args.max_context,
-                         moe=args.moe)
+                         moe=args.moe, moe_tokens=args.moe_tokens)
     rounds = layer_rounds(config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                           context=args.context, steps=args.steps, placement=args.placement,
-                          seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk)
+                          seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk,
+                          moe_tokens=args.moe_tokens)
     return cfg, config, rounds
 
 
@@ -234,7 +235,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     "saturated_share"):
             metrics[f"chip__{phase.replace('-', '_')}__accuracy_{key}"] = figures[key]
     if args.moe != "off":
-        rows.append(("MoE", _moe_line(args.moe, result["rounds"], metrics)))
+        rows.append(("MoE", _moe_line(args.moe, args.moe_tokens, result["rounds"], metrics)))
     tile_area = (report.area_line(TILE_DESIGNS[n]) + f" per tile (FPGA size), x {tiles}"
                  if n in TILE_DESIGNS else
                  f"not measured: synth/designs.py has no N = {n} tile")
@@ -259,9 +260,9 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
     return rows, phase_accuracy
 
 
-def _moe_line(dispatch: str, rounds: list[dict], metrics: dict) -> str:
-    """What the MoE rounds executed against a sparse dispatch's MACs (the tiles'
-    counters), and how."""
+def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:
+    """What the MoE rounds (of up to ``tokens`` tokens) executed against a sparse
+    dispatch's MACs (the tiles' counters), and how."""
     moe = [r for r in rounds if r["phase"].endswith("moe")]
     ratio = sum(r["macs"] for r in moe) / max(sum(r["macs_sparse"] for r in moe), 1)
     metrics["moe__executed_over_sparse_macs"] = round(ratio, 4)
@@ -270,8 +271,9 @@ def _moe_line(dispatch: str, rounds: list[dict], metrics: dict) -> str:
            "dense-masked: every expert over every token")
     waits = [f"{metrics[key]:.0%} in {phase}" for phase in ("prefill", "decode")
              if (key := f"chip__{phase}__moe_network_wait_share") in metrics]
-    return (f"{how}; the tiles counted {ratio:.2f}x the MACs of the projection, the router "
-            "and each token's top-k experts (docs/moe_mapping.md); waiting on the network: "
+    return (f"{how}, in rounds of up to {tokens} tokens; the tiles counted {ratio:.2f}x the "
+            "MACs of the projection, the router and each token's top-k experts "
+            "(docs/moe_mapping.md); waiting on the network: "
             f"{', '.join(waits)} of the rounds' tile-cycles")
 
 
@@ -311,12 +313,14 @@ def agent(args: argparse.Namespace) -> int:
         if not 0 <= layer < len(cfg.windows):
             raise ValueError(f"workload {args.workload} has attention layers "
                              f"0..{len(cfg.windows) - 1}, not {layer}")
-        config = chip_config(cfg, k=args.mesh, n=args.array, moe=args.moe)
+        config = chip_config(cfg, k=args.mesh, n=args.array, moe=args.moe,
+                             moe_tokens=args.moe_tokens)
         schedules = {cache: agent_schedule(args.turns, args.prompt, args.tool, args.answer,
                                            cache) for cache in ("hit", "miss")}
         # Compiled once, before any build: what does not fit fails here.
         compiled = {cache: layer_rounds(config, cfg, layer, moe=args.moe, schedule=schedule,
-                                        seed=args.seed, prefill_chunk=args.prefill_chunk)
+                                        seed=args.seed, prefill_chunk=args.prefill_chunk,
+                                        moe_tokens=args.moe_tokens)
                     for cache, schedule in schedules.items()}
     except ValueError as error:
         print(f"serrano agent: {error}", file=sys.stderr)
@@ -334,7 +338,8 @@ def agent(args: argparse.Namespace) -> int:
                 config, cfg, layer, moe=args.moe, schedule=schedule, seed=args.seed,
                 simulator=args.sim, waves=args.waves, progress=progress,
                 threads=options.threads_of(args), rounds=rounds,
-                prefill_chunk=args.prefill_chunk), prefix=f"{cache}: ")
+                prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens),
+            prefix=f"{cache}: ")
         if "failure" in outcome:
             print(f"\nresult       FAIL ({cache})\n{outcome['failure']}")
             return 1

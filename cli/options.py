@@ -54,6 +54,16 @@ positive = at_least(1, "positive")
 non_negative = at_least(0, "non-negative")
 
 
+def moe_tokens(text: str) -> int:
+    """Tokens per MoE round: 1 to ``compiler.chip.MAX_MOE_TOKENS``."""
+    from compiler.chip import check_moe_tokens
+
+    try:
+        return check_moe_tokens(positive(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def array_size(text: str) -> int:
     value = int(text)
     if not MIN_N <= value <= MAX_N:
@@ -218,9 +228,9 @@ def add_prefill_chunk_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
-    """``--moe sparse|dense|off`` (default sparse) and ``--no-moe``, an alias of off;
-    ``after``: when the MoE layer runs."""
-    from compiler.chip import MOE_MODES
+    """``--moe sparse|dense|off`` (default sparse), ``--no-moe``, an alias of off, and
+    ``--moe-tokens T``; ``after``: when the MoE layer runs."""
+    from compiler.chip import MOE_MODES, MOE_TOKENS
 
     parser.add_argument("--moe", choices=MOE_MODES, default="sparse",
                         help=f"the MoE layer {after}: sparse dispatch (each token to its "
@@ -230,6 +240,12 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "dense runs all three")
     parser.add_argument("--no-moe", dest="moe", action="store_const", const="off",
                         help="attention alone (= --moe off)")
+    parser.add_argument("--moe-tokens", type=moe_tokens, default=MOE_TOKENS,
+                        metavar="T",
+                        help="tokens per MoE round: a step's tokens go through the MoE layer "
+                             "in rounds of T; larger rounds stream each expert's weights once "
+                             "for more tokens but keep larger buffers on every tile, so fewer "
+                             f"KV pages (default {MOE_TOKENS})")
 
 
 def placement(text: str) -> str:

@@ -38,15 +38,17 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
     k, n, batch = point["mesh"], point["array"], point["batch"]
     layer = _layer(args)
     try:
-        config = chip_config(cfg, k=k, n=n, moe=args.moe)
+        config = chip_config(cfg, k=k, n=n, moe=args.moe, moe_tokens=args.moe_tokens)
         # Compiled before building: a point the chip cannot take fails here, not after.
         rounds = layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
-                              placement=point["placement"], seed=args.seed, moe=args.moe)
+                              placement=point["placement"], seed=args.seed, moe=args.moe,
+                              moe_tokens=args.moe_tokens)
         started = time.monotonic()
         result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
                                 steps=1, placement=point["placement"], seed=args.seed,
                                 moe=args.moe, simulator=args.sim, activity=args.energy,
-                                threads=options.threads_of(args), rounds=rounds)
+                                threads=options.threads_of(args), rounds=rounds,
+                                moe_tokens=args.moe_tokens)
     except (ValueError, SimulationFailed) as error:
         return {**point, "passed": False, "error": str(error).splitlines()[0]}
     figures = chip_figures(result, k, n)
@@ -170,7 +172,8 @@ def sweep(args: argparse.Namespace) -> int:
     try:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"workload": args.workload, "context": args.context,
-                                         "moe": args.moe, "runs": runs}, indent=2) + "\n")
+                                         "moe": args.moe, "moe_tokens": args.moe_tokens,
+                                         "runs": runs}, indent=2) + "\n")
         print(f"wrote {args.json}")
         for path in plot(runs, args.plot, args.energy):
             print(f"wrote {path}")

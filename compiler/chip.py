@@ -43,14 +43,20 @@ from rtl.scratchpad import KvOp
 from spec.config import ChipConfig
 from spec.isa import Opcode, encode
 
-__all__ = ["MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV", "ChipRound", "Job",
-           "KvCacheFull", "Step", "accuracy", "agent_schedule", "attention_rounds",
-           "batch_workloads", "chunked", "contexts", "layer_rounds", "moe_round", "moe_words"]
+__all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
+           "ChipRound", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
+           "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
+           "layer_rounds", "moe_round", "moe_words"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
-#: Tokens per MoE round (more tokens take several rounds).
+#: Tokens per MoE round by default (more tokens take several rounds). Larger rounds
+#: stream each expert's weights once for more tokens but need larger receive buffers on
+#: every tile, so fewer KV pages (``--moe-tokens``).
 MOE_TOKENS = 32
+#: A bound on the option: a round the tiles cannot hold is refused by the compiler
+#: with the reason well before this.
+MAX_MOE_TOKENS = 1024
 #: Prompt tokens per prefill step: a longer prompt is prefilled in chunks, each an
 #: extend step over the cache the chunks before it filled (chunked prefill), so one
 #: round's queries, outputs and program stay the same size whatever the prompt.
@@ -524,10 +530,18 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
     return schedule
 
 
+def check_moe_tokens(tokens) -> int:
+    """``tokens`` per MoE round, 1 to :data:`MAX_MOE_TOKENS`, or a ValueError."""
+    if type(tokens) is not int or not 1 <= tokens <= MAX_MOE_TOKENS:
+        raise ValueError(f"MoE rounds of 1 to {MAX_MOE_TOKENS} tokens, not {tokens!r}")
+    return tokens
+
+
 @functools.cache
-def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse") -> int:
+def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse",
+              tokens: int = MOE_TOKENS) -> int:
     """Scratchpad words the MoE layer of ``cfg`` needs on the busiest tile of a ``k`` x
-    ``k`` chip at :data:`MOE_TOKENS` tokens (weights of its experts, tokens, partial
+    ``k`` chip at rounds of ``tokens`` tokens (weights of its experts, tokens, partial
     results), compiled on a tile whose whole scratchpad is working space: for ``moe``
     "sparse" the sparse mapping's; for "dense" the larger of the two, so one build runs
     both (a ValueError when the dense-masked mapping does not compile)."""
@@ -536,8 +550,9 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse") -> int:
 
     if moe not in ("sparse", "dense"):
         raise ValueError(f"MoE words for a sparse or dense mapping, not {moe!r}")
-    wl = generate(cfg, moe_tokens=MOE_TOKENS)
-    o = np.zeros((MOE_TOKENS, cfg.heads * cfg.v_head_dim), np.int8)
+    check_moe_tokens(tokens)
+    wl = generate(cfg, moe_tokens=tokens)
+    o = np.zeros((tokens, cfg.heads * cfg.v_head_dim), np.int8)
     args = (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
             wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
                                             wl.projection_scales(0)))
@@ -642,22 +657,25 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
                  batch: int = 1, prefill: int = 0, context: int = 0, steps: int = 1,
                  placement: str = "local", seed: int = 1, moe: str = "sparse",
                  schedule: list[Step] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK) -> list[ChipRound]:
+                 prefill_chunk: int = PREFILL_CHUNK,
+                 moe_tokens: int = MOE_TOKENS) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
     each step followed (``moe`` ``sparse`` or ``dense``, not ``off``: the dispatch of
     :func:`moe_round`) by the MoE layer on the tokens the step produced, in
-    rounds of :data:`MOE_TOKENS` (sequence after sequence: a prefill's every token, a
-    decode step's newest one). Every round runs the same layer: one set of weights and
-    scales for the whole run. ``schedule``, ``prefill_chunk``: as for
+    rounds of ``moe_tokens`` (default :data:`MOE_TOKENS`; sequence after sequence: a
+    prefill's every token, a decode step's newest one; the chip must be sized for rounds
+    that large, ``sim.chip_run.chip_config``). Every round runs the same layer: one set
+    of weights and scales for the whole run. ``schedule``, ``prefill_chunk``: as for
     :func:`attention_rounds`. The
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
     computed on the home tile at the start of the MoE round (``golden.decoder``)."""
+    if moe not in MOE_MODES:
+        raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
+    check_moe_tokens(moe_tokens)
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule, prefill_chunk=prefill_chunk)
-    if moe not in MOE_MODES:
-        raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     if moe == "off":
         return rounds
     out: list[ChipRound] = []
@@ -679,9 +697,9 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
             heads = np.concatenate([job.expected for job in jobs], axis=1)
             attention.append(heads.reshape(heads.shape[0], -1))
         x, o = np.concatenate(residual), np.concatenate(attention)
-        for offset in range(0, x.shape[0], MOE_TOKENS):
+        for offset in range(0, x.shape[0], moe_tokens):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
-                                 x[offset:offset + MOE_TOKENS], o[offset:offset + MOE_TOKENS],
+                                 x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
                                  layer, moe))
         step = []
     return out

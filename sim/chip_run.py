@@ -98,7 +98,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
-                   faults: FaultPlan | None = None, prefill_chunk: int | None = None) -> dict:
+                   faults: FaultPlan | None = None, prefill_chunk: int | None = None,
+                   moe_tokens: int | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and the MoE layer, ``moe`` sparse, dense or off), every output checked against
     golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -113,19 +114,23 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
     holds the log and counts, ``faults["stopped"]`` the error that ended the run early.
     ``prefill_chunk``: prompt tokens per prefill step (default
-    ``compiler.chip.PREFILL_CHUNK``)."""
-    from compiler.chip import PREFILL_CHUNK, layer_rounds
+    ``compiler.chip.PREFILL_CHUNK``); ``moe_tokens``: tokens per MoE round (default
+    ``compiler.chip.MOE_TOKENS``; ``config`` sized for them by :func:`chip_config`)."""
+    from compiler.chip import MOE_TOKENS, PREFILL_CHUNK, layer_rounds
     from golden.workloads import WorkloadConfig
 
     prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+    moe_tokens = MOE_TOKENS if moe_tokens is None else moe_tokens
     if rounds is None:
         rounds = layer_rounds(config, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
-                              moe=moe, schedule=schedule, prefill_chunk=prefill_chunk)
+                              moe=moe, schedule=schedule, prefill_chunk=prefill_chunk,
+                              moe_tokens=moe_tokens)
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
-              "prefill_chunk": prefill_chunk, "moe": moe, "schedule": schedule,
+              "prefill_chunk": prefill_chunk, "moe": moe, "moe_tokens": moe_tokens,
+              "schedule": schedule,
               "progress": str(progress) if progress else None,
               "dump": str(Path(dump).resolve()) if dump else None,
               "faults": faults.to_json() if faults else None}
@@ -133,7 +138,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
            f"{'' if moe == 'sparse' else '-moe' + moe}"
-           f"{'' if prefill_chunk == PREFILL_CHUNK else f'-k{prefill_chunk}'}")
+           f"{'' if prefill_chunk == PREFILL_CHUNK else f'-k{prefill_chunk}'}"
+           f"{'' if moe_tokens == MOE_TOKENS else f'-t{moe_tokens}'}")
     if faults:
         tag += f"-faults-s{faults.seed}"
     if schedule:
@@ -147,7 +153,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
-                vcs: int = 2, moe: str = "sparse") -> ChipConfig:
+                vcs: int = 2, moe: str = "sparse", moe_tokens: int | None = None) -> ChipConfig:
     """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
     with a 64 Ki-word scratchpad each (at most what the workload needs): working space
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
@@ -157,22 +163,24 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
     so that they compare on one build; "off": attention only, no room kept for the MoE
-    layer. One build serves every batch, context and placement that fits it; what does
-    not fit is refused by the compiler with the reason."""
-    from compiler.chip import moe_words
+    layer. ``moe_tokens``: the MoE rounds' size the room is kept for (default
+    ``compiler.chip.MOE_TOKENS``). One build serves every batch, context and placement
+    that fits it; what does not fit is refused by the compiler with the reason."""
+    from compiler.chip import MOE_TOKENS, check_moe_tokens, moe_words
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from sim.tile_run import WORKING_WORDS
     from spec.config import kv_context
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
+    moe_tokens = check_moe_tokens(MOE_TOKENS if moe_tokens is None else moe_tokens)
     rows = 8
     max_context = kv_context(rows, cfg.page_size, max_context,
                              4096 if cfg.page_size >= n else 64)
     working = WORKING_WORDS
     if moe != "off":
         try:
-            working = max(working, moe_words(cfg, k, n, moe))
+            working = max(working, moe_words(cfg, k, n, moe, moe_tokens))
         except ValueError as error:
             more_tiles = isinstance(error, MemoryFull) and error.per_tile \
                 and error.memory == "scratchpad"

@@ -49,6 +49,18 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert "not measured: add --energy" in text
 
 
+def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
+    """--moe-tokens 4: the prefill's 10 tokens in three MoE rounds, bit-exact on the RTL
+    (the tiny chip's build: its room is sized by attention either way)."""
+    out = tmp_path / "report.json"
+    assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5", "--context",
+                 "8", "--steps", "1", "--moe-tokens", "4", "--json", str(out)]) == 0
+    assert "in rounds of up to 4 tokens" in capsys.readouterr().out
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["phase"] for r in rounds] == ["prefill", *["prefill-moe"] * 3, "decode",
+                                            "decode-moe"]
+
+
 def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
     """--prefill-chunk: a prefill step, then extend steps; the report's prefill is every
     chunk's rounds."""
@@ -73,6 +85,8 @@ def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
         (["--placement", "scattered"], "invalid choice"),
         (["--batch", "0"], "positive"),
         (["--prefill-chunk", "0"], "positive"),
+        (["--moe-tokens", "0"], "positive"),
+        (["--moe-tokens", "1025"], "MoE rounds of 1 to 1024 tokens, not 1025"),
         (["--heads", "-2"], "positive"),
         (["--heads", "100000"], "at most 4095"),
         (["--array", "12"], "power of two"),

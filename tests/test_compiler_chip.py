@@ -168,6 +168,25 @@ def test_decoder_layer_rounds_add_the_moe_layer_per_step():
     run_rounds(config, rounds)
 
 
+def test_moe_rounds_take_moe_tokens_each():
+    """A step's tokens go through the MoE layer in rounds of ``moe_tokens`` (exact on the
+    chip model); rounds twice the default keep more room on every tile, so fewer KV
+    pages; a size outside 1..1024 is refused."""
+    config = chip_config("tiny", k=2, moe_tokens=4)
+    rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=8, steps=1,
+                          moe_tokens=4)
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 3, "decode",
+                                         "decode-moe"]
+    assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("moe")] == [4, 4, 2, 2]
+    run_rounds(config, rounds)
+    assert chip_config("gpt-oss", k=2, moe_tokens=64).tile.num_pages == 175  # 383 at 32
+    for bad in (0, 1025, 2.0, True):
+        with pytest.raises(ValueError, match="MoE rounds of 1 to 1024 tokens"):
+            layer_rounds(config, "tiny", 1, moe_tokens=bad)
+        with pytest.raises(ValueError, match="MoE rounds of 1 to 1024 tokens"):
+            chip_config("tiny", k=2, moe_tokens=bad)
+
+
 def test_the_default_kv_cache_stays_within_the_block_table():
     """tiny at N = 4: 4096 tokens of 4-token pages would need 1024 entries per row; the
     default is what 8 rows of the 2048-entry table map, and asking more is refused."""
