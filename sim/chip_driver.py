@@ -50,9 +50,10 @@ class ChipDriver(TileDriver):
         self.program_depth = chip.tile_design.program_depth
 
     async def load_tiles(self, loads: dict[int, tuple[list[int], dict[int, int], list[dict]]]
-                         ) -> dict:
+                         ) -> None:
         """Per tile: program words at pc 0, scratchpad words, KV requests; every response
-        must be clean. One harness run (or more when the beats exceed its memories)."""
+        must be clean (none are read back unless one has an error status). One harness
+        run (or more when the beats exceed its memories)."""
         beats: dict[str, list[dict]] = {"program": [], "host_req": [], "kv_req": []}
         for tile, (program, writes, kv_requests) in sorted(loads.items()):
             if len(program) > self.program_depth:
@@ -63,7 +64,7 @@ class ChipDriver(TileDriver):
             beats["host_req"] += [{"tile": tile, "addr": a, "write": 1, "data": w}
                                   for a, w in sorted(writes.items())]
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
-        return await self._transfer_clean(beats)
+        await self._transfer_clean(beats, errors_only=True)
 
     async def host(self, beats: list[dict]) -> Responses:
         """Raw host requests (each names its ``tile``); returns their responses."""

@@ -13,7 +13,10 @@ Ports, for each DUT stream ``s`` (names are flattened, e.g. ``a_count``):
   first transfer;
 - output stream (harness is the sink): ``s_expect`` beats expected, ``s_stall``
   not-ready probability x 256, ``s_received`` beats received (it keeps counting past
-  ``s_expect``, so extra beats are visible), ``s_last`` cycle of the last transfer;
+  ``s_expect``, so extra beats are visible), ``s_last`` cycle of the last transfer,
+  ``s_flag_mask`` payload bits to watch and ``s_flagged`` beats with any of them set
+  (so a host that only needs to know whether any response carries an error status
+  reads one counter instead of every response);
 - ``start`` (pulse) clears the counters and starts; ``seed`` seeds the LFSRs; ``done``
   rises when every source has sent ``s_count`` and every sink has received ``s_expect``;
   ``cycle`` counts cycles since ``start``;
@@ -31,7 +34,17 @@ top-level input. Verilator evaluates logic fed by top-level inputs on every ``ev
 
 from __future__ import annotations
 
-from amaranth import ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetSignal, Signal
+from amaranth import (
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Module,
+    Mux,
+    ResetSignal,
+    Shape,
+    Signal,
+    Value,
+)
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -104,11 +117,15 @@ class StreamHarness(wiring.Component):
                     f"{name}_first": Out(COUNTER_BITS),
                 }
             else:
+                width = Shape.cast(dut.signature.members[name].signature
+                                   .members["payload"].shape).width
                 members |= {
                     f"{name}_expect": In(COUNTER_BITS),
                     f"{name}_stall": In(8),
+                    f"{name}_flag_mask": In(width),
                     f"{name}_received": Out(COUNTER_BITS),
                     f"{name}_last": Out(COUNTER_BITS),
+                    f"{name}_flagged": Out(COUNTER_BITS),
                 }
         for name, member in dut.signature.members.items():
             if name not in self.streams:
@@ -204,6 +221,8 @@ class StreamHarness(wiring.Component):
         expect = inputs[f"{name}_expect"]
         received = getattr(self, f"{name}_received")
         last = getattr(self, f"{name}_last")
+        flagged = getattr(self, f"{name}_flagged")
+        watched = (Value.cast(port.payload) & inputs[f"{name}_flag_mask"]).any()
         stall, start = inputs[f"{name}_stall"], inputs["start"]
         write = storage.write_port(domain="core")
         m.d.comb += [
@@ -213,7 +232,8 @@ class StreamHarness(wiring.Component):
             write.en.eq(transfer & (received < self.depths[name])),
         ]
         with m.If(start):
-            m.d.core += received.eq(0)
+            m.d.core += [received.eq(0), flagged.eq(0)]
         with m.Elif(transfer):
-            m.d.core += [received.eq(received + 1), last.eq(self.cycle)]
+            m.d.core += [received.eq(received + 1), last.eq(self.cycle),
+                         flagged.eq(flagged + watched)]
         return received >= expect

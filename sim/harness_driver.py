@@ -60,6 +60,14 @@ class HarnessDriver:
         getattr(self.dut, f"{stream}_expect").value = beats
         self._counts[stream] = beats
 
+    def flag(self, stream: str, mask: int) -> None:
+        """Output ``stream`` counts the beats with any bit of ``mask`` set (:meth:`flagged`)."""
+        getattr(self.dut, f"{stream}_flag_mask").value = mask
+
+    def flagged(self, stream: str) -> int:
+        """Beats of output ``stream`` in the last run with a bit of its :meth:`flag` mask."""
+        return int(getattr(self.dut, f"{stream}_flagged").value)
+
     def set_idle(self, stream: str, probability: float) -> None:
         """Input ``stream`` withholds a beat with this probability each cycle."""
         getattr(self.dut, f"{stream}_idle").value = _per256(probability)

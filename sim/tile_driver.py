@@ -79,15 +79,19 @@ class Packer:
         return word
 
 
+def error_mask(layout: data.StructLayout) -> int:
+    """The bits of a response word that say an error (:data:`ERROR_STATUS`)."""
+    status = layout["status"]
+    return sum(1 << status.offset + status.shape[flag].offset for flag in ERROR_STATUS)
+
+
 class Responses(Sequence):
     """The response words of an output stream, each read as a ``data.Const`` of the
     stream's layout when it is looked at (most are only checked for errors, on the bits)."""
 
     def __init__(self, layout: data.StructLayout, words: list[int]):
         self.layout, self.words = layout, words
-        status = layout["status"]
-        self._error_mask = sum(1 << status.offset + status.shape[flag].offset
-                               for flag in ERROR_STATUS)
+        self._error_mask = error_mask(layout)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -129,40 +133,51 @@ class TileDriver:
         """Random idle cycles on the host's input streams, backpressure on its outputs."""
         self.idle, self.stall, self.seed = idle, stall, seed
 
-    async def _transfer(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
+    async def _transfer(self, beats: dict[str, list[dict]], timeout_cycles: int, *,
+                        errors_only: bool = False) -> dict:
         """Send ``beats`` per input stream and collect every response, in as many harness
-        runs as the memories need (each holds ``depth`` beats per stream)."""
+        runs as the memories need (each holds ``depth`` beats per stream).
+        ``errors_only``: a run's responses are read only if the harness counted one with
+        an error status (else none are: the caller only checks for errors)."""
         words: dict[str, list[int]] = {"host_resp": [], "kv_resp": []}
         rounds = max([-(-len(b) // self.depths[name]) for name, b in beats.items()] + [1])
         for r in range(rounds):
             part = {name: b[r * self.depths[name]:(r + 1) * self.depths[name]]
                     for name, b in beats.items()}
-            got = await self._transfer_once(part, timeout_cycles)
+            got = await self._transfer_once(part, timeout_cycles, errors_only)
             for name in words:
                 words[name] += got[name]
         return {name: Responses(self.layouts[name], w) for name, w in words.items()}
 
-    async def _transfer_once(self, beats: dict[str, list[dict]], timeout_cycles: int) -> dict:
-        """One harness run: the raw response words of each output stream."""
+    async def _transfer_once(self, beats: dict[str, list[dict]], timeout_cycles: int,
+                             errors_only: bool = False) -> dict:
+        """One harness run: the raw response words of each output stream (with
+        ``errors_only``, none unless one has an error status)."""
         expect = {"host_resp": len(beats.get("host_req", [])),
                   "kv_resp": len(beats.get("kv_req", [])), "net_out": 0}
         for name in self.STREAMS_IN:
             words = [self.packers[name](b) for b in beats.get(name, [])]
             self.harness.load(name, words)
             self.harness.set_idle(name, self.idle)
+        responses = ("host_resp", "kv_resp")
         for name in self.STREAMS_OUT:
             self.harness.expect(name, expect[name])
             self.harness.set_backpressure(name, self.stall)
+            if name in responses:
+                self.harness.flag(name, error_mask(self.layouts[name]))
         self.seed += 1
         stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
         assert stats.finished, f"host transfer did not finish in {timeout_cycles} cycles"
-        return {name: self.harness.read(name, expect[name]) for name in ("host_resp", "kv_resp")}
+        if errors_only and not any(self.harness.flagged(name) for name in responses):
+            return {name: [] for name in responses}
+        return {name: self.harness.read(name, expect[name]) for name in responses}
 
     async def load(self, program: list[int], spad_writes: dict[int, int],
-                   kv_requests: list[dict], *, flips: dict[int, int] | None = None) -> dict:
+                   kv_requests: list[dict], *, flips: dict[int, int] | None = None) -> None:
         """Program words at pc 0, scratchpad words (``flips``: codeword bits to XOR into
         some of them, a fault-injection test hook), KV requests; every response must be
-        clean. Returns the responses."""
+        clean (the harness counts those with an error status: none are read back unless
+        one has)."""
         if len(program) > min(self.tile.program_depth, self.depths["program"]):
             raise ValueError(f"{len(program)} instructions do not fit the "
                              f"{self.tile.program_depth}-word program memory")
@@ -171,11 +186,14 @@ class TileDriver:
                 for a, w in sorted(spad_writes.items())]
         beats = {"program": [{"address": i, "word": w} for i, w in enumerate(program)],
                  "host_req": host, "kv_req": kv_requests}
-        return await self._transfer_clean(beats)
+        await self._transfer_clean(beats, errors_only=True)
 
-    async def _transfer_clean(self, beats: dict[str, list[dict]]) -> dict:
-        """:meth:`_transfer` with a budget from the beat count; every response clean."""
-        out = await self._transfer(beats, 64 + 8 * sum(len(b) for b in beats.values()))
+    async def _transfer_clean(self, beats: dict[str, list[dict]], *,
+                              errors_only: bool = False) -> dict:
+        """:meth:`_transfer` with a budget from the beat count; every response clean
+        (``errors_only``: see :meth:`_transfer`)."""
+        out = await self._transfer(beats, 64 + 8 * sum(len(b) for b in beats.values()),
+                                   errors_only=errors_only)
         for name in ("host_resp", "kv_resp"):
             bad = out[name].errors()
             assert not bad, f"{name} reported errors: {bad[:8]}"

@@ -158,6 +158,15 @@ async def tile_faults(dut):
     coverage.sequencer_error(run.error.name)
     assert run.counters["tc_beats"] == run.counters["macs"] == 0
 
+    # 4. A host write past the end of the scratchpad fails the load with its response's
+    #    status (the harness counts the error; only then are the responses read).
+    try:
+        await driver.load([encode(Opcode.HALT)], {0: 5, config.spad_words: 1}, [])
+    except AssertionError as error:
+        assert "host_resp reported errors: ['#1: bad_address']" in str(error), error
+    else:
+        raise AssertionError("a host write past the scratchpad was not reported")
+
     # 4. A full sequence: the append past max_pages x page_size is refused with
     #    kv_full and the tokens already stored read back unchanged.
     seq, capacity = config.kv_sequences - 1, config.max_pages * config.page_size
