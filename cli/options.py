@@ -58,8 +58,9 @@ def moe_tokens(text: str) -> int:
     """Tokens per MoE round: 1 to ``compiler.chip.MAX_MOE_TOKENS``."""
     from compiler.chip import check_moe_tokens
 
+    value = positive(text)
     try:
-        return check_moe_tokens(positive(text))
+        return check_moe_tokens(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
