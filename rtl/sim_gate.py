@@ -21,9 +21,13 @@ __all__ = ["gated"]
 
 def gated(m: Module, domain: str, enable) -> None:
     """Add clock domain ``domain`` to ``m``: ``sync``'s clock while ``enable`` (or reset)
-    held at the previous falling edge, ``sync``'s reset."""
+    held at the previous falling edge, ``sync``'s reset (asynchronous)."""
     gate = f"{domain}_gate"
-    m.domains += [ClockDomain(domain, local=True),
+    # The block's reset is asynchronous: a synchronous one would be read by the next-state
+    # logic of every register, and Verilator evaluates logic that reads a signal of the
+    # main clock on every clock edge, gated or not. Reset lasts whole cycles and resets
+    # every other block at the next edge, so the block leaves it on the same edge.
+    m.domains += [ClockDomain(domain, local=True, async_reset=True),
                   ClockDomain(gate, clk_edge="neg", reset_less=True, local=True)]
     ticks = Signal(init=1, name=f"{domain}_ticks")
     m.d[gate] += ticks.eq(enable | ResetSignal())
