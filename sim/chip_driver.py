@@ -12,7 +12,7 @@ from cocotb.utils import get_sim_time
 
 from rtl.tile import Counters
 from sim.harness_driver import CLOCK_NS, HarnessDriver
-from sim.tile_driver import POLL, Execution, Packer, Responses, TileDriver
+from sim.tile_driver import POLL, RESPONSES, Execution, Packer, Responses, TileDriver, error_mask
 
 __all__ = ["ChipDriver", "ChipRun"]
 
@@ -44,6 +44,7 @@ class ChipDriver(TileDriver):
         self.layouts = {name: sig[name].signature.members["payload"].shape
                         for name in self.STREAMS_IN + self.STREAMS_OUT}
         self.packers = {name: Packer(self.layouts[name]) for name in self.STREAMS_IN}
+        self.error_masks = {name: error_mask(self.layouts[name]) for name in RESPONSES}
         self.status_layout = sig["status"].shape
         self.dut.go.value = 0
         self.idle, self.stall, self.seed = 0.0, 0.0, 1
@@ -64,7 +65,7 @@ class ChipDriver(TileDriver):
             beats["host_req"] += [{"tile": tile, "addr": a, "write": 1, "data": w}
                                   for a, w in sorted(writes.items())]
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
-        await self._transfer_clean(beats, errors_only=True)
+        await self._load_clean(beats)
 
     async def host(self, beats: list[dict]) -> Responses:
         """Raw host requests (each names its ``tile``); returns their responses."""

@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
 from rtl.chip import TILE_MODULE, Chip
 from sim.faults import FaultPlan
 from sim.harness import StreamHarness
@@ -98,8 +99,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    waves: bool | None = None, progress: Path | None = None,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
-                   faults: FaultPlan | None = None, prefill_chunk: int | None = None,
-                   moe_tokens: int | None = None) -> dict:
+                   faults: FaultPlan | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                   moe_tokens: int = MOE_TOKENS) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and the MoE layer, ``moe`` sparse, dense or off), every output checked against
     golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -113,14 +114,11 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     a file instead of compiling them again. ``faults``: bits of stored words flip during
     the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
     holds the log and counts, ``faults["stopped"]`` the error that ended the run early.
-    ``prefill_chunk``: prompt tokens per prefill step (default
-    ``compiler.chip.PREFILL_CHUNK``); ``moe_tokens``: tokens per MoE round (default
-    ``compiler.chip.MOE_TOKENS``; ``config`` sized for them by :func:`chip_config`)."""
-    from compiler.chip import MOE_TOKENS, PREFILL_CHUNK, layer_rounds
+    ``prefill_chunk``: prompt tokens per prefill step; ``moe_tokens``: tokens per MoE
+    round (``config`` sized for them by :func:`chip_config`)."""
+    from compiler.chip import layer_rounds
     from golden.workloads import WorkloadConfig
 
-    prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
-    moe_tokens = MOE_TOKENS if moe_tokens is None else moe_tokens
     if rounds is None:
         rounds = layer_rounds(config, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
@@ -153,7 +151,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
-                vcs: int = 2, moe: str = "sparse", moe_tokens: int | None = None) -> ChipConfig:
+                vcs: int = 2, moe: str = "sparse", moe_tokens: int = MOE_TOKENS) -> ChipConfig:
     """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
     with a 64 Ki-word scratchpad each (at most what the workload needs): working space
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
@@ -163,17 +161,17 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
     so that they compare on one build; "off": attention only, no room kept for the MoE
-    layer. ``moe_tokens``: the MoE rounds' size the room is kept for (default
-    ``compiler.chip.MOE_TOKENS``). One build serves every batch, context and placement
-    that fits it; what does not fit is refused by the compiler with the reason."""
-    from compiler.chip import MOE_TOKENS, check_moe_tokens, moe_words
+    layer. ``moe_tokens``: the MoE rounds' size the room is kept for. One build serves
+    every batch, context and placement that fits it; what does not fit is refused by the
+    compiler with the reason."""
+    from compiler.chip import check_moe_tokens, moe_words
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from sim.tile_run import WORKING_WORDS
     from spec.config import kv_context
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
-    moe_tokens = check_moe_tokens(MOE_TOKENS if moe_tokens is None else moe_tokens)
+    moe_tokens = check_moe_tokens(moe_tokens)
     rows = 8
     max_context = kv_context(rows, cfg.page_size, max_context,
                              4096 if cfg.page_size >= n else 64)

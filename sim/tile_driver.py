@@ -29,6 +29,8 @@ from sim.harness_driver import CLOCK_NS, HarnessDriver
 POLL = 64
 #: Response status bits that are errors (``corrected`` is not).
 ERROR_STATUS = ("uncorrectable", "bad_address", "bad_request", "kv_full", "unmapped", "bad_page")
+#: The output streams that answer host requests, one response per request.
+RESPONSES = ("host_resp", "kv_resp")
 
 
 @dataclass
@@ -120,6 +122,7 @@ class TileDriver:
         self.layouts = {name: sig[name].signature.members["payload"].shape
                         for name in self.STREAMS_IN + self.STREAMS_OUT}
         self.packers = {name: Packer(self.layouts[name]) for name in self.STREAMS_IN}
+        self.error_masks = {name: error_mask(self.layouts[name]) for name in RESPONSES}
         self.status_layout = sig["status"].shape
         self.dut.go.value = 0
         self.idle, self.stall = 0.0, 0.0
@@ -139,7 +142,7 @@ class TileDriver:
         runs as the memories need (each holds ``depth`` beats per stream).
         ``errors_only``: a run's responses are read only if the harness counted one with
         an error status (else none are: the caller only checks for errors)."""
-        words: dict[str, list[int]] = {"host_resp": [], "kv_resp": []}
+        words: dict[str, list[int]] = {name: [] for name in RESPONSES}
         rounds = max([-(-len(b) // self.depths[name]) for name, b in beats.items()] + [1])
         for r in range(rounds):
             part = {name: b[r * self.depths[name]:(r + 1) * self.depths[name]]
@@ -159,18 +162,17 @@ class TileDriver:
             words = [self.packers[name](b) for b in beats.get(name, [])]
             self.harness.load(name, words)
             self.harness.set_idle(name, self.idle)
-        responses = ("host_resp", "kv_resp")
         for name in self.STREAMS_OUT:
             self.harness.expect(name, expect[name])
             self.harness.set_backpressure(name, self.stall)
-            if name in responses:
-                self.harness.flag(name, error_mask(self.layouts[name]))
+            if name in RESPONSES:
+                self.harness.flag(name, self.error_masks[name])
         self.seed += 1
         stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
         assert stats.finished, f"host transfer did not finish in {timeout_cycles} cycles"
-        if errors_only and not any(self.harness.flagged(name) for name in responses):
-            return {name: [] for name in responses}
-        return {name: self.harness.read(name, expect[name]) for name in responses}
+        if errors_only and not any(self.harness.flagged(name) for name in RESPONSES):
+            return {name: [] for name in RESPONSES}
+        return {name: self.harness.read(name, expect[name]) for name in RESPONSES}
 
     async def load(self, program: list[int], spad_writes: dict[int, int],
                    kv_requests: list[dict], *, flips: dict[int, int] | None = None) -> None:
@@ -186,18 +188,28 @@ class TileDriver:
                 for a, w in sorted(spad_writes.items())]
         beats = {"program": [{"address": i, "word": w} for i, w in enumerate(program)],
                  "host_req": host, "kv_req": kv_requests}
-        await self._transfer_clean(beats, errors_only=True)
+        await self._load_clean(beats)
 
-    async def _transfer_clean(self, beats: dict[str, list[dict]], *,
-                              errors_only: bool = False) -> dict:
-        """:meth:`_transfer` with a budget from the beat count; every response clean
-        (``errors_only``: see :meth:`_transfer`)."""
-        out = await self._transfer(beats, 64 + 8 * sum(len(b) for b in beats.values()),
-                                   errors_only=errors_only)
-        for name in ("host_resp", "kv_resp"):
-            bad = out[name].errors()
-            assert not bad, f"{name} reported errors: {bad[:8]}"
+    async def _load_clean(self, beats: dict[str, list[dict]]) -> None:
+        """Send ``beats``; every response must be clean (they are read back only if the
+        harness counted one with an error status)."""
+        self._assert_clean(await self._transfer(beats, self._budget(beats), errors_only=True))
+
+    async def _transfer_clean(self, beats: dict[str, list[dict]]) -> dict:
+        """:meth:`_transfer` with a budget from the beat count; every response clean."""
+        out = await self._transfer(beats, self._budget(beats))
+        self._assert_clean(out)
         return out
+
+    @staticmethod
+    def _budget(beats: dict[str, list[dict]]) -> int:
+        return 64 + 8 * sum(len(b) for b in beats.values())
+
+    @staticmethod
+    def _assert_clean(responses: dict) -> None:
+        for name in RESPONSES:
+            bad = responses[name].errors()
+            assert not bad, f"{name} reported errors: {bad[:8]}"
 
     async def kv(self, requests: list[dict]) -> Responses:
         """KV requests alone; returns their responses (errors included, for tests)."""
