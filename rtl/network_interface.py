@@ -21,28 +21,32 @@ COUNTER_BITS = 32
 
 
 class PacketKind(enum.Enum, shape=2):
-    """What a packet does at its destination."""
+    """What a packet does at its destination. A tile takes WRITE and SIGNAL packets; a
+    memory channel (:mod:`rtl.memory_channel`) takes MEM_READ and MEM_WRITE."""
 
     WRITE = 0  # every flit's ``data`` into the scratchpad, from the head's ``addr`` on
     SIGNAL = 1  # no data: a single flit whose tail fields raise a semaphore
+    MEM_READ = 2  # a single flit: ``data`` is a spec.memory.MemRead, ``addr`` in memory
+    MEM_WRITE = 3  # every flit's ``data`` into memory, from the head's ``addr`` on
 
 
 class NetPayload(data.StructLayout):
     """The payload of every flit of a packet. ``data`` is one scratchpad word per flit.
     The destination takes ``kind`` and ``addr`` (the first word's address) from the head
     flit and ``signal``/``semaphore`` (raise that semaphore once the packet's words are
-    written) from the tail flit; a flit of the middle carries them unused."""
+    written) from the tail flit; a flit of the middle carries them unused. ``addr_bits``:
+    wider than a scratchpad address on a network that also reaches memory channels."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, addr_bits: int = ADDR_BITS):
         super().__init__({
-            "data": unsigned(8 * n), "addr": unsigned(ADDR_BITS), "kind": PacketKind,
+            "data": unsigned(8 * n), "addr": unsigned(addr_bits), "kind": PacketKind,
             "signal": 1, "semaphore": unsigned(4),
         })
 
 
-def payload_bits(n: int) -> int:
+def payload_bits(n: int, addr_bits: int = ADDR_BITS) -> int:
     """Flit payload width of the network that carries :class:`NetPayload` for size N."""
-    return NetPayload(n).size
+    return NetPayload(n, addr_bits).size
 
 
 def check_max_packet(max_packet: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from amaranth.hdl import Elaboratable
 
 from rtl.gemm_engine import GemmEngine
+from rtl.memory_channel import MemoryChannel
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface
 from rtl.router import Router
@@ -95,6 +96,9 @@ DESIGNS: dict[str, Factory] = {
     # The network interface of a tile of a 4 x 4 mesh (87-bit flit payloads at N = 8).
     "network_interface": rtl_design(NetworkInterface, n=8, x=1,
                                     y=1, k=4, vcs=2, max_packet=8),
+    # A memory channel of a 4 x 4 mesh with a 4096-word store standing in for the
+    # off-chip memory (on a board the store would be the DRAM behind a controller).
+    "memory_channel": rtl_design(MemoryChannel, n=8, k=4, words=4096),
 }
 
 #: Designs placed and routed at their own target clock when ``--freq`` is not given.
