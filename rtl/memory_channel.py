@@ -88,7 +88,8 @@ class MemoryChannel(wiring.Component):
     resp : stream out of :class:`spec.noc.Flit`, response class
     reads, writes : out, words read from and written to the store (saturating)
     requests : out, read requests accepted (fences included)
-    dropped : out, requests, words and flits refused (saturating)
+    dropped : out, requests, words and flits refused (saturating; the counters count
+        a cycle after the event)
     error : out, sticky: something was dropped
     """
 
@@ -251,10 +252,12 @@ class MemoryChannel(wiring.Component):
             payload_out.semaphore.eq(out.semaphore),
         ]
 
-        # Counters.
+        # Counters, a cycle behind their events (off the service's timing path).
         def count(counter, events):
-            total = counter + events
-            m.d.sync += counter.eq(Mux(total >> COUNTER_BITS, (1 << COUNTER_BITS) - 1, total))
+            seen = Signal(range(3))
+            total = counter + seen
+            m.d.sync += [seen.eq(events),
+                         counter.eq(Mux(total >> COUNTER_BITS, (1 << COUNTER_BITS) - 1, total))]
         count(self.writes, write.en)
         count(self.reads, read.en)
         count(self.requests, ops.w_en & new.read)
