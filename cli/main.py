@@ -18,12 +18,14 @@ import os
 import signal
 import sys
 from dataclasses import asdict, replace
+from fractions import Fraction
 from pathlib import Path
 
 from cli import options, report
 from cli.sweep import add_parser as add_sweep_parser
 from sim.processes import stop_descendants
 from sim.runner import SimulationFailed
+from spec.memory import machine_balance_bandwidth
 from spec.params import MAX_N, MIN_N
 from synth.designs import TILE_DESIGNS
 
@@ -244,6 +246,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     f"{metrics['chip__network__kv_words']:,} KV words moved by "
                     f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                     "MoE words (tokens, expert outputs)"),
+        ("memory", _memory_line(config)),
         ("clock", fmax_text),
         ("energy", report.energy_line(result.get("energy"),
                                       args.batch * (args.prefill + args.steps))),
@@ -258,6 +261,19 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
         rows.append(("dump", report.dump_line(args.dump,
                                               vars(args) | {"chip": asdict(config)})))
     return rows, phase_accuracy
+
+
+def _memory_line(config) -> str:
+    """The chip's memory channels, and what of the run's data movement is not counted."""
+    if not config.memory_nodes:
+        return "no memory channels; weights, tokens and KV pages written by the host, not counted"
+    bandwidth = (Fraction(config.memory_bandwidth) if config.memory_bandwidth is not None
+                 else machine_balance_bandwidth(config.tile.n, config.tiles))
+    nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
+    return (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
+            f"{config.memory_latency}-cycle latency; not used by these programs: weights, "
+            "tokens and KV pages are written by the host before their round, outside the "
+            "cycle count (docs/chip.md)")
 
 
 def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:

@@ -16,6 +16,12 @@ the remote semaphore before it reads what arrives (the model cannot see a missin
 any more than the tile model can). A mask naming a tile outside the k x k mesh is a
 ``ValueError`` (the sequencer's BAD_TILE), checked with every destination's region
 before any word is written.
+
+Memory channels (``memory_channels`` stores of ``channel_words`` words, zero until
+written): a STORE DMA writes its words into its channel at once, a LOAD copies the
+channel's words into the requesting tile and raises its remote semaphore, a LOAD of no
+words only the semaphore. As with the network, the hardware answers later, and a tile
+that reads words another tile stored must be told (a fence, then a signal) first.
 """
 
 from __future__ import annotations
@@ -56,18 +62,25 @@ class ChipModel:
 
     ``tile_kwargs`` go to every :class:`TileModel` (``n``, ``spad_words``, ``acc_depth``,
     ``slots``, ``max_top_k``). ``tiles[i]`` is the tile at (i % k, i // k).
+    ``memory_channels`` stores of ``channel_words`` words each: ``channels[c]``, a dict
+    of the words written (address -> word).
     """
 
-    def __init__(self, k: int, **tile_kwargs):
+    def __init__(self, k: int, *, memory_channels: int = 0, channel_words: int = 0,
+                 **tile_kwargs):
         if not isinstance(k, int) or not 1 <= k <= MESH_MAX:
             raise ValueError(f"mesh size k must be 1..{MESH_MAX}, not {k!r}")
         if "position" in tile_kwargs or "mesh" in tile_kwargs:
             raise ValueError("tile positions and the mesh are set by the chip")
         self.k = k
-        self.tiles = [TileModel(position=(i % k, i // k), mesh=(k, k), **tile_kwargs)
+        self.tiles = [TileModel(position=(i % k, i // k), mesh=(k, k),
+                                memory_channels=memory_channels, channel_words=channel_words,
+                                **tile_kwargs)
                       for i in range(k * k)]
+        self.channels: list[dict[int, int]] = [{} for _ in range(memory_channels)]
         for tile in self.tiles:
             tile.network = self._deliver
+            tile.memory = self._memory
         #: Words delivered to each tile (a multicast counts once per destination) and
         #: DMAs / words injected by each tile that went over the network.
         self.words_received = [0] * (k * k)
@@ -111,6 +124,14 @@ class ChipModel:
         for tile in destinations:
             tile.receive(f["dst"], words, f["remote_signal"], f["remote_semaphore"])
             self.words_received[self.tiles.index(tile)] += len(words)
+
+    def _memory(self, source: TileModel, f: dict, words: list[int] | None) -> None:
+        store, base = self.channels[f["channel"]], f["mem_addr"]
+        if words is not None:  # a STORE
+            store.update((base + i, word) for i, word in enumerate(words))
+            return
+        source.receive(f["dst"], [store.get(base + i, 0) for i in range(f["length"])],
+                       f["remote_signal"], f["remote_semaphore"])
 
     # --- running --------------------------------------------------------------------------
 

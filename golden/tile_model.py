@@ -38,6 +38,7 @@ from spec.isa import (
     REGISTERS,
     WITH_FIELDS,
     WITH_SLOTS,
+    DmaTarget,
     entries_per_word,
     field_width,
     tile_bit,
@@ -62,7 +63,8 @@ FIELDS = {
     "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
             "dst_kind", "pack", "total", "total_write", "rows", "beats", "slot", "mult",
             "shift", "sat", "lo", "hi", "causal", "dst_stride"),
-    "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore"),
+    "DMA": ("signal", "src", "dst", "length", "tiles", "remote_signal", "remote_semaphore",
+            "target", "channel", "mem_addr"),
     "IDMA": ("signal", "src", "dst", "table", "count", "row", "scatter", "remote_signal",
              "remote_semaphore", "tile_base"),
     "WAIT": ("semaphore", "count"), "SIGNAL": ("semaphore", "count"),
@@ -106,6 +108,11 @@ _USES_C = {VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.
            VectorOpcode.TOPK_INDEX}
 
 
+def _value(field) -> int:
+    """An enumeration field's number (fields come decoded as ints or given as members)."""
+    return int(getattr(field, "value", field))
+
+
 def word_lanes(word: int, n: int) -> np.ndarray:
     """The n int8 lanes of a scratchpad word (lane i = bits 8i..8i+7), as int64."""
     raw = np.array([(word >> (8 * i)) & 0xFF for i in range(n)], np.int64)
@@ -141,7 +148,8 @@ class TileModel:
 
     def __init__(self, n: int = 8, spad_words: int = 4096, acc_depth: int = 256,
                  slots: int = 4, max_top_k: int | None = None,
-                 position: tuple[int, int] = (0, 0), mesh: tuple[int, int] = (8, 8)):
+                 position: tuple[int, int] = (0, 0), mesh: tuple[int, int] = (8, 8),
+                 memory_channels: int = 0, channel_words: int = 0):
         if not 2 <= n <= 32:
             raise ValueError(f"lane count n must be 2..32, not {n}")
         if not 1 <= spad_words <= 1 << 16:
@@ -157,6 +165,7 @@ class TileModel:
                              f"mesh")
         self.n, self.spad_words, self.acc_depth, self.position = n, spad_words, acc_depth, position
         self.mesh = (columns, rows)
+        self.memory_channels, self.channel_words = memory_channels, channel_words
         self.spad = [0] * spad_words
         self.acc = np.zeros((acc_depth, n), np.int64)
         self.vector = VectorUnitModel(n, slots, max_top_k)
@@ -174,6 +183,9 @@ class TileModel:
         #: the DMA's fields and the source words (``golden.chip_model.ChipModel`` sets it).
         #: None: such a DMA raises NotImplementedError (one tile, no network).
         self.network = None
+        #: Runs a STORE or LOAD DMA: ``memory(tile, fields, words)`` with the words a
+        #: STORE sends (None for a LOAD; ``golden.chip_model.ChipModel`` sets it).
+        self.memory = None
 
     # --- running ----------------------------------------------------------------------
 
@@ -506,6 +518,9 @@ class TileModel:
     # --- DMA --------------------------------------------------------------------------
 
     def _dma(self, f: dict) -> None:
+        if _value(f.get("target", 0)) != DmaTarget.TILES.value:
+            self._memory_dma(f)
+            return
         x, y = self.position
         here = tile_bit(x, y)
         if f["tiles"] == 0:
@@ -524,6 +539,26 @@ class TileModel:
         self.check_receive(f["dst"], length)
         self.receive(f["dst"], words, f["remote_signal"], f["remote_semaphore"])
 
+    def _memory_dma(self, f: dict) -> None:
+        """A STORE or LOAD (``spec.isa.DmaArgs``): the sequencer's checks (both regions,
+        the channel's words, the channel), then the chip's ``memory`` hook."""
+        length, target = f["length"], _value(f["target"])
+        self._spad_region("DMA src", f["src"], length)
+        self._spad_region("DMA dst", f["dst"], length)
+        if f["mem_addr"] + length > self.channel_words:
+            raise ValueError(f"memory DMA of {length} words from {f['mem_addr']} runs past "
+                             f"the channel's {self.channel_words} words")
+        if target not in (DmaTarget.STORE.value, DmaTarget.LOAD.value) \
+                or not f["channel"] < self.memory_channels:
+            raise ValueError(f"memory DMA to channel {f['channel']} (target {target}): the "
+                             f"chip has {self.memory_channels} memory channels")
+        if self.memory is None:
+            raise NotImplementedError("memory DMAs need the chip's memory channels: run the "
+                                      "tile in golden.chip_model.ChipModel")
+        words = (self.spad[f["src"]:f["src"] + length] if target == DmaTarget.STORE.value
+                 else None)
+        self.memory(self, f, words)
+
     def _idma(self, f: dict) -> None:
         """IDMA (``spec.isa.IdmaArgs``): the checks of the whole instruction, then one
         DMA per table entry that is not empty, the signal after the last entry
@@ -537,7 +572,7 @@ class TileModel:
         self._spad_region(f"IDMA {step}", f[step], count * row)
         quiet = {"enable": 0, "semaphore": 0}
         nothing = {"src": 0, "dst": 0, "length": 0, "tiles": 0, "remote_signal": 0,
-                   "remote_semaphore": 0}
+                   "remote_semaphore": 0, "target": 0, "channel": 0, "mem_addr": 0}
         columns, rows = self.mesh
         moved = 0
         for i in range(count):
@@ -558,7 +593,8 @@ class TileModel:
             d = {"signal": f["signal"] if last else quiet, indexed: base,
                  step: f[step] + moved * row, "length": row, "tiles": tile_bit(x, y),
                  "remote_signal": f["remote_signal"],
-                 "remote_semaphore": f["remote_semaphore"]}
+                 "remote_semaphore": f["remote_semaphore"], "target": 0, "channel": 0,
+                 "mem_addr": 0}
             self._dma(d)
             self._finished("DMA", d)
             moved += 1

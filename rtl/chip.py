@@ -10,21 +10,25 @@ tiles' scratchpads through their ``net_in`` (raising the named semaphore there).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from amaranth import Cat, ClockSignal, Instance, Module, ResetSignal, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from rtl.memory_channel import MemoryChannel, MemoryPort
 from rtl.mesh import Mesh
-from rtl.network_interface import NetworkInterface, check_max_packet, payload_bits
+from rtl.network_interface import NetworkInterface, check_max_packet, check_memory_nodes
 from rtl.scratchpad import COUNTER_BITS
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
 from spec.isa import tile_index
-from spec.noc import DEFAULT_DEPTH, MIN_K, NocConfig
+from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS, machine_balance_bandwidth
+from spec.noc import DEFAULT_DEPTH, MIN_K, MessageClass, NocConfig
 from spec.params import check_bool
 
-__all__ = ["TILE_MODULE", "Chip", "EccCounters", "NetCounters", "with_tile"]
+__all__ = ["TILE_MODULE", "Chip", "EccCounters", "MemoryCounters", "NetCounters", "with_tile"]
 
 #: Verilog module name of the tile when the chip shares one tile design (``shared_tile``).
 TILE_MODULE = "serrano_tile"
@@ -46,6 +50,14 @@ def with_tile(layout: data.StructLayout, tile_bits: int) -> data.StructLayout:
     """``layout``'s fields and a ``tile`` index: a host-port beat addressed to one tile."""
     return data.StructLayout({"tile": unsigned(tile_bits),
                              **{name: field.shape for name, field in layout}})
+
+
+class MemoryCounters(data.StructLayout):
+    """One memory channel's counters (see :class:`rtl.memory_channel.MemoryChannel`)."""
+
+    def __init__(self):
+        super().__init__({name: unsigned(32) for name in
+                          ("reads", "writes", "requests", "dropped")})
 
 
 class NetCounters(data.StructLayout):
@@ -79,14 +91,24 @@ class Chip(wiring.Component):
     - ``go``: one bit per tile, a pulse starts that tile's program;
     - ``status``, ``counters``, ``engine_error``, ``ecc`` (:class:`EccCounters`): one
       entry per tile;
-    - ``net``: each network interface's counters; ``error`` (sticky): a router or an
-      interface dropped a packet, or a host beat named a tile outside the mesh
-      (such a beat is consumed and, for a request, answered with ``bad_address``).
+    - ``net``: each network interface's counters; ``memory``: each memory channel's
+      (:class:`MemoryCounters`); ``error`` (sticky): a router, an interface or a memory
+      channel dropped something, or a host beat named a tile outside the mesh (such a
+      beat is consumed and, for a request, answered with ``bad_address``).
+
+    Memory (:mod:`rtl.memory_channel`): channel c sits at node ``memory_nodes[c]``
+    beside its tile (the node's memory requests go to it, its replies leave on the
+    response class), with a store of ``memory_words`` words, ``memory_latency`` cycles
+    of access latency and ``memory_bandwidth`` bytes per cycle shared equally by the
+    channels (default: the machine balance of :func:`spec.memory.machine_balance_bandwidth`
+    for this chip). The tiles' STORE and LOAD DMAs name the channels by index.
     """
 
     def __init__(self, k: int = 2, *, tile: dict | None = None, vcs: int = 2,
                  depth: int = DEFAULT_DEPTH, max_packet: int = 8, shared_tile: bool = False,
-                 sim_gating: bool = False):
+                 sim_gating: bool = False, memory_nodes: tuple = (),
+                 memory_words: int = DEFAULT_MEMORY_WORDS, memory_bandwidth=None,
+                 memory_latency: int = DEFAULT_LATENCY):
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 8:
             raise ValueError(f"the mesh side k must be an integer 1..8, not {k!r}")
         # Checked even when k = 1 builds no network (no interface or router to check them).
@@ -95,9 +117,14 @@ class Chip(wiring.Component):
         if not isinstance(tile, dict | None):
             raise ValueError(f"tile must be a dict of rtl.tile.Tile parameters, not {tile!r}")
         tile = dict(tile or {})
-        for key in ("position", "mesh"):
+        for key in ("position", "mesh", "memory_channels", "channel_words"):
             if key in tile:
                 raise ValueError(f"the chip places its tiles itself: drop {key!r}")
+        self.memory_nodes = check_memory_nodes(memory_nodes, k)
+        if self.memory_nodes and k == 1:
+            raise ValueError("a 1 x 1 chip has no network to reach memory channels")
+        if self.memory_nodes:
+            tile |= {"memory_channels": len(self.memory_nodes), "channel_words": memory_words}
         self.k, self.shared_tile = k, check_bool("shared_tile", shared_tile)
         if shared_tile:
             self.tile_design = Tile(position=None, mesh=(k, k), **tile)
@@ -113,10 +140,23 @@ class Chip(wiring.Component):
         # A 1 x 1 chip has no network (no interfaces, no mesh): its tile's network ports
         # are tied off.
         self.nis = [NetworkInterface(n, x, y, k=k, vcs=vcs, depth=depth, max_packet=max_packet,
-                                     spad_words=spad_words, sim_gating=sim_gating)
+                                     spad_words=spad_words, memory_nodes=self.memory_nodes,
+                                     sim_gating=sim_gating)
                     for y in range(k) for x in range(k)] if k > 1 else []
-        self.mesh = Mesh(k, payload_bits=payload_bits(n), vcs=vcs, depth=depth,
+        self.mesh = Mesh(k, payload_bits=self.nis[0].config.payload_bits, vcs=vcs, depth=depth,
                          sim_gating=sim_gating) if k > 1 else None
+        channels = len(self.memory_nodes)
+        if channels:
+            total = (machine_balance_bandwidth(n, k * k) if memory_bandwidth is None
+                     else Fraction(memory_bandwidth))
+            self.memory_bandwidth = total
+            self.channels = [MemoryChannel(n, k=k, vcs=vcs, depth=depth, words=memory_words,
+                                           addr_bits=self.nis[0].addr_bits,
+                                           bytes_per_cycle=total / channels,
+                                           latency=memory_latency, max_packet=max_packet)
+                             for _ in self.memory_nodes]
+        else:
+            self.memory_bandwidth, self.channels = None, []
         tiles = k * k
         self.tile_bits = tile_bits = max(1, ceil_log2(tiles))
         sp = first.scratchpad
@@ -129,6 +169,7 @@ class Chip(wiring.Component):
             "engine_error": Out(data.ArrayLayout(3, tiles)),
             "ecc": Out(data.ArrayLayout(EccCounters(), tiles)),
             "net": Out(data.ArrayLayout(NetCounters(), tiles)),
+            "memory": Out(data.ArrayLayout(MemoryCounters(), max(channels, 1))),
             "host_req": In(stream.Signature(with_tile(sp.request_layout, tile_bits))),
             "host_resp": Out(stream.Signature(sp.response_layout)),
             "kv_req": In(stream.Signature(with_tile(sp.kv_request_layout, tile_bits))),
@@ -162,9 +203,12 @@ class Chip(wiring.Component):
             m.submodules[f"ni_{x}_{y}"] = ni = self.nis[index]
             wiring.connect(m, tile.net_out, ni.tile_out)
             wiring.connect(m, ni.tile_in, tile.net_in)
-            for v in range(len(ni.inject)):
-                wiring.connect(m, ni.inject[v], self.mesh.inject[index][v])
-                wiring.connect(m, self.mesh.eject[index][v], ni.eject[v])
+            if (x, y) in self.memory_nodes:
+                self._memory_node(m, index, self.memory_nodes.index((x, y)))
+            else:
+                for v in range(len(ni.inject)):
+                    wiring.connect(m, ni.inject[v], self.mesh.inject[index][v])
+                    wiring.connect(m, self.mesh.eject[index][v], ni.eject[v])
             counters = self.net[index]
             m.d.comb += [counters.sent.eq(ni.sent), counters.received.eq(ni.received),
                          counters.dropped_out.eq(ni.dropped_out),
@@ -175,9 +219,35 @@ class Chip(wiring.Component):
         bad_kv = self._fan_out(m, "kv")
         net_error = Cat(ni.error for ni in self.nis).any() if self.mesh is not None else 0
         mesh_error = self.mesh.error if self.mesh is not None else 0
-        with m.If(bad_tile | bad_host | bad_kv | net_error | mesh_error):
+        memory_error = Cat(c.error for c in self.channels).any() if self.channels else 0
+        with m.If(bad_tile | bad_host | bad_kv | net_error | mesh_error | memory_error):
             m.d.sync += self.error.eq(1)
         return m
+
+    def _memory_node(self, m: Module, index: int, channel: int) -> None:
+        """Node ``index`` with memory channel ``channel`` beside its tile: the request
+        VCs through a :class:`MemoryPort` (memory packets to the channel), the channel's
+        replies on the first response VC (the interface injects only requests)."""
+        ni, mesh, memory = self.nis[index], self.mesh, self.channels[channel]
+        config = ni.config
+        m.submodules[f"memory_{channel}"] = memory
+        m.submodules[f"memory_port_{channel}"] = port = MemoryPort(config, memory.payload_layout)
+        requests = config.class_vcs(MessageClass.REQUEST)
+        responses = config.class_vcs(MessageClass.RESPONSE)
+        for i, v in enumerate(requests):
+            wiring.connect(m, ni.inject[v], mesh.inject[index][v])
+            wiring.connect(m, mesh.eject[index][v], port.eject[i])
+            wiring.connect(m, port.tile[i], ni.eject[v])
+        for v in responses:
+            wiring.connect(m, mesh.eject[index][v], ni.eject[v])
+            if v == responses.start:
+                m.d.comb += ni.inject[v].ready.eq(0)
+            else:
+                wiring.connect(m, ni.inject[v], mesh.inject[index][v])
+        wiring.connect(m, memory.resp, mesh.inject[index][responses.start])
+        wiring.connect(m, port.req, memory.req)
+        counters = self.memory[channel]
+        m.d.comb += [counters[name].eq(getattr(memory, name)) for name, _ in counters.shape()]
 
     def _instance(self, tile) -> Instance:
         """An instance of :data:`TILE_MODULE` bound to the interface object ``tile``

@@ -12,14 +12,18 @@ from amaranth.lib.wiring import In, Out
 from rtl.scratchpad import Request, Response, failed
 from spec.isa import (
     ADDR_BITS,
+    CHANNEL_BITS,
     MAX_DMA_LENGTH,
+    MEM_ADDR_BITS,
     SIGNAL,
     TILE_MASK_BITS,
     DmaArgs,
+    DmaTarget,
     mesh_mask,
     tile_bit,
 )
-from spec.params import check_array_size, check_coord, check_grid, check_int
+from spec.memory import MemRead
+from spec.params import check_array_size, check_bool, check_coord, check_grid, check_int
 
 __all__ = ["DmaEngine", "NetWord"]
 
@@ -27,13 +31,17 @@ __all__ = ["DmaEngine", "NetWord"]
 class NetWord(data.StructLayout):
     """One word on the tile's network port: store ``data`` at ``addr`` on every tile of
     ``tiles`` (when ``write``); on ``last``, add one to semaphore ``semaphore`` there
-    (when ``signal``). A DMA of length 0 is one word with ``write = 0``, ``last = 1``."""
+    (when ``signal``). A DMA of length 0 is one word with ``write = 0``, ``last = 1``.
+
+    ``target`` STORE: ``data`` goes to word ``addr`` of memory channel ``channel``
+    (``tiles`` 0); LOAD: a read request to that channel, ``addr`` its first word and
+    ``data`` a :class:`spec.memory.MemRead` (``last`` 1, ``write`` 0)."""
 
     def __init__(self, n: int):
         super().__init__({
-            "tiles": unsigned(TILE_MASK_BITS), "addr": unsigned(ADDR_BITS),
+            "tiles": unsigned(TILE_MASK_BITS), "addr": unsigned(MEM_ADDR_BITS),
             "data": unsigned(8 * n), "write": 1, "last": 1, "signal": 1,
-            "semaphore": unsigned(4),
+            "semaphore": unsigned(4), "target": DmaTarget, "channel": unsigned(CHANNEL_BITS),
         })
 
 
@@ -48,6 +56,12 @@ class DmaEngine(wiring.Component):
     is written and sent. Reads run ahead of the writes by at most ``BUFFER`` words.
     ``error`` (sticky): a scratchpad response with an error status.
 
+    A STORE (``memory``) reads its words likewise and sends each to its memory channel
+    (``target`` STORE words); a LOAD reads nothing and sends one LOAD word, the read
+    request, whose reply raises ``remote_semaphore`` here through the network. Without
+    ``memory`` (the default; a memory DMA needs N ≥ 4 for its request) the engine is
+    never given one: the sequencer refuses them.
+
     ``position`` = (x, y) of the tile, or None: then the port ``mask_bit`` gives the
     tile's bit of a tile mask (y * 8 + x), so one design serves every tile of a chip.
     ``mesh`` = (columns, rows): a command's tile-mask bits of tiles outside it are
@@ -60,8 +74,10 @@ class DmaEngine(wiring.Component):
     BUFFER = 8
 
     def __init__(self, n: int = 8, position: tuple[int, int] | None = (0, 0),
-                 addr_bits: int = 16, mesh: tuple[int, int] = (8, 8)):
+                 addr_bits: int = 16, mesh: tuple[int, int] = (8, 8), memory: bool = False):
         check_array_size("n", n)
+        self.memory = check_bool("memory", memory)
+        self.read_layout = MemRead(n) if memory else None  # refuses N < 4
         check_int("addr_bits", addr_bits, 1, ADDR_BITS)
         mesh = check_grid("mesh", mesh, 8)
         if position is not None:
@@ -101,6 +117,15 @@ class DmaEngine(wiring.Component):
             own_bit = tile_bit(x, y)
         st.local = (st.cmd.tiles & own_bit).any()
         st.remote = st.cmd.tiles & ~own_bit
+        if self.memory:
+            st.store = st.cmd.target == DmaTarget.STORE
+            st.load = st.cmd.target == DmaTarget.LOAD
+            st.own_x, st.own_y = ((self.mask_bit[:3], self.mask_bit[3:6])
+                                  if self.position is None else self.position)
+        else:
+            st.store = st.load = Const(0)
+        # Words leave on the network: to other tiles, or to a memory channel.
+        st.outward = st.remote.any() | st.store
         m.d.comb += self.busy.eq(st.active)
 
         # Reads issued, responses expected: a tag per request (1 = read, 0 = write ack).
@@ -130,8 +155,11 @@ class DmaEngine(wiring.Component):
         m.d.comb += self.cmd.ready.eq(~st.active & ~st.done_valid & ~st.arrival_valid)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
-            m.d.sync += [st.cmd.eq(p), st.cmd.tiles.eq(p.tiles & mesh_mask(self.mesh)),
-                         st.active.eq(1), st.to_read.eq(p.length),
+            tiles = p.target == DmaTarget.TILES
+            m.d.sync += [st.cmd.eq(p), st.cmd.tiles.eq(Mux(tiles, p.tiles & mesh_mask(self.mesh),
+                                                           0)),
+                         st.active.eq(1),
+                         st.to_read.eq(Mux(p.target == DmaTarget.LOAD, 0, p.length)),
                          st.index.eq(0), st.written.eq(0), st.sent.eq(0), st.acks.eq(0),
                          st.finishing.eq(0)]
 
@@ -177,17 +205,27 @@ class DmaEngine(wiring.Component):
             m.d.sync += st.to_read.eq(st.to_read - 1)
 
     def _network(self, m: Module, st: SimpleNamespace) -> None:
-        """The head word to the other tiles; a length-0 DMA sends one bare word."""
+        """The head word to the other tiles or the memory channel; a length-0 DMA sends
+        one bare word, a LOAD its one request word."""
         cmd, remote = st.cmd, st.remote
         st.last_word = last_word = st.index == cmd.length - 1
         bare = st.active & (cmd.length == 0) & remote.any() & ~st.sent
+        request = st.active & st.load & ~st.sent
         net = self.net_out.payload
+        data = Mux(bare, 0, st.words.r_data)
+        if self.memory:
+            read = Signal(self.read_layout)
+            m.d.comb += [read.spad_addr.eq(cmd.dst), read.x.eq(st.own_x), read.y.eq(st.own_y),
+                         read.length.eq(cmd.length)]
+            data = Mux(request, read.as_value(), data)
         m.d.comb += [
-            net.tiles.eq(remote), net.addr.eq(cmd.dst + st.index),
-            net.data.eq(Mux(bare, 0, st.words.r_data)),
-            net.write.eq(~bare), net.last.eq(bare | last_word), net.signal.eq(cmd.remote_signal),
-            net.semaphore.eq(cmd.remote_semaphore),
-            self.net_out.valid.eq(bare | (st.active & st.head & remote.any() & ~st.sent)),
+            net.tiles.eq(remote),
+            net.addr.eq(Mux(st.store | st.load, cmd.mem_addr, cmd.dst) + st.index),
+            net.data.eq(data), net.target.eq(cmd.target), net.channel.eq(cmd.channel),
+            net.write.eq(~bare & ~request), net.last.eq(bare | request | last_word),
+            net.signal.eq(cmd.remote_signal & ~st.store), net.semaphore.eq(cmd.remote_semaphore),
+            self.net_out.valid.eq(bare | request
+                                  | (st.active & st.head & st.outward & ~st.sent)),
         ]
         with m.If(self.net_out.valid & self.net_out.ready):
             m.d.sync += st.sent.eq(1)
@@ -198,7 +236,7 @@ class DmaEngine(wiring.Component):
         local arrival if asked."""
         cmd, remote = st.cmd, st.remote
         head_written = st.written | st.write_issued | ~st.local
-        head_sent = st.sent | (self.net_out.valid & self.net_out.ready) | ~remote.any()
+        head_sent = st.sent | (self.net_out.valid & self.net_out.ready) | ~st.outward
         with m.If(st.active & st.head & head_written & head_sent & ~st.finishing):
             m.d.comb += st.words.r_en.eq(1)
             m.d.sync += [st.index.eq(st.index + 1), st.written.eq(0), st.sent.eq(0)]
@@ -206,7 +244,8 @@ class DmaEngine(wiring.Component):
                 m.d.sync += st.finishing.eq(1)
         with m.Elif(st.write_issued):
             m.d.sync += st.written.eq(1)
-        with m.If(st.active & (cmd.length == 0) & ~st.finishing & (~remote.any() | st.sent)):
+        with m.If(st.active & ((cmd.length == 0) | st.load) & ~st.finishing
+                  & (~(remote.any() | st.load) | st.sent)):
             m.d.sync += st.finishing.eq(1)
 
         with m.If(st.finishing & (st.acks == 0)):

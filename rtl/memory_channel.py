@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In, Out
 from rtl.network_interface import NetPayload, PacketKind, check_max_packet, payload_bits
 from spec.isa import ADDR_BITS
 from spec.memory import (
+    DEFAULT_LATENCY,
     MAX_LATENCY,
     MAX_MEMORY_ADDR_BITS,
     MemRead,
@@ -20,7 +21,7 @@ from spec.memory import (
 from spec.noc import COORD_BITS, DEFAULT_DEPTH, MessageClass, NocConfig
 from spec.params import check_array_size, check_int
 
-__all__ = ["MIN_LATENCY", "MemoryChannel"]
+__all__ = ["MIN_LATENCY", "MemoryChannel", "MemoryPort"]
 
 #: Width of the channel's counters (saturating).
 COUNTER_BITS = 32
@@ -65,8 +66,8 @@ class MemoryChannel(wiring.Component):
       tile (``x``, ``y``) as WRITE packets of at most ``max_packet`` flits on the
       response class, the last carrying the request's ``signal``/``semaphore``. Length 0:
       a single SIGNAL flit, once every earlier request has been served (a fence).
-      A read past the store, or to a tile outside the ``k`` x ``k`` mesh, is dropped and
-      counted, unanswered.
+      A read past the store, into words past a scratchpad's 2^16, or to a tile outside
+      the ``k`` x ``k`` mesh, is dropped and counted, unanswered.
     - Anything else (another kind, a read longer than one flit, a flit outside a
       packet) is dropped and counted (``dropped``, sticky ``error``); the channel keeps
       taking flits.
@@ -95,7 +96,7 @@ class MemoryChannel(wiring.Component):
 
     def __init__(self, n: int = 8, *, k: int = 2, vcs: int = 2, depth: int = DEFAULT_DEPTH,
                  words: int = 1 << 16, addr_bits: int | None = None,
-                 bytes_per_cycle=None, latency: int = 64, queue: int = 16,
+                 bytes_per_cycle=None, latency: int = DEFAULT_LATENCY, queue: int = 16,
                  max_packet: int = 8):
         self.n = check_array_size("n", n)
         self.read_layout = MemRead(n)  # refuses N < 4
@@ -155,7 +156,8 @@ class MemoryChannel(wiring.Component):
         take = self.req.valid & self.req.ready
         address = Mux(flit.head, p.addr, next_addr)
         read_fits = ((p.addr + request.length <= self.words) & (request.x < k)
-                     & (request.y < k))
+                     & (request.y < k)
+                     & (request.spad_addr + request.length <= 1 << ADDR_BITS))
         m.d.comb += [
             self.req.ready.eq(ops.w_rdy),
             new.addr.eq(address), new.data.eq(p.data), new.signal.eq(p.signal),
@@ -264,4 +266,62 @@ class MemoryChannel(wiring.Component):
         count(self.dropped, dropped + unended)
         with m.If(dropped | unended):
             m.d.sync += self.error.eq(1)
+        return m
+
+
+class MemoryPort(wiring.Component):
+    """The request side of a node that hosts a memory channel besides its tile: each
+    request-class VC ejected at the node (``eject``) goes on to the network interface
+    (``tile``, one stream per VC), except packets of kind MEM_READ or MEM_WRITE, which
+    go whole to the channel (``req``). A packet's head decides where the packet goes;
+    while a packet to the channel is open on one VC, the channel takes only that VC's
+    flits (then the lowest VC with a memory packet waiting goes next). A flit outside any
+    packet goes to the interface, which drops it and counts it."""
+
+    def __init__(self, config: NocConfig, payload_layout: data.StructLayout):
+        self.config, self.payload_layout = config, payload_layout
+        vcs = len(config.class_vcs(MessageClass.REQUEST))
+        flit = config.flit
+        super().__init__({
+            "eject": In(stream.Signature(flit)).array(vcs),
+            "tile": Out(stream.Signature(flit)).array(vcs),
+            "req": Out(stream.Signature(flit)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        vcs = len(self.eject)
+        owner = Signal(range(max(vcs, 2)))  # the VC whose memory packet is open
+        locked = Signal()
+        wants = []
+        for v in range(vcs):
+            eject, tile = self.eject[v], self.tile[v]
+            flit = eject.payload
+            kind = self.payload_layout(flit.payload).kind
+            memory = (kind == PacketKind.MEM_READ) | (kind == PacketKind.MEM_WRITE)
+            routing = Signal(name=f"vc{v}_to_channel")  # a memory packet is open on VC v
+            to_channel = Mux(flit.head, memory, routing)
+            want = Signal(name=f"vc{v}_wants_channel")
+            m.d.comb += [want.eq(eject.valid & to_channel), tile.payload.eq(flit),
+                         tile.valid.eq(eject.valid & ~to_channel)]
+            wants.append(want)
+            with m.If(~to_channel):
+                m.d.comb += eject.ready.eq(tile.ready)
+            with m.If(eject.valid & eject.ready & to_channel):
+                m.d.sync += routing.eq(~flit.tail)
+        grant = Signal(range(max(vcs, 2)))
+        with m.If(locked):
+            m.d.comb += grant.eq(owner)
+        with m.Else():
+            for v in reversed(range(vcs)):  # the lowest VC that wants the channel
+                with m.If(wants[v]):
+                    m.d.comb += grant.eq(v)
+        for v in range(vcs):
+            with m.If(grant == v):
+                m.d.comb += [self.req.valid.eq(wants[v]),
+                             self.req.payload.eq(self.eject[v].payload)]
+                with m.If(wants[v]):
+                    m.d.comb += self.eject[v].ready.eq(self.req.ready)
+        with m.If(self.req.valid & self.req.ready):
+            m.d.sync += [locked.eq(~self.req.payload.tail), owner.eq(grant)]
         return m

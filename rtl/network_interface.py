@@ -9,12 +9,19 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.dma_engine import NetWord
 from rtl.sim_gate import gated
-from spec.isa import ADDR_BITS, MASK_COLUMNS, TILE_MASK_BITS
+from spec.isa import (
+    ADDR_BITS,
+    CHANNEL_BITS,
+    MASK_COLUMNS,
+    MEM_ADDR_BITS,
+    TILE_MASK_BITS,
+    DmaTarget,
+)
 from spec.noc import DEFAULT_DEPTH, MAX_PACKET, MessageClass, NocConfig
-from spec.params import check_bool
+from spec.params import check_bool, check_coord
 
 __all__ = ["MAX_PACKET", "NetPayload", "NetworkInterface", "PacketKind", "check_max_packet",
-           "payload_bits"]
+           "check_memory_nodes", "payload_bits"]
 
 #: Width of the traffic and drop counters (saturating).
 COUNTER_BITS = 32
@@ -47,6 +54,17 @@ class NetPayload(data.StructLayout):
 def payload_bits(n: int, addr_bits: int = ADDR_BITS) -> int:
     """Flit payload width of the network that carries :class:`NetPayload` for size N."""
     return NetPayload(n, addr_bits).size
+
+
+def check_memory_nodes(nodes, k: int) -> tuple[tuple[int, int], ...]:
+    """``nodes`` as a tuple of (x, y) mesh positions, channel c at ``nodes[c]``, if each
+    lies in the ``k`` x ``k`` mesh and there are at most 2^CHANNEL_BITS; else a
+    ValueError."""
+    nodes = tuple(tuple(node) if isinstance(node, tuple | list) else node for node in nodes)
+    if len(nodes) > 1 << CHANNEL_BITS:
+        raise ValueError(f"at most {1 << CHANNEL_BITS} memory channels, not {len(nodes)}")
+    return tuple(check_coord(f"memory channel {c}", node, (k, k))
+                 for c, node in enumerate(nodes))
 
 
 def check_max_packet(max_packet: int) -> None:
@@ -109,10 +127,16 @@ class NetworkInterface(wiring.Component):
 
     def __init__(self, n: int = 8, x: int = 0, y: int = 0, *, k: int = 2, vcs: int = 2,
                  depth: int = DEFAULT_DEPTH, max_packet: int = 8, spad_words: int = 1 << ADDR_BITS,
-                 sim_gating: bool = False):
+                 memory_nodes: tuple = (), sim_gating: bool = False):
         if n not in (2, 4, 8, 16, 32):
             raise ValueError(f"word size N must be a power of two from 2 to 32, not {n!r}")
-        self.config = NocConfig(k=k, payload_bits=payload_bits(n), vcs=vcs, depth=depth)
+        self.memory_nodes = check_memory_nodes(memory_nodes, k)
+        if self.memory_nodes and n < 4:
+            raise ValueError(f"memory requests need N ≥ 4, not {n}")
+        # Flits carry memory addresses when the network reaches memory channels.
+        self.addr_bits = MEM_ADDR_BITS if self.memory_nodes else ADDR_BITS
+        self.config = NocConfig(k=k, payload_bits=payload_bits(n, self.addr_bits), vcs=vcs,
+                                depth=depth)
         if k > MASK_COLUMNS:
             raise ValueError(f"the tile mask has {MASK_COLUMNS} columns; k = {k} is too large")
         for name, value in (("x", x), ("y", y)):
@@ -168,17 +192,36 @@ class NetworkInterface(wiring.Component):
             for x in range(k):
                 with m.If(single & mask[y * k + x]):
                     m.d.comb += [dst.x.eq(x), dst.y.eq(y)]
+        # A memory word goes to its channel's node, alone or in MEM_WRITE packets.
+        memory = word.target != DmaTarget.TILES
+        kind = Signal(PacketKind)
+        m.d.comb += kind.eq(Mux(word.write, PacketKind.WRITE, PacketKind.SIGNAL))
+        if self.memory_nodes:
+            with m.If(memory):
+                m.d.comb += [single.eq(1), routable.eq(0),
+                             kind.eq(Mux(word.target == DmaTarget.STORE, PacketKind.MEM_WRITE,
+                                         PacketKind.MEM_READ))]
+                for channel, (x, y) in enumerate(self.memory_nodes):
+                    with m.If(word.channel == channel):
+                        m.d.comb += [dst.x.eq(x), dst.y.eq(y),
+                                     routable.eq((word.target == DmaTarget.STORE)
+                                                 | (word.target == DmaTarget.LOAD))]
+        else:
+            with m.If(memory):
+                m.d.comb += routable.eq(0)
 
         # The held flit: sent once the next word (or its own `last`) decides its tail.
         held = Signal(cfg.flit)
         held_valid = Signal()
         held_vc = Signal(range(cfg.vcs))
-        held_tiles = Signal(TILE_MASK_BITS)
-        held_addr = Signal(ADDR_BITS)
+        held_tiles = Signal(TILE_MASK_BITS + DmaTarget.as_shape().width + CHANNEL_BITS)
+        held_addr = Signal(self.addr_bits)
         held_final = Signal()  # the held flit ends its packet whatever comes next
         flits = Signal(range(self.max_packet + 1))  # flits of the open packet, held included
 
-        continues = (word.write & (word.tiles == held_tiles) & (word.addr == held_addr + 1)
+        destination = Cat(word.tiles, word.target, word.channel)
+        continues = (word.write & (destination == held_tiles)
+                     & (word.addr[:self.addr_bits] == held_addr + 1)
                      & (flits != self.max_packet))
         release = held_valid & (held_final | self.tile_out.valid)
         tail = held_final | ~continues
@@ -198,13 +241,12 @@ class NetworkInterface(wiring.Component):
         with m.If(sent_now):
             m.d.sync += held_valid.eq(0)
         with m.If(accepted & routable):
-            payload = Signal(NetPayload(n))
+            payload = Signal(NetPayload(n, self.addr_bits))
             new = Signal(cfg.flit)
             head = ~held_valid | tail
             m.d.comb += [
                 payload.data.eq(word.data), payload.addr.eq(word.addr),
-                payload.kind.as_value().eq(Mux(word.write, PacketKind.WRITE.value,
-                                                  PacketKind.SIGNAL.value)),
+                payload.kind.eq(kind),
                 payload.signal.eq(word.signal & word.last),
                 payload.semaphore.eq(word.semaphore),
                 new.payload.eq(payload), new.head.eq(head),
@@ -213,7 +255,7 @@ class NetworkInterface(wiring.Component):
                 new.dst.eq(dst),
             ]
             m.d.sync += [held.eq(new), held_valid.eq(1), held_vc.eq(vc),
-                         held_tiles.eq(word.tiles), held_addr.eq(word.addr),
+                         held_tiles.eq(destination), held_addr.eq(word.addr),
                          held_final.eq(word.last | ~word.write | ~single),
                          flits.eq(Mux(head, 1, flits + 1))]
         dropped = Signal(COUNTER_BITS)
@@ -250,13 +292,13 @@ class NetworkInterface(wiring.Component):
         belongs to no packet."""
         n, mp = self.n, self.max_packet
         eject = self.eject[v]
-        flit, payload = eject.payload, NetPayload(n)(eject.payload.payload)
+        flit, payload = eject.payload, NetPayload(n, self.addr_bits)(eject.payload.payload)
         word_q = fifo.SyncFIFOBuffered(width=8 * n, depth=2 * mp)
         desc_q = fifo.SyncFIFOBuffered(width=desc_layout.size, depth=2 * mp)
         m.submodules[f"words{v}"], m.submodules[f"descs{v}"] = word_q, desc_q
 
         open_ = Signal(name=f"vc{v}_open")  # a packet's head arrived, not its tail
-        addr = Signal(ADDR_BITS, name=f"vc{v}_addr")
+        addr = Signal(self.addr_bits, name=f"vc{v}_addr")
         stored = Signal(range(mp + 1), name=f"vc{v}_stored")  # its words in word_q
         bad = Signal(name=f"vc{v}_bad")
         write = Signal(name=f"vc{v}_write")

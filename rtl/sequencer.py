@@ -16,6 +16,7 @@ from spec.isa import (
     ACC_ADDR_BITS,
     ADDR_BITS,
     ARGS_OF,
+    CHANNEL_BITS,
     COUNT_BITS,
     DIM_BITS,
     EMPTY_ENTRY,
@@ -24,6 +25,7 @@ from spec.isa import (
     INSTRUCTION,
     INSTRUCTION_BITS,
     MASK_COLUMNS,
+    MEM_ADDR_BITS,
     REG_BITS,
     REGISTERS,
     SEMAPHORES,
@@ -32,6 +34,7 @@ from spec.isa import (
     WITH_FIELDS,
     WITH_SLOTS,
     DmaArgs,
+    DmaTarget,
     GemmArgs,
     Opcode,
     VecArgs,
@@ -50,9 +53,9 @@ class ErrorCode(enum.Enum, shape=4):
 
     NONE = 0
     ILLEGAL_OPCODE = 1  # opcode 0 or 15
-    BAD_ADDRESS = 2  # a region runs past the end of the scratchpad
+    BAD_ADDRESS = 2  # a region runs past the end of the scratchpad (or of a memory channel)
     BAD_SHAPE = 3  # a GEMM with m, k or p = 0; a VEC with no rows or beats, or past the slots
-    BAD_TILE = 4  # a DMA to no tile, or to a tile outside the mesh
+    BAD_TILE = 4  # a DMA to no tile, a tile outside the mesh or a memory channel not there
     SEMAPHORE_OVERFLOW = 5  # a semaphore counter would pass 2**16 - 1
     PC_OVERFLOW = 6  # the program ran off the end of its memory, or branched past it
     BAD_REGISTER = 7  # a register value that does not fit where it goes (ADD, LOOP, WITH)
@@ -107,6 +110,9 @@ class Sequencer(wiring.Component):
         Vector-unit slots; a VEC's rows use slots ``slot`` .. ``slot + rows - 1``.
     mesh : (int, int)
         Mesh columns and rows, for checking DMA destinations.
+    memory_channels, channel_words : int
+        Memory channels a DMA may name (``channel`` below this) and the words of each,
+        for checking memory DMAs (none by default: every STORE or LOAD is ``BAD_TILE``).
     program_depth : int
         Instruction words, a power of two.
 
@@ -125,7 +131,8 @@ class Sequencer(wiring.Component):
 
     def __init__(self, *, array_size: int = 8, scratchpad_words: int = 16384,
                  acc_depth: int = 256, slots: int = 8,
-                 mesh: tuple[int, int] = (2, 2), program_depth: int = 256):
+                 mesh: tuple[int, int] = (2, 2), program_depth: int = 256,
+                 memory_channels: int = 0, channel_words: int = 0):
         check_array_size("array size", array_size)
         check_int("scratchpad_words", scratchpad_words, 1, 1 << 16)
         # The engines' accumulator memory is a power of two deep (rtl.accumulator).
@@ -133,6 +140,10 @@ class Sequencer(wiring.Component):
         check_int("slots", slots, 1, 64)
         columns, rows = check_grid("mesh", mesh, 8)
         check_int("program_depth", program_depth, 2, 1 << 16, power_of_two=True)
+        self.memory_channels = check_int("memory_channels", memory_channels, 0,
+                                         1 << CHANNEL_BITS)
+        self.channel_words = check_int("channel_words", channel_words,
+                                       1 if memory_channels else 0, 1 << MEM_ADDR_BITS)
         self.array_size = array_size
         self.scratchpad_words = scratchpad_words
         self.acc_depth, self.slots = acc_depth, slots
@@ -684,6 +695,7 @@ class _Checks:
         self.n, self.words, self.entries = (sequencer.array_size, sequencer.scratchpad_words,
                                             sequencer.acc_depth)
         self.slots = sequencer.slots
+        self.channels, self.channel_words = sequencer.memory_channels, sequencer.channel_words
         self.a_words, self.b_words, self.c_entries = Signal(24), Signal(24), Signal(24)
         self.tile_entries, self.scalar_entries = Signal(20), Signal(8)
         self.spad_words = Signal(14)
@@ -712,6 +724,14 @@ class _Checks:
 
     def fits(self, base, length, limit=None):
         return (base + length) <= (self.words if limit is None else limit)
+
+    def memory_ok(self, dma):
+        """A memory DMA names a target and a channel the chip has (none without
+        channels: no comparison with 0 is built)."""
+        if not self.channels:
+            return Const(0)
+        return (((dma.target == DmaTarget.STORE) | (dma.target == DmaTarget.LOAD))
+                & (dma.channel < self.channels))
 
     def vec_region(self, base, scalar):
         return self.fits(base, Mux(scalar, self.scalar_entries, self.tile_entries),
@@ -752,8 +772,13 @@ class _Checks:
                                   & (~vec.total_write
                                      | fits(vec.total, self.scalar_entries, entries))
                                   & self.dst_ok),
-            self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)),
-            self.dma_ok_tiles.eq((dma.tiles != 0) & ((dma.tiles & self.outside) == 0)),
+            self.dma_ok_bounds.eq(fits(dma.src, dma.length) & fits(dma.dst, dma.length)
+                                  & ((dma.target == DmaTarget.TILES)
+                                     | (dma.mem_addr + dma.length <= self.channel_words
+                                        if self.channels else Const(0)))),
+            self.dma_ok_tiles.eq(Mux(dma.target == DmaTarget.TILES,
+                                     (dma.tiles != 0) & ((dma.tiles & self.outside) == 0),
+                                     self.memory_ok(dma))),
             self.load_ok.eq((self.args.load.addr < Mux(self.args.load.acc, self.entries,
                                                        self.words))
                             & (self.args.load.lane < self.n)),

@@ -75,7 +75,9 @@ class Tile(wiring.Component):
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
     port can flip stored bits, a test hook), ``sim_gating`` (for simulation: the vector
     unit's and the tensor core's clocks are gated while they are idle, which Verilator
-    skips; see :class:`rtl.vec_engine.VecEngine` and :class:`rtl.gemm_engine.GemmEngine`).
+    skips; see :class:`rtl.vec_engine.VecEngine` and :class:`rtl.gemm_engine.GemmEngine`),
+    ``memory_channels`` and ``channel_words`` (the chip's memory channels a STORE or LOAD
+    DMA may name and the words of each; none by default).
     """
 
     def __init__(self, *, n: int = 8, position: tuple[int, int] | None = (0, 0),
@@ -83,7 +85,7 @@ class Tile(wiring.Component):
                  page_size: int = 16, token_words: int = 4, num_pages: int = 64,
                  sequences: int = 4, max_pages: int = 64, acc_depth: int = 256,
                  slots: int = 8, program_depth: int = 4096, fault_injection: bool = False,
-                 sim_gating: bool = False):
+                 sim_gating: bool = False, memory_channels: int = 0, channel_words: int = 0):
         check_array_size("n", n)
         mesh = check_grid("mesh", mesh, 8)
         if position is not None:
@@ -97,7 +99,9 @@ class Tile(wiring.Component):
         sp = self.scratchpad
         self.sequencer = Sequencer(array_size=n, scratchpad_words=sp.words,
                                    acc_depth=acc_depth, slots=slots, mesh=mesh,
-                                   program_depth=program_depth)
+                                   program_depth=program_depth,
+                                   memory_channels=memory_channels,
+                                   channel_words=channel_words)
         self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
         self.sim_gating = check_bool("sim_gating", sim_gating)
         pc_bits = ceil_log2(program_depth)
@@ -134,7 +138,8 @@ class Tile(wiring.Component):
                                                    gate_unit_clock=self.sim_gating)
         # (The DMA engine's read addresses need only the scratchpad's address bits.)
         m.submodules.dma = dma = DmaEngine(n, position=self.position, mesh=self.mesh,
-                                           addr_bits=ceil_log2(sp.words))
+                                           addr_bits=ceil_log2(sp.words),
+                                           memory=self.sequencer.memory_channels > 0)
         if self.position is None:
             m.d.comb += dma.mask_bit.eq(self.mask_bit)
 

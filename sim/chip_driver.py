@@ -135,6 +135,13 @@ class ChipDriver(TileDriver):
         """The clock cycle now, counted from the start of the simulation."""
         return int(get_sim_time("ns")) // CLOCK_NS
 
+    def memory_counters(self) -> list[dict[str, int]]:
+        """Each memory channel's counters (reads, writes, requests, dropped)."""
+        value = data.Const(self.dut_layout("memory"), self.dut.memory.value.to_unsigned())
+        return [{name: int(value[c][name]) for name in ("reads", "writes", "requests",
+                                                        "dropped")}
+                for c in range(len(self.chip.channels))]
+
     def net_counters(self) -> list[dict[str, int]]:
         """Each network interface's counters (sent, received, dropped_out, dropped_in)."""
         value = data.Const(self.dut_layout("net"), self.dut.net.value.to_unsigned())

@@ -9,6 +9,7 @@ import json
 import pickle
 import tempfile
 from dataclasses import asdict
+from fractions import Fraction
 from pathlib import Path
 
 from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
@@ -47,7 +48,11 @@ def chip_from_config(config: ChipConfig, *, shared_tile: bool = False,
     tile = config.tile.to_rtl(fault_injection=fault_injection)
     return Chip(config.k, tile={**tile, "sim_gating": shared_tile},
                 vcs=config.vcs, depth=config.depth, max_packet=config.max_packet,
-                shared_tile=shared_tile, sim_gating=shared_tile)
+                shared_tile=shared_tile, sim_gating=shared_tile,
+                memory_nodes=config.memory_nodes, memory_words=config.memory_words,
+                memory_latency=config.memory_latency,
+                memory_bandwidth=None if config.memory_bandwidth is None
+                else Fraction(config.memory_bandwidth))
 
 
 @functools.cache

@@ -14,9 +14,11 @@ from spec.isa import (
     EMPTY_ENTRY,
     ENTRY_BITS,
     ENTRY_ROW_BITS,
+    INSTRUCTION,
     REG_BITS,
     WITH_FIELDS,
     WITH_SLOTS,
+    DmaTarget,
     Opcode,
     VecDst,
     decode,
@@ -42,12 +44,14 @@ HALT = encode(Opcode.HALT)
 @dataclass(frozen=True)
 class Sizes:
     """What the checks compare against: scratchpad words, accumulator entries, vector
-    slots, the mesh (columns, rows)."""
+    slots, the mesh (columns, rows), the memory channels and the words of each."""
 
     words: int
     entries: int
     slots: int
     mesh: tuple[int, int]
+    channels: int = 0
+    channel_words: int = 0
 
 
 def gemm(**fields) -> int:
@@ -62,6 +66,12 @@ def vec(**fields) -> int:
 
 def dma(**fields) -> int:
     return encode(Opcode.DMA, **({"src": 0, "dst": 0, "length": 4, "tiles": 1} | fields))
+
+
+#: The bits of a DMA's ``target`` field holding 3, which names no target (the encoder
+#: refuses it).
+_DMA_TARGET_3 = 3 << (INSTRUCTION["args"].offset
+                      + INSTRUCTION["args"].shape["dma"].shape["target"].offset)
 
 
 def bad_instructions(s: Sizes) -> list[tuple[str, int, str]]:
@@ -102,7 +112,28 @@ def bad_instructions(s: Sizes) -> list[tuple[str, int, str]]:
         ("DMA past the mesh's rows", dma(tiles=tile_bit(0, s.mesh[1])), "BAD_TILE"),
         ("DMA source past the end", dma(src=words - 1, length=2), "BAD_ADDRESS"),
         ("DMA destination past the end", dma(dst=words - 1, length=2), "BAD_ADDRESS"),
-    ]
+    ] + _memory_dmas(s)
+
+
+def _memory_dmas(s: Sizes) -> list[tuple[str, int, str]]:
+    """Memory DMAs each of which fails a check, with the error ``expected_error`` gives
+    on a chip of ``s``'s channels (without channels, BAD_ADDRESS for all: their words
+    run past a channel of no words)."""
+    store, load = DmaTarget.STORE.value, DmaTarget.LOAD.value
+    past = max(s.channel_words - 3, 0)
+    cases = [("STORE to a channel the chip lacks", {"target": store, "channel": s.channels}),
+             ("LOAD from a channel the chip lacks", {"target": load, "channel": s.channels}),
+             ("a DMA of target 3", {"target": 3}),
+             ("STORE past its channel", {"target": store, "mem_addr": past}),
+             ("LOAD past its channel", {"target": load, "mem_addr": past}),
+             ("LOAD into words past the scratchpad", {"target": load, "dst": s.words - 3})]
+    out = []
+    for what, fields in cases:
+        f = {"src": 0, "dst": 0, "length": 4, "tiles": 0, "channel": 0, "mem_addr": 0} | fields
+        word = (dma(**(f | {"target": 0})) | _DMA_TARGET_3 if f["target"] == 3
+                else dma(**f))
+        out.append((what, word, expected_error(Opcode.DMA, f, s, 8)))
+    return out
 
 
 def fitting_program(s: Sizes) -> list[int]:
@@ -195,8 +226,14 @@ def expected_error(opcode: Opcode, f: dict, s: Sizes, n: int) -> str:
               and (not f["total_write"] or fits(f["total"], scalar, entries))
               and fits(f["dst"], length, limit))
         return "NONE" if ok else "BAD_ADDRESS"
-    if not (fits(f["src"], f["length"], words) and fits(f["dst"], f["length"], words)):
+    target = int(getattr(f.get("target", 0), "value", f.get("target", 0)))
+    memory = target != DmaTarget.TILES.value
+    if not (fits(f["src"], f["length"], words) and fits(f["dst"], f["length"], words)
+            and (not memory or fits(f.get("mem_addr", 0), f["length"], s.channel_words))):
         return "BAD_ADDRESS"
+    if memory:
+        known = target in (DmaTarget.STORE.value, DmaTarget.LOAD.value)
+        return "NONE" if known and f.get("channel", 0) < s.channels else "BAD_TILE"
     inside = mesh_mask(s.mesh)
     return "NONE" if f["tiles"] and not f["tiles"] & ~inside else "BAD_TILE"
 
@@ -763,6 +800,13 @@ def _sums_just_too_wide() -> list[tuple[str, list[int], str, int]]:
         for number, name in enumerate(names, 1):
             width = field_width(opcode, name)
             if name == "tiles":
+                continue
+            if width > REG_BITS:  # a register alone cannot overflow it: the field's top can
+                out += [(f"WITH slot {slot}: {opcode.name} {name} + r = 2**{width}",
+                         [op(Opcode.SET, rd=1, value=(1 << REG_BITS) - 1),
+                          with_(*[(0, 0)] * slot, (number, 1)),
+                          bases[opcode](**{name: (1 << width) - (1 << REG_BITS) + 1}), HALT],
+                         "BAD_REGISTER", 2) for slot in range(WITH_SLOTS)]
                 continue
             sums = [(slot, width) for slot in range(WITH_SLOTS)]
             sums += [(0, power) for power in range(width + 1, REG_BITS + 1)]

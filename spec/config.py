@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
+from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 from spec.params import MAX_N, MIN_N
 
@@ -214,10 +215,23 @@ class ChipConfig:
     vcs: int = 2
     depth: int = DEFAULT_DEPTH
     max_packet: int = 8
+    #: Memory channels (``rtl.memory_channel``): the node of each (default: one per
+    #: row on the west edge, none on a 1 x 1 chip), the words of each store, their
+    #: access latency and their total bandwidth in bytes per cycle as a fraction
+    #: ("7/8"; default: the machine balance, ``spec.memory.machine_balance_bandwidth``).
+    memory_nodes: tuple | None = None
+    memory_words: int = DEFAULT_MEMORY_WORDS
+    memory_latency: int = DEFAULT_LATENCY
+    memory_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or not 1 <= self.k <= 8:
             raise ValueError(f"ChipConfig: the mesh side k must be 1..8, not {self.k!r}")
+        nodes = (tuple((0, y) for y in range(self.k)) if self.k > 1 else ()) \
+            if self.memory_nodes is None else tuple(tuple(node) for node in self.memory_nodes)
+        object.__setattr__(self, "memory_nodes", nodes)
+        if nodes and self.k == 1:
+            raise ValueError("ChipConfig: a 1 x 1 chip has no network to reach memory channels")
         if not isinstance(self.tile, TileConfig):
             raise ValueError(f"ChipConfig: tile must be a TileConfig, not {self.tile!r}")
         if type(self.vcs) is not int or self.vcs not in (2, 4, 6, 8):

@@ -24,12 +24,12 @@ from amaranth import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "ACC_ADDR_BITS", "ADDR_BITS", "EMPTY_ENTRY", "ENTRY_BITS", "ENTRY_ROW_BITS", "INSTRUCTION",
-    "INSTRUCTION_BITS", "MASK_COLUMNS", "PC_BITS", "REGISTERS", "REG_BITS", "SEMAPHORES", "SIGNAL",
-    "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs", "GemmArgs", "IdmaArgs", "LoadArgs",
-    "LoopArgs", "Opcode", "SetArgs", "SkipArgs", "VecArgs", "VecDst", "VecPack", "WaitArgs",
-    "WithArgs", "decode", "encode", "entries_per_word", "field_width", "index_entry",
-    "mesh_mask", "tile_bit", "tile_index",
+    "ACC_ADDR_BITS", "ADDR_BITS", "CHANNEL_BITS", "EMPTY_ENTRY", "ENTRY_BITS", "ENTRY_ROW_BITS",
+    "INSTRUCTION", "INSTRUCTION_BITS", "MASK_COLUMNS", "MEM_ADDR_BITS", "PC_BITS", "REGISTERS",
+    "REG_BITS", "SEMAPHORES", "SIGNAL", "WITH_FIELDS", "WITH_SLOTS", "AddArgs", "DmaArgs",
+    "DmaTarget", "GemmArgs", "IdmaArgs", "LoadArgs", "LoopArgs", "Opcode", "SetArgs",
+    "SkipArgs", "VecArgs", "VecDst", "VecPack", "WaitArgs", "WithArgs", "decode", "encode",
+    "entries_per_word", "field_width", "index_entry", "mesh_mask", "tile_bit", "tile_index"
 ]
 
 #: Width of an instruction word.
@@ -62,6 +62,9 @@ COUNT_BITS = 16
 TILE_MASK_BITS = 64
 #: Columns of a tile mask's grid (a tile's bit index is ``y * MASK_COLUMNS + x``).
 MASK_COLUMNS = 8
+#: Memory channels a DMA can name, and the width of a word address in a channel.
+CHANNEL_BITS = 3
+MEM_ADDR_BITS = 24
 
 
 def tile_index(x: int, y: int) -> int:
@@ -212,11 +215,27 @@ class VecArgs(data.StructLayout):
         })
 
 
-class DmaArgs(data.StructLayout):
-    """Copy ``length`` words from local ``src`` to ``dst`` on every tile in ``tiles``.
+class DmaTarget(enum.Enum, shape=2):
+    """Where a DMA moves words: between scratchpads, or to or from a memory channel."""
 
-    On arrival at each destination, that tile's semaphore ``remote_semaphore`` is
-    incremented when ``remote_signal`` is set. ``length`` 0 sends only the signal.
+    TILES = 0  # from ``src`` here to ``dst`` on every tile of ``tiles``
+    STORE = 1  # from ``src`` here into memory channel ``channel`` from ``mem_addr`` on
+    LOAD = 2  # from memory channel ``channel``'s ``mem_addr`` on into ``dst`` here
+
+
+class DmaArgs(data.StructLayout):
+    """Copy ``length`` words; ``target`` says between what (:class:`DmaTarget`).
+
+    TILES: from local ``src`` to ``dst`` on every tile in ``tiles``; on arrival at each
+    destination, that tile's semaphore ``remote_semaphore`` is incremented when
+    ``remote_signal`` is set. ``length`` 0 sends only the signal.
+
+    STORE: from local ``src`` into memory channel ``channel``, from word ``mem_addr`` on
+    (``tiles``, ``dst`` and the remote signal unused). LOAD: from memory channel
+    ``channel``'s words ``mem_addr`` on into local ``dst``; ``remote_semaphore`` is raised
+    here (with ``remote_signal``) when the last word has arrived; ``length`` 0 raises it
+    once every earlier request to the channel has been served (a fence). ``signal``: the
+    engine has sent the words (STORE) or the request (LOAD).
     """
 
     def __init__(self):
@@ -228,6 +247,9 @@ class DmaArgs(data.StructLayout):
             "tiles": unsigned(TILE_MASK_BITS),
             "remote_signal": 1,
             "remote_semaphore": unsigned(4),
+            "target": DmaTarget,
+            "channel": unsigned(CHANNEL_BITS),
+            "mem_addr": unsigned(MEM_ADDR_BITS),
         })
 
 
@@ -360,7 +382,7 @@ class LoadArgs(data.StructLayout):
 WITH_FIELDS = {
     Opcode.GEMM: ("a", "b", "c", "a_lo", "m", "k", "p"),
     Opcode.VEC: ("a", "b", "c", "dst", "total", "rows", "beats"),
-    Opcode.DMA: ("src", "dst", "length", "tiles"),
+    Opcode.DMA: ("src", "dst", "length", "tiles", "mem_addr"),
     Opcode.WAIT: ("count",),
     Opcode.SIGNAL: ("count",),
     Opcode.LOAD: ("addr",),

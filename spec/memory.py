@@ -14,13 +14,15 @@ from fractions import Fraction
 from amaranth import unsigned
 from amaranth.lib import data
 
-from spec.isa import ADDR_BITS
+from spec.isa import ADDR_BITS, MEM_ADDR_BITS
 from spec.noc import COORD_BITS
 from spec.params import check_array_size, check_int
 
-__all__ = ["H100_BALANCE", "MAX_BANDWIDTH_DENOMINATOR", "MAX_LATENCY", "MAX_MEMORY_ADDR_BITS",
-           "MemRead", "check_bandwidth", "length_bits", "machine_balance_bandwidth",
-           "peak_ops_per_cycle"]
+__all__ = [
+    "DEFAULT_LATENCY", "DEFAULT_MEMORY_WORDS", "H100_BALANCE", "MAX_BANDWIDTH_DENOMINATOR",
+    "MAX_LATENCY", "MAX_MEMORY_ADDR_BITS", "MemRead", "check_bandwidth", "length_bits",
+    "machine_balance_bandwidth", "peak_ops_per_cycle"
+]
 
 #: The machine balance the default bandwidth is taken from: int8 operations per byte of
 #: memory bandwidth of an NVIDIA H100 SXM5 — 1,979 TOPS dense int8 over 3.35 TB/s of
@@ -31,10 +33,16 @@ H100_BALANCE = Fraction(1979 * 10**12, 335 * 10**10)
 #: A channel's bandwidth is a fraction of bytes per cycle with at most this denominator
 #: (the credit counter's unit).
 MAX_BANDWIDTH_DENOMINATOR = 256
-#: Most cycles of access latency a channel models (its timestamps are 16 bits).
+#: Most cycles of access latency a channel models.
 MAX_LATENCY = 4096
-#: Most word-address bits of a channel's store (2^24 words of 8 bytes = 128 MiB at N = 8).
-MAX_MEMORY_ADDR_BITS = 24
+#: A channel's access latency unless a design point says otherwise, in cycles: 64 ns at
+#: 1 GHz, the order of a DRAM or HBM access.
+DEFAULT_LATENCY = 64
+#: Words of a channel's store unless a design point says otherwise (2 MiB at N = 8).
+DEFAULT_MEMORY_WORDS = 1 << 18
+#: Most word-address bits of a channel's store (2^24 words of 8 bytes = 128 MiB at N = 8):
+#: what a DMA's ``mem_addr`` holds.
+MAX_MEMORY_ADDR_BITS = MEM_ADDR_BITS
 
 
 def peak_ops_per_cycle(n: int, tiles: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from functools import partial
 from pathlib import Path
 
 import cocotb
@@ -14,7 +15,7 @@ from sim.chip_driver import ChipDriver
 from sim.chip_run import chip_from_config, chip_from_json, harness_depths
 from sim.faults import FaultInjector, FaultPlan
 from sim.runner import parameters, report
-from spec.isa import Opcode, decode, encode
+from spec.isa import DmaTarget, Opcode, decode, encode
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -68,6 +69,54 @@ async def chip_network(dut):
     assert sum(c["dropped_in"] + c["dropped_out"] for c in net) == 0, net
     assert int(dut.error.value) == 0
     report(passed=True, cycles=run.cycles, net=net)
+
+
+@cocotb.test()
+async def chip_memory(dut):
+    """STORE and LOAD DMAs through the memory channels: a tile stores words in both
+    channels, fences, tells another tile, and both read the words back; the tile beside
+    channel 0 stores and loads through its own node; a STORE to a channel the chip lacks
+    stops its tile with BAD_TILE."""
+    driver, config = await _driver(dut)
+    assert len(config.memory_nodes) == 2 and config.tiles == 4
+    mask = 1 << (8 * config.tile.n) - 1
+    words = [(0x0123456789ABCDEF * (i + 3)) & mask for i in range(20)]
+    store, load = dict(target=DmaTarget.STORE), dict(target=DmaTarget.LOAD, remote_signal=1)
+    dma, wait = partial(encode, Opcode.DMA), partial(encode, Opcode.WAIT)
+    programs = {
+        1: [dma(src=100, length=20, channel=0, mem_addr=1000, **store),
+            dma(src=105, length=5, channel=1, mem_addr=50, **store),
+            dma(channel=0, remote_semaphore=2, **load),  # fences: the words are stored
+            dma(channel=1, remote_semaphore=2, **load),
+            wait(semaphore=2, count=2),
+            dma(tiles=config.mask(3), remote_signal=1, remote_semaphore=3),
+            dma(dst=300, length=20, channel=0, mem_addr=1000, remote_semaphore=4, **load),
+            wait(semaphore=4, count=1), encode(Opcode.HALT)],
+        3: [wait(semaphore=3, count=1),
+            dma(dst=200, length=5, channel=1, mem_addr=50, remote_semaphore=5, **load),
+            dma(dst=400, length=20, channel=0, mem_addr=1000, remote_semaphore=5, **load),
+            wait(semaphore=5, count=2), encode(Opcode.HALT)],
+        0: [dma(src=100, length=3, channel=0, mem_addr=3000, **store),
+            dma(dst=500, length=3, channel=0, mem_addr=3000, remote_semaphore=6, **load),
+            wait(semaphore=6, count=1), encode(Opcode.HALT)],
+        2: [dma(src=100, length=1, channel=2, **store), encode(Opcode.HALT)],
+    }
+    writes = {t: {100 + i: w for i, w in enumerate(words)} for t in (0, 1)}
+    await driver.load_tiles({t: (p, writes.get(t, {}), []) for t, p in programs.items()})
+    run = await driver.run_tiles(sorted(programs), 20_000)
+    assert run.tiles[2].error == ErrorCode.BAD_TILE and run.tiles[2].pc == 0, run.tiles[2]
+    for t in (0, 1, 3):
+        assert run.tiles[t].error == ErrorCode.NONE and run.tiles[t].engine_error == 0, t
+    got = await driver.read_tiles({1: [300 + i for i in range(20)],
+                                   3: [200 + i for i in range(5)] + [400 + i for i in range(20)],
+                                   0: [500 + i for i in range(3)]})
+    assert got[1] == words and got[3] == words[5:10] + words and got[0] == words[:3], got
+    memory = driver.memory_counters()
+    assert memory == [{"reads": 20 + 20 + 3, "writes": 20 + 3, "requests": 2 + 1 + 1,
+                       "dropped": 0},
+                      {"reads": 5, "writes": 5, "requests": 2, "dropped": 0}], memory
+    assert int(dut.error.value) == 0
+    report(passed=True, cycles=run.cycles, memory=memory)
 
 
 def _sample_coverage(rnd, workload, config) -> None:

@@ -28,6 +28,11 @@ def test_dma_between_tiles_unicast_and_multicast():
     assert sent[0] == 5 + 1 and sent[3] == 5, sent  # flits: 5 + a multicast; 5 back
 
 
+def test_tiles_store_and_load_words_through_the_memory_channels():
+    result = simulate_chip(TINY, "chip_memory", {})
+    assert result["passed"]
+
+
 @pytest.mark.nightly
 def test_a_threaded_build_runs_the_layer_exactly():
     """``--threads 2``: the chip evaluated on two Verilator threads (its own build)."""

@@ -6,6 +6,7 @@ import pytest
 
 from golden.chip_model import ChipModel, mask_of
 from spec import isa
+from spec.isa import DmaTarget
 
 
 def dma(src, dst, length, tiles, sem=None):
@@ -91,3 +92,25 @@ def test_one_tile_keeps_refusing_remote_dma():
     assert tile.would_block("WAIT", {"semaphore": 0, "count": 1})
     with pytest.raises(NotImplementedError, match="ChipModel"):
         tile.step("DMA", {"src": 0, "dst": 0, "length": 1, "tiles": 2})
+
+
+def test_memory_channels_store_and_load():
+    """A STORE's words land in its channel; a LOAD copies them into the requester and
+    raises its semaphore; one of no words raises it alone; a channel the chip lacks,
+    or words past a channel, are refused."""
+    chip = ChipModel(2, n=4, spad_words=64, acc_depth=8, memory_channels=2, channel_words=100)
+    a = chip.tile(0, 0)
+    a.spad[0:3] = [11, 12, 13]
+    store = ("DMA", dict(src=0, length=3, target=DmaTarget.STORE, channel=1, mem_addr=97))
+    load = ("DMA", dict(dst=10, length=4, target=DmaTarget.LOAD, channel=1, mem_addr=96,
+                        remote_signal=1, remote_semaphore=5))
+    fence = ("DMA", dict(target=DmaTarget.LOAD, channel=0, remote_signal=1, remote_semaphore=6))
+    chip.run({(0, 0): [store, ("HALT", {})], (1, 1): [load, fence, ("WAIT", dict(semaphore=5,
+                                                                                 count=1)),
+                                                      ("WAIT", dict(semaphore=6, count=1)),
+                                                      ("HALT", {})]})
+    assert chip.channels[1] == {97: 11, 98: 12, 99: 13}
+    assert chip.tile(1, 1).spad[10:14] == [0, 11, 12, 13]
+    for bad in (dict(channel=2, mem_addr=0), dict(channel=0, mem_addr=98)):
+        with pytest.raises(ValueError, match="channel"):
+            chip.tile(0, 1).step("DMA", dict(src=0, length=3, target=DmaTarget.STORE, **bad))

@@ -10,17 +10,18 @@ from amaranth.sim import Simulator
 
 from rtl.dma_engine import DmaEngine
 from sim.runner import run_amaranth
-from spec.isa import tile_bit
+from spec.isa import DmaTarget, tile_bit
+from spec.memory import MemRead
 
 OWN = tile_bit(1, 1)
 OTHER = (1 << 0) | (1 << 8)  # tiles (0, 0) and (0, 1)
 
 
-def run(commands, memory, *, seed=0, stall=0.3):
+def run(commands, memory, *, seed=0, stall=0.3, channels=False):
     rng = np.random.default_rng(seed)
-    dut = DmaEngine(4, position=(1, 1))
+    dut = DmaEngine(4, position=(1, 1), memory=channels)
     mem = dict(memory)
-    events = {"done": [], "arrival": [], "net": []}
+    events = {"done": [], "arrival": [], "net": [], "targets": []}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
 
@@ -35,7 +36,8 @@ def run(commands, memory, *, seed=0, stall=0.3):
             ctx.set(dut.cmd.valid, 1)
             await ctx.tick().until(dut.cmd.ready)
             ctx.set(dut.cmd.valid, 0)
-            for name in ("remote_signal", "remote_semaphore"):
+            for name in ("remote_signal", "remote_semaphore", "target", "channel",
+                         "mem_addr", "tiles"):
                 ctx.set(getattr(dut.cmd.payload, name), 0)
         for _ in range(5000):  # watchdog
             if len(events["done"]) == len(commands):
@@ -73,6 +75,7 @@ def run(commands, memory, *, seed=0, stall=0.3):
                 events["net"].append((int(net.tiles), int(net.addr), int(net.data),
                                       int(net.write), int(net.last), int(net.signal),
                                       int(net.semaphore)))
+                events["targets"].append((net.target.value, int(net.channel)))
             if done_valid:
                 events["done"].append((int(done.enable), int(done.semaphore)))
             if arrival_valid:
@@ -105,6 +108,32 @@ def test_local_copy_and_remote_words(seed):
         (OTHER, 302, 0x1002, 1, 1, 1, 7),
         (OTHER, 0, 0, 0, 1, 1, 3),  # length 0: one bare signalling word
     ]
+
+
+def test_stores_and_loads_to_memory_channels(seed):
+    """A STORE sends its words to the channel (no local write); a LOAD sends one request
+    word carrying its MemRead (this tile's position, the destination, the length); a
+    LOAD of no words is a fence, one request word too."""
+    source = {100 + i: 0x2000 + i for i in range(5)}
+    store, load = DmaTarget.STORE, DmaTarget.LOAD
+    commands = [
+        {"src": 100, "length": 5, "target": store, "channel": 2, "mem_addr": 7000,
+         "signal": {"enable": 1, "semaphore": 1}},
+        {"dst": 250, "length": 6, "target": load, "channel": 1, "mem_addr": 40,
+         "signal": {"enable": 1, "semaphore": 2}, "remote_signal": 1, "remote_semaphore": 4},
+        {"dst": 0, "length": 0, "target": load, "channel": 0,
+         "signal": {"enable": 0, "semaphore": 0},
+         "remote_signal": 1, "remote_semaphore": 6},
+    ]
+    mem, events = run(commands, source, seed=seed, channels=True)
+    assert mem == source  # nothing written here
+    layout = MemRead(4)
+    request = layout.const({"spad_addr": 250, "x": 1, "y": 1, "length": 6}).as_value().value
+    fence = layout.const({"spad_addr": 0, "x": 1, "y": 1, "length": 0}).as_value().value
+    assert events["net"] == [(0, 7000 + i, 0x2000 + i, 1, int(i == 4), 0, 0) for i in range(5)] + [
+        (0, 40, request, 0, 1, 1, 4), (0, 0, fence, 0, 1, 1, 6)]
+    assert events["targets"] == [(store.value, 2)] * 5 + [(load.value, 1), (load.value, 0)]
+    assert events["done"] == [(1, 1), (1, 2), (0, 0)] and events["arrival"] == []
 
 
 def test_position_outside_the_mesh_is_refused():

@@ -8,13 +8,13 @@ import random
 
 import pytest
 from amaranth import Module
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.sim import Simulator
 
 from rtl.mesh import Mesh
 from rtl.network_interface import NetPayload, NetworkInterface, PacketKind, payload_bits
 from sim.runner import run_amaranth
-from spec.isa import tile_bit
+from spec.isa import DmaTarget, tile_bit
 from spec.noc import MessageClass
 
 # Routers, meshes and NIs that refuse their parameters are, rightly, never elaborated.
@@ -295,3 +295,47 @@ def test_impossible_parameters_are_refused():
         NetworkInterface(8, spad_words=0)
     with pytest.raises(ValueError, match="vcs must be even"):
         NetworkInterface(8, vcs=3)
+
+
+def test_memory_words_become_packets_to_their_channel():
+    """With memory channels at (0, 0) and (0, 1): a STORE's words become MEM_WRITE packets
+    of at most ``max_packet`` flits to its channel's node, with full memory addresses; a
+    LOAD word one MEM_READ flit; a word for a channel the chip lacks is dropped."""
+    ni = NetworkInterface(N, 1, 0, k=K, max_packet=4, memory_nodes=((0, 0), (0, 1)))
+    layout = NetPayload(N, ni.addr_bits)
+    store = [dict(tiles=0, addr=0x12340 + i, data=i + 1, write=1, last=int(i == 5), signal=0,
+                  semaphore=0, target=DmaTarget.STORE, channel=1) for i in range(6)]
+    load = [dict(tiles=0, addr=0xABCDE, data=0x55, write=0, last=1, signal=1, semaphore=9,
+                 target=DmaTarget.LOAD, channel=0)]
+    lost = [dict(load[0], channel=2)]
+    flits, counters = [], {}
+    sim = Simulator(ni)
+    sim.add_clock(1e-8)
+
+    async def send(ctx):
+        for word in store + load + lost:
+            for name, value in word.items():
+                ctx.set(getattr(ni.tile_out.payload, name), value)
+            ctx.set(ni.tile_out.valid, 1)
+            await ctx.tick().until(ni.tile_out.ready)
+            ctx.set(ni.tile_out.valid, 0)
+        await ctx.tick().repeat(10)
+        counters["dropped_out"] = ctx.get(ni.dropped_out)
+
+    async def take(ctx):
+        port = ni.inject[0]
+        ctx.set(port.ready, 1)
+        while True:
+            _, _, valid, flit = await ctx.tick().sample(port.valid, port.payload)
+            if valid:
+                p = data.Const(layout, flit.payload)
+                flits.append((flit.head, flit.tail, flit.multicast, (flit.dst.x, flit.dst.y),
+                              p.kind, p.addr, p.data, p.signal, p.semaphore))
+
+    sim.add_testbench(send)
+    sim.add_testbench(take, background=True)
+    run_amaranth(sim)
+    write, read = PacketKind.MEM_WRITE, PacketKind.MEM_READ
+    assert flits == [(int(i in (0, 4)), int(i in (3, 5)), 0, (0, 1), write, 0x12340 + i, i + 1,
+                      0, 0) for i in range(6)] + [(1, 1, 0, (0, 0), read, 0xABCDE, 0x55, 1, 9)]
+    assert counters["dropped_out"] == 1

@@ -55,7 +55,8 @@ from spec.isa import (
 WORDS = 4096
 ENTRIES = 256
 SLOTS = 16
-SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2))
+CHANNELS, CHANNEL_WORDS = 2, 1000
+SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2), CHANNELS, CHANNEL_WORDS)
 
 
 def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
@@ -69,7 +70,8 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
     trace (``dispatched`` and ``done`` cycles, ``loads``: the addresses read,
     ``acc_reads``: (cycle, entry) of accumulator reads) and the status."""
     dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
-                    mesh=(2, 2), program_depth=depth)
+                    mesh=(2, 2), program_depth=depth, memory_channels=CHANNELS,
+                    channel_words=CHANNEL_WORDS)
     trace = {"dispatched": [], "done": [], "halted_at": None, "loads": [], "acc_reads": []}
     spad, acc = spad or {}, acc or {}
     sim = Simulator(dut)
@@ -396,7 +398,8 @@ DEPTH = 64
 def model_run(program: list[int], spad=None) -> tuple[list, str, int, TileModel]:
     """The model's engine operations (opcode name, fields), error name ("CHECK" for a
     failed region, shape or tile check) and pc; ``spad``: words it starts with."""
-    model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS, mesh=SIZES.mesh)
+    model = TileModel(8, spad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS, mesh=SIZES.mesh,
+                      memory_channels=CHANNELS, channel_words=CHANNEL_WORDS)
     for address, word in (spad or {}).items():
         model.spad[address] = word
     error = model_outcome(model, program)

@@ -280,7 +280,8 @@ def test_idma_of_no_rows_raises_its_signal_alone():
     assert model.semaphores[2] == 1
     assert model.issued == [("DMA", {"signal": {"enable": 1, "semaphore": 2}, "src": 0,
                                      "dst": 0, "length": 0, "tiles": 0, "remote_signal": 0,
-                                     "remote_semaphore": 0})]
+                                     "remote_semaphore": 0, "target": 0, "channel": 0,
+                                     "mem_addr": 0})]
 
 
 @pytest.mark.parametrize(("entry", "what"), [((32, 0), "past the scratchpad"),
