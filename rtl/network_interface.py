@@ -90,6 +90,11 @@ class NetworkInterface(wiring.Component):
       copies it along the XY tree; a multicast packet is one flit).
     - a DMA of length 0 (``write = 0``): a single-flit SIGNAL packet.
 
+    - a memory word (``target`` STORE or LOAD): to the node of its ``channel``
+      (``memory_nodes[channel]``), as MEM_WRITE packets like a unicast DMA's or, for a
+      LOAD's request, one MEM_READ flit; a channel not in ``memory_nodes`` is dropped
+      and counted. With ``memory_nodes`` the flits' ``addr`` is 24 bits wide.
+
     Words are sent on the REQUEST class, on VC ``dst mod vcs/2`` of it for a unicast
     destination (so one source reaches one destination in order) and on the class's
     first VC for multicast. A word whose tile mask is empty or names a tile outside the
@@ -214,13 +219,13 @@ class NetworkInterface(wiring.Component):
         held = Signal(cfg.flit)
         held_valid = Signal()
         held_vc = Signal(range(cfg.vcs))
-        held_tiles = Signal(TILE_MASK_BITS + DmaTarget.as_shape().width + CHANNEL_BITS)
+        held_destination = Signal(TILE_MASK_BITS + DmaTarget.as_shape().width + CHANNEL_BITS)
         held_addr = Signal(self.addr_bits)
         held_final = Signal()  # the held flit ends its packet whatever comes next
         flits = Signal(range(self.max_packet + 1))  # flits of the open packet, held included
 
         destination = Cat(word.tiles, word.target, word.channel)
-        continues = (word.write & (destination == held_tiles)
+        continues = (word.write & (destination == held_destination)
                      & (word.addr[:self.addr_bits] == held_addr + 1)
                      & (flits != self.max_packet))
         release = held_valid & (held_final | self.tile_out.valid)
@@ -255,7 +260,7 @@ class NetworkInterface(wiring.Component):
                 new.dst.eq(dst),
             ]
             m.d.sync += [held.eq(new), held_valid.eq(1), held_vc.eq(vc),
-                         held_tiles.eq(destination), held_addr.eq(word.addr),
+                         held_destination.eq(destination), held_addr.eq(word.addr),
                          held_final.eq(word.last | ~word.write | ~single),
                          flits.eq(Mux(head, 1, flits + 1))]
         dropped = Signal(COUNTER_BITS)

@@ -726,12 +726,14 @@ class _Checks:
         return (base + length) <= (self.words if limit is None else limit)
 
     def memory_ok(self, dma):
-        """A memory DMA names a target and a channel the chip has (none without
-        channels: no comparison with 0 is built)."""
+        """A memory DMA names a target and a channel the chip has (no comparison that
+        is constant is built: Verilator's lint refuses them)."""
         if not self.channels:
             return Const(0)
-        return (((dma.target == DmaTarget.STORE) | (dma.target == DmaTarget.LOAD))
-                & (dma.channel < self.channels))
+        known = (dma.target == DmaTarget.STORE) | (dma.target == DmaTarget.LOAD)
+        if self.channels == 1 << CHANNEL_BITS:  # every channel index names one
+            return known
+        return known & (dma.channel < self.channels)
 
     def vec_region(self, base, scalar):
         return self.fits(base, Mux(scalar, self.scalar_entries, self.tile_entries),

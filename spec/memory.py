@@ -38,8 +38,10 @@ MAX_LATENCY = 4096
 #: A channel's access latency unless a design point says otherwise, in cycles: 64 ns at
 #: 1 GHz, the order of a DRAM or HBM access.
 DEFAULT_LATENCY = 64
-#: Words of a channel's store unless a design point says otherwise (2 MiB at N = 8).
-DEFAULT_MEMORY_WORDS = 1 << 18
+#: Words of a channel's store unless a design point says otherwise (128 KiB at N = 8):
+#: small while no compiled program uses the channels, since the energy flow's synthesis
+#: grows with it (one channel alone: 3.5 s at 2^14 words, 33 s at 2^18, 2026-12-06).
+DEFAULT_MEMORY_WORDS = 1 << 14
 #: Most word-address bits of a channel's store (2^24 words of 8 bytes = 128 MiB at N = 8):
 #: what a DMA's ``mem_addr`` holds.
 MAX_MEMORY_ADDR_BITS = MEM_ADDR_BITS
