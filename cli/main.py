@@ -18,14 +18,12 @@ import os
 import signal
 import sys
 from dataclasses import asdict, replace
-from fractions import Fraction
 from pathlib import Path
 
 from cli import options, report
 from cli.sweep import add_parser as add_sweep_parser
 from sim.processes import stop_descendants
 from sim.runner import SimulationFailed
-from spec.memory import machine_balance_bandwidth
 from spec.params import MAX_N, MIN_N
 from synth.designs import TILE_DESIGNS
 
@@ -267,8 +265,7 @@ def _memory_line(config) -> str:
     """The chip's memory channels, and what of the run's data movement is not counted."""
     if not config.memory_nodes:
         return "no memory channels; weights, tokens and KV pages written by the host, not counted"
-    bandwidth = (Fraction(config.memory_bandwidth) if config.memory_bandwidth is not None
-                 else machine_balance_bandwidth(config.tile.n, config.tiles))
+    bandwidth = config.memory_bytes_per_cycle
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
     return (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
             f"{config.memory_latency}-cycle latency; not used by these programs: weights, "

@@ -9,7 +9,6 @@ import json
 import pickle
 import tempfile
 from dataclasses import asdict
-from fractions import Fraction
 from pathlib import Path
 
 from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
@@ -51,8 +50,7 @@ def chip_from_config(config: ChipConfig, *, shared_tile: bool = False,
                 shared_tile=shared_tile, sim_gating=shared_tile,
                 memory_nodes=config.memory_nodes, memory_words=config.memory_words,
                 memory_latency=config.memory_latency,
-                memory_bandwidth=None if config.memory_bandwidth is None
-                else Fraction(config.memory_bandwidth))
+                memory_bandwidth=config.memory_bytes_per_cycle)
 
 
 @functools.cache

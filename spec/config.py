@@ -11,9 +11,10 @@ same numbers configure the RTL blocks (``rtl.sequencer.Sequencer``: ``array_size
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
-from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS
+from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS, machine_balance_bandwidth
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 from spec.params import MAX_N, MIN_N
 
@@ -244,6 +245,14 @@ class ChipConfig:
     @property
     def tiles(self) -> int:
         return self.k * self.k
+
+    @property
+    def memory_bytes_per_cycle(self) -> Fraction:
+        """The memory channels' bandwidth in all: ``memory_bandwidth``, or the machine
+        balance (``spec.memory.machine_balance_bandwidth``) of this chip."""
+        if self.memory_bandwidth is not None:
+            return Fraction(self.memory_bandwidth)
+        return machine_balance_bandwidth(self.tile.n, self.tiles)
 
     def position(self, index: int) -> tuple[int, int]:
         """(x, y) of tile ``index`` (= y * k + x)."""
