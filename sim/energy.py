@@ -81,14 +81,36 @@ def instance_modules(verilog: str) -> dict[str, dict[str, str]]:
     return children
 
 
+def without_zero_init(rtlil: str) -> str:
+    """``rtlil`` without its all-zero memory initialisers (``$meminit_v2`` cells whose
+    data is all 0): they change no cell count, and Yosys carries each as one constant of
+    the memory's every bit through its passes (a 2^16-word store of 64 bits took 18 s
+    to synthesise with its zeros, 3 s without, the same 1 986 cells)."""
+    lines, out, i = rtlil.splitlines(keepends=True), [], 0
+    while i < len(lines):
+        if lines[i].strip().startswith("cell $meminit_v2 "):
+            end = i
+            while lines[end].strip() != "end":
+                end += 1
+            data = next((line for line in lines[i:end] if "connect \\DATA " in line), "")
+            value = data.split("'", 1)[1].strip() if "'" in data else "1"
+            if set(value) <= {"0"}:
+                i = end + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    return "".join(out)
+
+
 def module_cells(rtlil_file: Path, *, say=print) -> dict[str, int]:
     """Generic cells per module of a design (its own cells, not its children's), from
     the RTLIL an activity build writes beside its Verilog (Yosys reads that far faster
-    than Verilog with memory initialisers); synthesised once per distinct design and
-    kept under ``build/energy/``."""
+    than Verilog with memory initialisers; all-zero initialisers are dropped,
+    :func:`without_zero_init`); synthesised once per distinct design and kept under
+    ``build/energy/``."""
     from synth.flow import synth_generic
 
-    text = rtlil_file.read_text()
+    text = without_zero_init(rtlil_file.read_text())
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     workdir = CELLS_DIR / digest
     cached = workdir / "cells.json"
