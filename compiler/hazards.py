@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from compiler.program import Op
 from golden.vector_model import VectorOpcode as VOP
 from spec.config import ceil_div
-from spec.isa import Opcode, VecDst
+from spec.isa import DmaTarget, Opcode, VecDst
 
 __all__ = ["accesses", "check_synchronisation", "executed_ops"]
 
@@ -91,10 +91,20 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
                        if stride else set(range(f["dst"], f["dst"] + rows * beats)))
         if f.get("total_write"):
             writes |= region(f["total"], 1)
-    elif op == Opcode.DMA:
-        reads |= set(range(f["src"], f["src"] + f["length"]))
-        writes |= set(range(f["dst"], f["dst"] + f["length"]))
+    elif op == Opcode.DMA:  # a memory STORE only reads here, a LOAD only writes here
+        target = dma_target(f)
+        if target != DmaTarget.LOAD.value:
+            reads |= set(range(f["src"], f["src"] + f["length"]))
+        if target != DmaTarget.STORE.value:
+            writes |= set(range(f["dst"], f["dst"] + f["length"]))
     return reads, writes
+
+
+def dma_target(f: dict) -> int:
+    """A DMA's ``target`` as a number (decoded fields hold it as one, the functional
+    model's as a ``DmaTarget``; TILES when absent)."""
+    target = f.get("target", DmaTarget.TILES)
+    return target.value if isinstance(target, DmaTarget) else int(target)
 
 
 def check_synchronisation(ops: Sequence[Op], n: int) -> None:

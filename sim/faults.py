@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from compiler.hazards import accesses
+from compiler.hazards import accesses, dma_target
 from golden.ecc import Secded
-from spec.isa import MASK_COLUMNS, Opcode, decode
+from spec.isa import MASK_COLUMNS, DmaTarget, Opcode, decode
 
 __all__ = ["FaultInjector", "FaultPlan", "round_targets"]
 
@@ -111,7 +111,9 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
                 continue
             got, put = accesses(op, fields, n)
             reads[tile] |= {a for a in got if a < 1 << 20}  # not accumulator entries
-            if op == Opcode.DMA:
+            if op == Opcode.DMA and dma_target(fields) == DmaTarget.LOAD.value:
+                writes[tile] |= put  # words from a memory channel into this tile
+            elif op == Opcode.DMA:
                 mask = fields["tiles"]
                 for bit in range(mask.bit_length()):
                     x, y = bit % MASK_COLUMNS, bit // MASK_COLUMNS
