@@ -1,10 +1,12 @@
 """Chip benchmarks: the default chip (2 x 2, N = 8) on the gpt-oss-shaped miniature.
 
 A decoder layer for a batch of 2 under ``local`` placement (prefill of 32 tokens, one
-decode step from contexts 256/200 — ``compiler.chip.contexts``; attention then MoE), and
-the same prefill and decode step's attention under ``striped`` placement: the
-local/striped decode speedup is the ratio of their decode attention cycles at the same
-contexts (the MoE layer does not depend on where KV pages live). The agent loop: 3 turns
+decode step from contexts 256/200 — ``compiler.chip.contexts``; attention then MoE, the
+experts' weights streamed from the memory channels), and the same prefill and decode
+step's attention under ``striped`` and ``far`` placement: the local/striped and
+local/far decode speedups are the ratios of their decode attention cycles at the same
+contexts (the MoE layer does not depend on where KV pages live); ``far`` also gives the
+KV bytes a decode step loads from the memory channels. The agent loop: 3 turns
 after a 32-token prompt (tool results of 8 tokens, answers of 2), the KV cache kept (hit)
 or evicted and prefilled again (miss), end-to-end cycles of the decoder layer.
 Simulation speed: chip cycles over the rounds' wall time (Verilator, cocotb polling every
@@ -39,7 +41,15 @@ def run(quick: bool) -> dict:
                            steps=1, placement="local")
     striped = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
                              steps=1, placement="striped", moe="off")
+    far = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
+                         steps=1, placement="far", moe="off")
     lf, sf = chip_figures(local, K, N), chip_figures(striped, K, N)
+    ff = chip_figures(far, K, N, config.memory_bytes_per_cycle)
+    out_far = {"chip__kv_local_over_far__decode_speedup": round(
+        ff["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3),
+        "chip__far__decode_kv_bytes_per_step": ff["chip__decode__memory_bytes_per_token"],
+        "chip__far__decode__cycles_over_memory_bound":
+            ff["chip__decode__cycles_over_memory_bound"]}
     out = {f"chip__{WORKLOAD}__{key.split('__', 1)[1]}": value for key, value in lf.items()
            if key.startswith(("chip__prefill__", "chip__decode__"))
            and not key.endswith("__phases")}
@@ -47,6 +57,7 @@ def run(quick: bool) -> dict:
     out["chip__kv_local_over_striped__decode_speedup"] = round(
         sf["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3)
     out["chip__striped__decode_kv_words"] = sf["chip__network__kv_words"]
+    out |= out_far
 
     # The energy proxy of the decode steps under each placement (SAIF-traced build).
     energy = {}

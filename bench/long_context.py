@@ -3,7 +3,10 @@
 gpt-oss's full-attention layer (1) for one sequence: the prompt prefilled in chunks of
 ``compiler.chip.PREFILL_CHUNK`` tokens (each an extend step over the cache the chunks
 before it filled; attention programs with loops over the key blocks once the straight
-program would not fit the program memory), the MoE layer (sparse) after each chunk, then
+program would not fit the program memory), the MoE layer (sparse, the experts'
+weights resident: written by the host before each round, so the figures are the chip's
+compute; streamed, every chunk's MoE rounds would wait about 0.9 M cycles on the memory
+channels, ``bench/moe.py``) after each chunk, then
 two decode steps at contexts 2,049 and 2,050; every output bit-exact with golden. Its
 sliding-window layer (0, window 128) prefills the same prompt, attention alone (its
 chunks see at most 9 key blocks each, so the run is short; the MoE layer is the same
@@ -29,7 +32,7 @@ def run(quick: bool) -> dict:
     config = chip_config(WORKLOAD, k=K, n=N)
     out: dict = {}
     full = chip_figures(simulate_layer(config, WORKLOAD, 1, batch=1, prefill=prompt,
-                                       steps=2), K, N)
+                                       steps=2, weights="resident"), K, N)
     for key in ("cycles", "attention_cycles", "moe_cycles", "utilisation"):
         out[f"chip__{WORKLOAD}__{name}__{key}"] = full[f"chip__prefill__{key}"]
     out[f"chip__{WORKLOAD}__{name}__decode_cycles_per_token"] = \

@@ -1,8 +1,11 @@
 """MoE benchmarks: sparse dispatch against dense-masked, and the decode step's bound.
 
 The default chip (2 x 2, N = 8) runs gpt-oss's decoder layer for a batch of 2 (prefill of
-32 tokens, one decode step from contexts 256/200, ``local`` placement) twice on one
-build: MoE by sparse dispatch and dense-masked. Figures:
+32 tokens, one decode step from contexts 256/200, ``local`` placement) three times on one
+build: MoE by sparse dispatch and dense-masked with the experts' weights resident (the
+host writes them before each round: the two mappings' compute compares), and sparse
+with the weights streamed from the memory channels (``--weights streamed``, the
+default). Figures:
 
 - ``moe__executed_over_sparse_macs``: the MACs the tiles counted in the MoE rounds (every
   GEMM dispatched, registers added; ``rtl.tile.Counters.macs``) over those of the router,
@@ -24,8 +27,14 @@ build: MoE by sparse dispatch and dense-masked. Figures:
   of result slices sent to the other combining tiles, the gate diagonals and the output
   slices sent to home; over the run's MoE rounds (the metadata, counts and result
   tables, and the projection's rows are in ``chip__network__moe_words`` with them).
-- ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE) on
-  a 4 x 4 chip, prefill of 32 tokens and one decode step from contexts 256/200.
+- ``moe__streamed__{prefill__cycles,decode__cycles_per_token}``: the layer with the
+  weights streamed; ``moe__streamed__decode__weight_bytes_per_token``, the bytes the
+  decode step loads from the memory channels per token of the batch;
+  ``moe__streamed__{prefill,decode}__cycles_over_memory_bound``, the phase's cycles
+  over those bytes at the channels' bandwidth (7/8 byte per cycle).
+- ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE,
+  weights streamed) on a 4 x 4 chip, prefill of 32 tokens and one decode step from
+  contexts 256/200.
 """
 
 from __future__ import annotations
@@ -45,10 +54,10 @@ TARGETS: dict[str, tuple[str, float]] = {
 }
 
 
-def _layer(config, workload, layer, mesh, context, moe):
+def _layer(config, workload, layer, mesh, context, moe, weights=None):
     """(compiled rounds, simulation result) of the benchmark's layer."""
     args = {"batch": BATCH, "prefill": 32, "context": context, "steps": 1,
-            "placement": "local", "moe": moe}
+            "placement": "local", "moe": moe, "weights": weights}
     rounds = layer_rounds(config, workload, layer, **args)
     return rounds, simulate_layer(config, workload, layer, rounds=rounds, **args)
 
@@ -92,10 +101,19 @@ def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
 def run(quick: bool) -> dict:
     config = chip_config(WORKLOAD, k=K, n=N, moe="dense")  # one build for both
     context = 64 if quick else 256
-    rounds, sparse = _layer(config, WORKLOAD, LAYER, K, context, "sparse")
-    _, dense = _layer(config, WORKLOAD, LAYER, K, context, "dense")
+    rounds, sparse = _layer(config, WORKLOAD, LAYER, K, context, "sparse", "resident")
+    _, dense = _layer(config, WORKLOAD, LAYER, K, context, "dense", "resident")
     sf, df = chip_figures(sparse, K, N), chip_figures(dense, K, N)
     out = moe_figures(rounds, sparse, WORKLOAD, K, N)
+    _, streamed = _layer(config, WORKLOAD, LAYER, K, context, "sparse", "streamed")
+    tf = chip_figures(streamed, K, N, config.memory_bytes_per_cycle)
+    out["moe__streamed__prefill__cycles"] = tf["chip__prefill__cycles"]
+    out["moe__streamed__decode__cycles_per_token"] = tf["chip__decode__cycles_per_token"]
+    out["moe__streamed__decode__weight_bytes_per_token"] = \
+        tf["chip__decode__memory_bytes_per_token"] // BATCH
+    for phase in ("prefill", "decode"):
+        out[f"moe__streamed__{phase}__cycles_over_memory_bound"] = \
+            tf[f"chip__{phase}__cycles_over_memory_bound"]
     for phase in ("prefill", "decode"):
         out[f"moe__{phase}__sparse_cycles"] = sf[f"chip__{phase}__moe_cycles"]
         out[f"moe__{phase}__dense_cycles"] = df[f"chip__{phase}__moe_cycles"]

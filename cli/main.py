@@ -152,7 +152,7 @@ def sim(args: argparse.Namespace) -> int:
             seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
             progress=progress, dump=args.dump, activity=args.energy,
             threads=options.threads_of(args), rounds=rounds, faults=faults,
-            prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens))
+            prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens, weights=args.weights))
     stopped = outcome.get("result", {}).get("faults", {}).get("stopped")
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
@@ -163,7 +163,7 @@ def sim(args: argparse.Namespace) -> int:
                            *report.fault_rows(result["faults"])])
     else:
         result, passed = outcome["result"], True
-        metrics = chip_figures(result, args.mesh, args.array)
+        metrics = chip_figures(result, args.mesh, args.array, config.memory_bytes_per_cycle)
         rows, phase_accuracy = _sim_rows(args, config, rounds, result, metrics)
         report.print_rows(rows)
         result = {**result, "metrics": metrics, "accuracy": phase_accuracy}
@@ -195,7 +195,7 @@ def _compile_layer(args: argparse.Namespace):
     rounds = layer_rounds(config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                           context=args.context, steps=args.steps, placement=args.placement,
                           seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk,
-                          moe_tokens=args.moe_tokens)
+                          moe_tokens=args.moe_tokens, weights=args.weights)
     return cfg, config, rounds
 
 
@@ -244,7 +244,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     f"{metrics['chip__network__kv_words']:,} KV words moved by "
                     f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                     "MoE words (tokens, expert outputs)"),
-        ("memory", _memory_line(config)),
+        ("memory", _memory_line(config, args, metrics)),
         ("clock", fmax_text),
         ("energy", report.energy_line(result.get("energy"),
                                       args.batch * (args.prefill + args.steps))),
@@ -261,16 +261,33 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
     return rows, phase_accuracy
 
 
-def _memory_line(config) -> str:
-    """The chip's memory channels, and what of the run's data movement is not counted."""
+def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
+    """The chip's memory channels, what the programs loaded from them, and what of the
+    run's data movement is not counted."""
+    from compiler.chip import check_weights
+
     if not config.memory_nodes:
         return "no memory channels; weights, tokens and KV pages written by the host, not counted"
     bandwidth = config.memory_bytes_per_cycle
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
-    return (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
-            f"{config.memory_latency}-cycle latency; not used by these programs: weights, "
-            "tokens and KV pages are written by the host before their round, outside the "
-            "cycle count (docs/chip.md)")
+    line = (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
+            f"{config.memory_latency}-cycle latency; ")
+    if args.moe != "off" and check_weights(args.weights, args.moe) == "streamed":
+        loaded = [f"{metrics[key]:,} B {label}" + (
+            f" ({metrics[bound]:,} cycles at that bandwidth; the phase took "
+            f"{metrics[ratio]:.2f}x)" if bound in metrics else "")
+            for key, label, bound, ratio in (
+                ("chip__prefill__memory_bytes", "in prefill", "chip__prefill__memory_bound_cycles",
+                 "chip__prefill__cycles_over_memory_bound"),
+                ("chip__decode__memory_bytes_per_token", "per decode step",
+                 "chip__decode__memory_bound_cycles", "chip__decode__cycles_over_memory_bound"))
+            if key in metrics]
+        return line + (f"experts' weights streamed, within the count ({', '.join(loaded)}); "
+                       "not counted: the memory image (written once by the host before the "
+                       "run) and, before each round, the tokens, the other weights, "
+                       "constants and KV pages the host writes (docs/chip.md)")
+    return line + ("not used by these programs: weights, tokens and KV pages are written by "
+                   "the host before their round, outside the cycle count (docs/chip.md)")
 
 
 def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:
@@ -286,7 +303,7 @@ def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> 
              if (key := f"chip__{phase}__moe_network_wait_share") in metrics]
     return (f"{how}, in rounds of up to {tokens} tokens; the tiles counted {ratio:.2f}x the "
             "MACs of the projection, the router and each token's top-k experts "
-            "(docs/moe_mapping.md); waiting on the network: "
+            "(docs/moe_mapping.md); waiting on the network or memory: "
             f"{', '.join(waits)} of the rounds' tile-cycles")
 
 
@@ -333,7 +350,7 @@ def agent(args: argparse.Namespace) -> int:
         # Compiled once, before any build: what does not fit fails here.
         compiled = {cache: layer_rounds(config, cfg, layer, moe=args.moe, schedule=schedule,
                                         seed=args.seed, prefill_chunk=args.prefill_chunk,
-                                        moe_tokens=args.moe_tokens)
+                                        moe_tokens=args.moe_tokens, weights=args.weights)
                     for cache, schedule in schedules.items()}
     except ValueError as error:
         print(f"serrano agent: {error}", file=sys.stderr)
@@ -351,7 +368,7 @@ def agent(args: argparse.Namespace) -> int:
                 config, cfg, layer, moe=args.moe, schedule=schedule, seed=args.seed,
                 simulator=args.sim, waves=args.waves, progress=progress,
                 threads=options.threads_of(args), rounds=rounds,
-                prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens),
+                prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens, weights=args.weights),
             prefix=f"{cache}: ")
         if "failure" in outcome:
             print(f"\nresult       FAIL ({cache})\n{outcome['failure']}")
@@ -460,10 +477,11 @@ def _add_sim_parser(commands) -> None:
                              "gpt-oss's full-causal layer 1)")
     parser.add_argument("--mesh", type=options.mesh, default=2, metavar="KxK",
                         help="mesh of tiles (default 2x2; 1x1 is one tile)")
-    parser.add_argument("--placement", choices=("local", "striped"), default="local",
-                        help="KV pages on the tile computing their head (local, default)"
-                             " or spread over the tiles and fetched over the network "
-                             "(striped)")
+    parser.add_argument("--placement", type=options.placement, default="local",
+                        help="KV pages on the tile computing their head (local, default), "
+                             "spread over the tiles and fetched over the network "
+                             "(striped), or kept in the memory channels and loaded by "
+                             "every job (far)")
     parser.add_argument("--batch", type=options.positive, default=2,
                         help="sequences decoded together, each with its own context "
                              "(default 2)")

@@ -229,9 +229,10 @@ def add_prefill_chunk_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
-    """``--moe sparse|dense|off`` (default sparse), ``--no-moe``, an alias of off, and
-    ``--moe-tokens T``; ``after``: when the MoE layer runs."""
-    from compiler.chip import MOE_MODES, MOE_TOKENS
+    """``--moe sparse|dense|off`` (default sparse), ``--no-moe``, an alias of off,
+    ``--moe-tokens T`` and ``--weights streamed|resident``; ``after``: when the MoE layer
+    runs."""
+    from compiler.chip import MOE_MODES, MOE_TOKENS, WEIGHT_MODES
 
     parser.add_argument("--moe", choices=MOE_MODES, default="sparse",
                         help=f"the MoE layer {after}: sparse dispatch (each token to its "
@@ -247,6 +248,13 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "in rounds of T; larger rounds stream each expert's weights once "
                              "for more tokens but keep larger buffers on every tile, so fewer "
                              f"KV pages (default {MOE_TOKENS})")
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default=None,
+                        help="where the experts' weights are: in the memory channels, "
+                             "loaded by the MoE programs within the counted cycles "
+                             "(streamed; the default with --moe sparse), or written into "
+                             "the tiles' scratchpads by the host before each MoE round, "
+                             "outside the count (resident; the default, and the only "
+                             "choice, with --moe dense)")
 
 
 def placement(text: str) -> str:

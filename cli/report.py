@@ -48,7 +48,7 @@ def shares(counters: dict) -> str:
     names = (("gemm", "GEMM"), ("vec", "vector"), ("gemm_vec", "both"), ("dma", "DMA"),
              ("stall", "sequencer/stall"))
     text = ", ".join(f"{label} {counters[key] / total:.0%}" for key, label in names)
-    return text + (f" (waiting on the network {counters['wait'] / total:.0%})"
+    return text + (f" (waiting on the network or memory {counters['wait'] / total:.0%})"
                    if "wait" in counters else "")
 
 

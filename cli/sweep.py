@@ -42,13 +42,13 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
         # Compiled before building: a point the chip cannot take fails here, not after.
         rounds = layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
                               placement=point["placement"], seed=args.seed, moe=args.moe,
-                              moe_tokens=args.moe_tokens)
+                              moe_tokens=args.moe_tokens, weights=args.weights)
         started = time.monotonic()
         result = simulate_layer(config, cfg, layer, batch=batch, context=args.context,
                                 steps=1, placement=point["placement"], seed=args.seed,
                                 moe=args.moe, simulator=args.sim, activity=args.energy,
                                 threads=options.threads_of(args), rounds=rounds,
-                                moe_tokens=args.moe_tokens)
+                                moe_tokens=args.moe_tokens, weights=args.weights)
     except (ValueError, SimulationFailed) as error:
         return {**point, "passed": False, "error": str(error).splitlines()[0]}
     figures = chip_figures(result, k, n)
@@ -204,7 +204,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         metavar="N[,N]", help="tensor core sizes (default 8)")
     parser.add_argument("--placement", type=options.list_of(options.placement),
                         default=["local", "striped"], metavar="P[,P]",
-                        help="KV placements (default local,striped)")
+                        help="KV placements: local, striped, far (default local,striped)")
     parser.add_argument("--batch", type=options.list_of(options.positive), default=[1, 2, 4],
                         metavar="B[,B]", help="batch sizes (default 1,2,4)")
     parser.add_argument("--context", type=options.non_negative, default=256,

@@ -41,9 +41,10 @@ from golden.kv_cache import build_cache
 from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
 from rtl.scratchpad import KvOp
 from spec.config import ChipConfig
-from spec.isa import Opcode, encode
+from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
+           "WEIGHT_MODES",
            "ChipRound", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
            "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
            "layer_rounds", "moe_round", "moe_words"]
@@ -64,6 +65,9 @@ PREFILL_CHUNK = 32
 #: How a run does the MoE layer: sparse dispatch (compiler.moe_sparse), dense-masked
 #: (compiler.moe), or not at all.
 MOE_MODES = ("sparse", "dense", "off")
+#: Where the experts' weights are (``--weights``): loaded from the memory channels by the
+#: MoE programs, or written into the tiles' scratchpads by the host before each round.
+WEIGHT_MODES = ("streamed", "resident")
 #: The semaphore striped pages raise on their compute tile (the attention programs use
 #: semaphores 0..2).
 SEM_KV = 15
@@ -127,6 +131,10 @@ class ChipRound:
     tokens: int = 1
     #: The run's workloads, one per sequence (one layer: the same weights and scales).
     workloads: list[Workload] = field(default_factory=list)
+    #: The memory image the round's programs read ({channel: {address: word}}, written
+    #: by the host once, before the first round that needs it) and the words they load.
+    memory: dict[int, dict[int, int]] = field(default_factory=dict)
+    memory_words: int = 0
 
 
 def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
@@ -163,6 +171,24 @@ class _Tiles:
                 f"{cfg.num_pages} pages: use a larger mesh or a smaller batch")
         self.mapped: dict[tuple[int, int, int], int] = {}
         self.appended: dict[tuple[int, int], int] = {}
+        #: Far placement: each (tile, block-table row, logical page)'s address in its
+        #: channel, taken from the top of the store down (the experts' weights fill it
+        #: from the bottom up), kept for the whole run.
+        self.far: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.far_used: dict[int, int] = {}
+
+    def far_page(self, channel: int, key: tuple[int, int, int]) -> int:
+        """The memory address of a far page (a new one the first time ``key`` asks)."""
+        if key not in self.far:
+            words, used = self.chip.tile.page_words, self.far_used.get(channel, 0)
+            if (used + 1) * words > self.chip.memory_words:
+                raise ValueError(f"far placement: memory channel {channel} holds "
+                                 f"{self.chip.memory_words} words, {used} KV pages of {words}; "
+                                 "no room for another")
+            self.far_used[channel] = used + 1
+            self.far[key] = (channel, self.chip.memory_words - (used + 1) * words)
+        return self.far[key][1]
+
 
     def allocator(self, slot: int, foreign: bool = False) -> PageAllocator:
         part = slot * self.placement.parts_per_slot + int(foreign)
@@ -308,18 +334,72 @@ class StripedPlacement(Placement):
         _striped_programs(chip, rnd.loads, rnd.sends)
 
 
-PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), StripedPlacement())}
+class FarPlacement(Placement):
+    """A job's KV pages live in the memory channel nearest its tile (written there by
+    the host); the job's program first loads every page into its frames, one memory
+    DMA a page, and WAITs for the last (one channel answers a tile in order)."""
+
+    name = "far"
+
+    def place(self, chip, tiles, job, slot, evict, k, v, rnd) -> None:
+        cfg, c = chip.tile, job.tile
+        kv = job.program.kv
+        channel = nearest_channel(chip, c)
+        image = rnd.memory.setdefault(channel, {})
+        for row in range(kv.table.shape[0]):
+            for logical in range(kv.pages):
+                frame = cfg.page_address(int(kv.table[row, logical]))
+                base = tiles.far_page(channel, (c, kv.first_row + row, logical))
+                image.update({base + a - frame: w for a, w in job.program.kv_words.items()
+                              if frame <= a < frame + cfg.page_words})
+                rnd.pulls.setdefault(c, []).append((frame, channel, base))
+                rnd.memory_words += cfg.page_words
+
+    def finish(self, chip, rnd) -> None:
+        for tile, pages in rnd.pulls.items():
+            load = rnd.loads[tile]
+            dmas = [encode(Opcode.DMA, target=DmaTarget.LOAD, channel=channel, mem_addr=base,
+                           dst=frame, length=chip.tile.page_words,
+                           remote_signal=int(i == len(pages) - 1),
+                           remote_semaphore=SEM_KV if i == len(pages) - 1 else 0)
+                    for i, (frame, channel, base) in enumerate(pages)]
+            dmas.append(encode(Opcode.WAIT, semaphore=SEM_KV, count=1))
+            load.instructions = dmas + relocated(load.instructions, len(dmas))
+            if len(load.instructions) > chip.tile.program_depth:
+                raise ValueError(f"tile {tile}: {len(load.instructions)} instructions (far "
+                                 "page loads included) exceed program_depth "
+                                 f"{chip.tile.program_depth}")
+
+
+def nearest_channel(chip: ChipConfig, tile: int) -> int:
+    """The memory channel nearest tile ``tile`` (fewest hops; the lower index on a tie);
+    ValueError if the chip has none."""
+    from compiler.moe import WeightMemory
+
+    if not chip.memory_nodes:
+        raise ValueError("far placement keeps KV pages in the memory channels; this chip "
+                         "has none")
+    return WeightMemory(chip.memory_nodes, chip.memory_words).nearest(tile % chip.k,
+                                                                     tile // chip.k)
+
+
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), StripedPlacement(),
+                                                        FarPlacement())}
 
 
 @dataclass
 class _RoundBuild:
     """What a round gathers while its jobs are placed: every tile's load, the pages
-    owners send (striped), the allocators of pages stored for others, words moved."""
+    owners send (striped), the allocators of pages stored for others, words moved; far:
+    the memory image of the pages, the loads each tile makes and the words loaded."""
 
     loads: dict[int, TileLoad] = field(default_factory=dict)
     sends: dict = field(default_factory=dict)
     foreign: dict = field(default_factory=dict)
     network: int = 0
+    memory: dict[int, dict[int, int]] = field(default_factory=dict)
+    pulls: dict[int, list] = field(default_factory=dict)
+    memory_words: int = 0
 
 
 #: One step of a schedule: the phase, each sequence's context length after it, and
@@ -463,7 +543,8 @@ class _Batch:
         self.placement.finish(self.chip, build)
         tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network,
-                        tokens=tokens[phase], workloads=[wl for wl, *_ in self.data])
+                        tokens=tokens[phase], workloads=[wl for wl, *_ in self.data],
+                        memory=build.memory, memory_words=build.memory_words)
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -530,6 +611,20 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
     return schedule
 
 
+def check_weights(weights: str | None, moe: str) -> str:
+    """``weights`` one of :data:`WEIGHT_MODES` that the MoE mapping ``moe`` can run (None:
+    streamed for the sparse mapping, resident for the dense-masked one), or a
+    ValueError."""
+    if weights is None:
+        return "resident" if moe == "dense" else "streamed"
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"--weights {weights!r}: one of {', '.join(WEIGHT_MODES)}")
+    if weights == "streamed" and moe == "dense":
+        raise ValueError("--weights streamed needs --moe sparse (the dense-masked mapping "
+                         "keeps its weights resident): add --weights resident")
+    return weights
+
+
 def check_moe_tokens(tokens) -> int:
     """``tokens`` per MoE round, 1 to :data:`MAX_MOE_TOKENS`, or a ValueError."""
     if type(tokens) is not int or not 1 <= tokens <= MAX_MOE_TOKENS:
@@ -562,6 +657,25 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse",
     return max(words)
 
 
+@functools.cache
+def moe_memory_words(cfg: WorkloadConfig, k: int, n: int, nodes: tuple,
+                     tokens: int = MOE_TOKENS) -> int:
+    """Words of the largest memory channel's share of the MoE layer's streamed weights
+    (every expert's weights and SiLU table in the channel nearest its tile) on a ``k`` x
+    ``k`` chip of N = ``n`` with channels at ``nodes``."""
+    from compiler.moe import Projection, WeightMemory, moe_tile_config
+    from compiler.moe_sparse import build_sparse_moe
+
+    check_moe_tokens(tokens)
+    wl = generate(cfg, moe_tokens=tokens)
+    o = np.zeros((tokens, cfg.heads * cfg.v_head_dim), np.int8)
+    program = build_sparse_moe(moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(),
+                               cfg.top_k, wl.tensors["moe.x"],
+                               Projection(o, wl.tensors["attn0.w_o"], wl.projection_scales(0)),
+                               WeightMemory(tuple(nodes), 1 << MEM_ADDR_BITS))
+    return max(len(image) for image in program.memory.values())
+
+
 @dataclass
 class _MoeOutput:
     """The MoE program as a job's program: output words on the home tile and a reader."""
@@ -573,19 +687,28 @@ class _MoeOutput:
 
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
               x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
-              dispatch: str = "sparse") -> ChipRound:
+              dispatch: str = "sparse", weight_mode: str | None = None) -> ChipRound:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
     the same tokens, ``x`` is the residual stream and the home tile first computes the
     layer's input ``clamp(x + rq(o · W_o))`` of attention layer ``layer``
-    (``golden.decoder``). The host writes every tile's weights before the round
+    (``golden.decoder``). The host writes every tile's other words before the round
     (attention rounds reuse the working space). ``dispatch``: ``sparse``
     (:func:`compiler.moe_sparse.build_sparse_moe`; its programs run on the chip's
     functional model here, which gives the MACs and network words they execute at run
     time, the hardware's counters checked against them) or ``dense``
-    (:func:`compiler.moe.build_moe`, static counts)."""
-    from compiler.moe import Projection, build_moe, executed_macs, run_on_chip_model
+    (:func:`compiler.moe.build_moe`, static counts). ``weight_mode``: ``streamed``, the
+    experts' weights in the chip's memory channels (the round's memory image), loaded
+    by the programs (sparse dispatch only); ``resident``, written by the host into the
+    tiles with the rest; None, :func:`check_weights`'s default."""
+    from compiler.moe import (
+        Projection,
+        WeightMemory,
+        build_moe,
+        executed_macs,
+        run_on_chip_model,
+    )
     from compiler.moe_sparse import build_sparse_moe
     from golden.decoder import project_residual
     from golden.moe import moe_layer, moe_layer_float, router_logits
@@ -600,8 +723,15 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                              saturation=saturation)
     if dispatch not in ("sparse", "dense"):
         raise ValueError(f"MoE dispatch {dispatch!r} is not sparse or dense")
-    build = build_sparse_moe if dispatch == "sparse" else build_moe
-    program = build(chip.tile, chip.k, weights, scales, cfg.top_k, residual, projection)
+    weight_mode = check_weights(weight_mode, dispatch)
+    if dispatch == "dense":
+        program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
+                            projection)
+    else:
+        memory = (WeightMemory(chip.memory_nodes, chip.memory_words)
+                  if weight_mode == "streamed" else None)
+        program = build_sparse_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
+                                   projection, memory)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
     s = program.summary
     if dispatch == "sparse":  # what the programs do at run time, on the functional model
@@ -633,7 +763,9 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                                                 program.summary), golden.out, inputs,
               reference, float(scales.out), saturation)
     return ChipRound(f"{phase}-moe", contexts_, loads, [job], network_words=network_words,
-                     macs=macs, summaries=[{"dispatch": dispatch,
+                     macs=macs, memory=program.memory,
+                     memory_words=s.get("memory_words", 0),
+                     summaries=[{"dispatch": dispatch, "weights": weight_mode,
                                             "macs_sparse": s["macs_sparse"],
                                             "executed_over_sparse": macs / s["macs_sparse"],
                                             "expert_load": [int(c) for c in golden.load],
@@ -658,7 +790,8 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
                  placement: str = "local", seed: int = 1, moe: str = "sparse",
                  schedule: list[Step] | None = None,
                  prefill_chunk: int = PREFILL_CHUNK,
-                 moe_tokens: int = MOE_TOKENS) -> list[ChipRound]:
+                 moe_tokens: int = MOE_TOKENS,
+                 weights: str | None = None) -> list[ChipRound]:
     """A decoder layer per phase step: the attention rounds of :func:`attention_rounds`,
     each step followed (``moe`` ``sparse`` or ``dense``, not ``off``: the dispatch of
     :func:`moe_round`) by the MoE layer on the tokens the step produced, in
@@ -666,13 +799,15 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     prefill's every token, a decode step's newest one; the chip must be sized for rounds
     that large, ``sim.chip_run.chip_config``). Every round runs the same layer: one set
     of weights and scales for the whole run. ``schedule``, ``prefill_chunk``: as for
-    :func:`attention_rounds`. The
+    :func:`attention_rounds`. ``weights``: ``streamed`` (from the memory channels),
+    ``resident`` or None (:func:`moe_round`). The
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
     computed on the home tile at the start of the MoE round (``golden.decoder``)."""
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
+    check_weights(weights, moe)
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule, prefill_chunk=prefill_chunk)
@@ -700,8 +835,22 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         for offset in range(0, x.shape[0], moe_tokens):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
-                                 layer, moe))
+                                 layer, moe, weights))
         step = []
+    # One layer's weights: every MoE round's image is the same, kept once, below the KV
+    # pages a far placement keeps at the top of the channels.
+    moe_rounds = [r for r in out if r.phase.endswith("moe") and r.memory]
+    image = moe_rounds[0].memory if moe_rounds else {}
+    for r in moe_rounds:
+        assert r.memory == image, "the MoE rounds' memory images differ"
+        r.memory = image
+    for channel, weights in image.items():
+        pages = [a for r in out if not r.phase.endswith("moe")
+                 for a in r.memory.get(channel, ())]
+        if pages and min(pages) < len(weights):
+            raise ValueError(f"memory channel {channel}: the experts' weights ({len(weights)} "
+                             f"words) and the far KV pages (from word {min(pages)} up) "
+                             f"overlap in its {chip.memory_words} words")
     return out
 
 

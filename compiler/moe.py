@@ -58,11 +58,12 @@ from golden.reciprocal import divide
 from golden.vector_model import VectorOpcode as VOP
 from golden.vector_model import default_max_top_k
 from spec.config import TileConfig, ceil_div
-from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, Opcode, VecDst, tile_bit
+from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, MEM_ADDR_BITS, Opcode, VecDst, tile_bit
+from spec.memory import length_bits
 from spec.numerics import NUMERICS
 
 __all__ = [
-    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection",
+    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection", "WeightMemory",
     "build_moe",
     "check_chip_synchronisation", "dense_masked_reference", "executed_macs", "layer_problems",
     "moe_from_workload", "moe_tile_config", "projection_problems", "run_on_chip_model",
@@ -318,7 +319,9 @@ class MoeChipProgram:
     index that holds the tokens and the output; ``output_words`` (home scratchpad
     addresses) and ``read_output(words)`` (home's scratchpad as a sequence or a function
     address -> word) give the int8 (T, hidden) result. ``expert_tile[e]``: where expert e
-    runs. ``summary``: see :func:`build_moe`.
+    runs. ``summary``: see :func:`build_moe`. ``memory``: with streamed weights,
+    {channel: {address: word}}, the image the host writes into the memory channels once
+    (empty when every weight is written into the scratchpads).
     """
 
     config: TileConfig
@@ -330,10 +333,29 @@ class MoeChipProgram:
     output_shape: tuple[int, int]
     summary: dict
     _reader: OutputRows = field(repr=False)
+    memory: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def read_output(self, words) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
         return self._reader(read)
+
+
+@dataclass(frozen=True)
+class WeightMemory:
+    """The memory channels the experts' weights stream from (``--weights streamed``):
+    the mesh node of each channel and the words of its store. Each expert's weight
+    matrices and SiLU table sit in the channel nearest its tile (fewest hops, the lower
+    index on a tie), one expert after another; the tile loads them with memory DMAs."""
+
+    nodes: tuple[tuple[int, int], ...]
+    words: int
+
+    def nearest(self, x: int, y: int) -> int:
+        """The channel a tile at (x, y) loads from."""
+        if not self.nodes:
+            raise ValueError("streamed weights need memory channels; the chip has none")
+        return min(range(len(self.nodes)), key=lambda c: (
+            abs(self.nodes[c][0] - x) + abs(self.nodes[c][1] - y), c))
 
 
 @dataclass(frozen=True)
@@ -387,13 +409,19 @@ class _ExpertTiles:
     home = 0
 
     def __init__(self, config: TileConfig, k: int, layer: MoeLayer, weights: MoEWeights,
-                 top_k: int, x: np.ndarray, projection: Projection | None):
+                 top_k: int, x: np.ndarray, projection: Projection | None,
+                 memory: WeightMemory | None = None):
         """The layer's shapes and sizes, after the tokens and the mesh are checked and
         the subclass's ``_check(x)`` has refused what else it cannot run; with
         ``projection``, ``x`` is the residual stream and ``self.x`` the layer's input
-        (``golden.decoder.project_residual``)."""
+        (``golden.decoder.project_residual``); with ``memory``, the experts' weights
+        and tables go into the memory image (``self.image``) and ``self.streams[e]``
+        lists the loads that bring expert e's into its tile: (scratchpad address,
+        channel, memory address, words)."""
         self.config, self.k, self.layer, self.weights = config, k, layer, weights
-        self.top_k, self.projection = top_k, projection
+        self.top_k, self.projection, self.memory = top_k, projection, memory
+        self.image: dict[int, dict[int, int]] = {}
+        self.streams: dict[int, list[tuple[int, int, int, int]]] = {}
         self.n = n = config.n
         if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
             raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
@@ -449,17 +477,55 @@ class _ExpertTiles:
                 wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b_bank)
                 wd = spad.take(self.hc * self.ffn, f"expert{e} down weights", b_bank)
                 self.w_addr[e] = (wg, wu, wd)
-                words.put(wg, _column_layout(self.weights.w_gate[e], n))
-                words.put(wu, _column_layout(self.weights.w_up[e], n))
-                words.put(wd, _column_layout(self.weights.w_down[e], n))
                 self.tbl_addr[e] = spad.take(q_words, f"expert{e} SiLU table", b_bank)
                 table = np.zeros((q_words, n), np.int64)
                 for q in range(self.q_entries):
                     part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
                     table[q, :len(part)] = part
-                words.put(self.tbl_addr[e], table)
+                self._expert_words(t, e, [
+                    (wg, _column_layout(self.weights.w_gate[e], n)),
+                    (wu, _column_layout(self.weights.w_up[e], n)),
+                    (wd, _column_layout(self.weights.w_down[e], n)),
+                    (self.tbl_addr[e], table)])
                 if per_expert is not None:
                     per_expert(t, spad, e)
+        if self.memory is not None:
+            full = {c: len(image) for c, image in self.image.items()
+                    if len(image) > self.memory.words}
+            if full:
+                raise ValueError("the experts' weights do not fit the memory channels: "
+                                 + ", ".join(f"channel {c} needs {used} words, its store "
+                                             f"holds {self.memory.words}"
+                                             for c, used in sorted(full.items())))
+
+    def _expert_words(self, t: int, e: int, regions: list) -> None:
+        """Expert e's weights and table ((scratchpad address, rows) each) into tile t's
+        scratchpad words, or with streamed weights into the image of the channel
+        nearest t, with the loads that bring them in (regions adjacent in both
+        memories share one load, of at most what a DMA and a read request carry)."""
+        if self.memory is None:
+            for address, rows in regions:
+                self.words[t].put(address, rows)
+            return
+        channel = self.memory.nearest(t % self.k, t // self.k)
+        image = self.image.setdefault(channel, {})
+        loads = self.streams.setdefault(e, [])
+        for address, rows in regions:
+            words = _Words(self.n)
+            words.put(address, rows)
+            base, count = len(image), len(words.writes)
+            image.update((base + a - address, w) for a, w in words.writes.items())
+            last = loads[-1] if loads else None
+            if last and last[0] + last[3] == address and last[2] + last[3] == base:
+                loads[-1] = (*last[:3], last[3] + count)
+            else:
+                loads.append((address, channel, base, count))
+        most = min(MAX_DMA_LENGTH, (1 << length_bits(self.n)) - 1)
+        split = []
+        for address, channel, base, count in loads:
+            split += [(address + i, channel, base + i, min(most, count - i))
+                      for i in range(0, count, most)]
+        loads[:] = split
 
     def tile_programs(self, output_words: list[int], shape: tuple[int, int],
                       reader: OutputRows) -> list[TileProgram]:
@@ -877,16 +943,21 @@ def moe_from_workload(config: TileConfig, workload, k: int = 2,
 
 
 def run_on_chip_model(program: MoeChipProgram, chip=None):
-    """Run ``program`` on ``golden.chip_model.ChipModel`` (a fresh one sized by the config
-    unless given): host writes, every tile's instructions, then the reader on the home
-    tile. Returns (output, chip). ValueError if a tile does not halt with its semaphores
-    back at zero."""
+    """Run ``program`` on ``golden.chip_model.ChipModel`` (a fresh one sized by the config,
+    with the channels its memory image names, unless given): the memory image and the
+    host writes, every tile's instructions, then the reader on the home tile. Returns
+    (output, chip). ValueError if a tile does not halt with its semaphores back at
+    zero."""
     from golden.chip_model import ChipModel
 
     cfg = program.config
     if chip is None:
         chip = ChipModel(program.k, n=cfg.n, spad_words=cfg.spad_words,
-                         acc_depth=cfg.acc_depth, slots=cfg.slots)
+                         acc_depth=cfg.acc_depth, slots=cfg.slots,
+                         memory_channels=1 + max(program.memory, default=-1),
+                         channel_words=1 << MEM_ADDR_BITS if program.memory else 0)
+    for channel, image in program.memory.items():
+        chip.channels[channel].update(image)
     for tile, p in zip(chip.tiles, program.tiles, strict=True):
         for address, word in p.spad_writes.items():
             tile.spad[address] = word

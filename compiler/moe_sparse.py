@@ -42,6 +42,7 @@ from compiler.moe import (
     MoeChipProgram,
     MoeLayer,
     Projection,
+    WeightMemory,
     _bump,
     _column_layout,
     _encoding,
@@ -61,6 +62,7 @@ from spec.config import TileConfig, ceil_div
 from spec.isa import (
     MAX_DMA_LENGTH,
     SEMAPHORES,
+    DmaTarget,
     Opcode,
     VecDst,
     VecPack,
@@ -69,29 +71,36 @@ from spec.isa import (
     tile_index,
 )
 
-__all__ = ["SEM_INPUTS", "SEM_RESULTS", "build_sparse_moe"]
+__all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "build_sparse_moe"]
 
 #: Arrival semaphores (above the engines' 0, 1, 2): inputs of an expert tile, results on
-#: home, then one per routed expert of a tile for its rows.
+#: home, then one per routed expert of a tile for its rows; with streamed weights, the
+#: last counts the loads of a tile's experts' weights (a tile loads from one channel,
+#: whose words arrive in the order they were asked for).
 SEM_INPUTS, SEM_RESULTS, FIRST_ROWS_SEM = 3, 4, 5
+SEM_WEIGHTS = SEMAPHORES - 1
 #: Registers of the expert loop: rows left, rows of this block, the block's first word,
 #: N, N - 1, the loop counter, its limit, and the block's first word in a result slice.
 R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_YOFF = range(8)
 
 
 def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
-                     top_k: int, x: np.ndarray, projection: Projection | None = None
-                     ) -> MoeChipProgram:
+                     top_k: int, x: np.ndarray, projection: Projection | None = None,
+                     memory: WeightMemory | None = None) -> MoeChipProgram:
     """Compile ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a ``k`` x ``k``
     chip of ``config`` tiles with sparse dispatch (module docstring); arguments and
     result as :func:`compiler.moe.build_moe`. The output is read from home's rows.
     ``summary``: ``macs_sparse`` (the router, each token's top_k routed experts and the
     shared ones: what the programs execute, plus the table, gating and combine GEMMs
-    counted at run time), ``instructions``, ``experts_per_tile``, ``tokens``.
-    ValueError before anything is built if the mesh, the tile or the shapes cannot run
-    it."""
+    counted at run time), ``instructions``, ``experts_per_tile``, ``tokens``,
+    ``memory_words`` (words the tiles load from the memory channels). With ``memory``
+    (streamed weights) the experts' weights and SiLU tables are in the program's memory
+    image, and each expert tile loads those of its experts that have tokens once their
+    counts are known, all at once, the first expert computing while the others' arrive.
+    ValueError before anything is built if the mesh, the tile, the memory or the shapes
+    cannot run it."""
     build = _SparseBuild(config, k, MoeLayer.from_golden(weights, scales, top_k), weights,
-                         top_k, np.asarray(x), projection)
+                         top_k, np.asarray(x), projection, memory)
     build.place()
     build.emit_home_inputs()
     build.emit_gating()
@@ -106,6 +115,11 @@ class _SparseBuild(_ExpertTiles):
 
     def __init__(self, *args):
         super().__init__(*args)
+        if self.memory is not None and FIRST_ROWS_SEM + max(
+                len(self.routed_on(t)) for t in range(self.tiles)) > SEM_WEIGHTS:
+            raise ValueError("cannot stream the experts' weights: semaphore "
+                             f"{SEM_WEIGHTS} counts their loads, and a tile's routed experts "
+                             "need every semaphore above 4")
         self.tw = ceil_div(self.tokens, entries_per_word(self.n))  # an index table's words
         self.meta_words = 1 + self.tw  # per expert: its count, then its result table
         # The router's lanes (and the index tables' rows) hold the routed experts in tile
@@ -532,6 +546,8 @@ class _SparseBuild(_ExpertTiles):
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
+            if self.memory is not None:
+                self._load_weights(i, mine)
             once = self._dispatch_slots() if i == self.home else {}
             scatter = []
             for ex in mine:
@@ -551,6 +567,27 @@ class _SparseBuild(_ExpertTiles):
                 self._expert_loop(i, ex, source, scatter + once.get(ex, []))
                 scatter = self._send_results(i, ex)
             e.ops.extend(scatter)
+
+    def _load_weights(self, i: int, mine: list[int]) -> None:
+        """Memory DMAs for the weights and tables of tile i's experts: every shared
+        expert's, and a routed expert's when its count is not 0 (what its loop's WAIT on
+        :data:`SEM_WEIGHTS` expects)."""
+        e, n = self.emitters[i], self.n
+        e.drain()  # home: the counts are written
+        e.ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
+        for ex in mine:
+            skip = None
+            if ex < self.experts:
+                e.ops.append((Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex),
+                                            "lane": n - 1}))
+                skip = len(e.ops)
+                e.ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
+            e.ops.extend((Opcode.DMA, {"target": DmaTarget.LOAD, "channel": channel,
+                                       "mem_addr": base, "dst": address, "length": count,
+                                       "remote_signal": 1, "remote_semaphore": SEM_WEIGHTS})
+                         for address, channel, base, count in self.streams[ex])
+            if skip is not None:
+                e.ops[skip][1]["target"] = len(e.ops)
 
     def _dispatch_slots(self) -> dict[int, list]:
         """The other tiles' experts' rows, as IDMAs issued while home's routed experts
@@ -589,6 +626,8 @@ class _SparseBuild(_ExpertTiles):
             ops.append((Opcode.SET, {"rd": reg, "value": 0}))
         skip_all = len(ops)  # no rows (R_IT is 0): not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
+        if self.memory is not None:  # its weights and table have arrived
+            e.wait_arrivals(SEM_WEIGHTS, len(self.streams[ex]))
         body = len(ops)
         ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
         short = len(ops)
@@ -743,6 +782,8 @@ class _SparseBuild(_ExpertTiles):
         chosen = topk(router_logits(self.x, self.weights), self.top_k)
         load = np.bincount(chosen.ravel(), minlength=self.experts)
         per_token = 3 * self.hidden * self.ffn
+        streamed = sum(count for ex, loads in self.streams.items()
+                       if ex >= self.experts or load[ex] for *_, count in loads)
         summary = {
             "tokens": t, "mesh": f"{k}x{k}", "home": home, "dispatch": "sparse",
             "macs_sparse": (t * self.hidden * self.experts
@@ -754,6 +795,7 @@ class _SparseBuild(_ExpertTiles):
             "instructions": [p.summary.length for p in programs],
             "experts_per_tile": [len(self.experts_on(i)) for i in range(self.tiles)],
             "scratchpad_words": [p.summary.spad_words for p in programs],
+            "memory_words": streamed,
         }
         return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
-                              shape, summary, reader)
+                              shape, summary, reader, self.image)

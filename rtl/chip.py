@@ -17,13 +17,13 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from rtl.memory_channel import MemoryChannel, MemoryPort
+from rtl.memory_channel import HostWrite, MemoryChannel, MemoryPort
 from rtl.mesh import Mesh
 from rtl.network_interface import NetworkInterface, check_max_packet, check_memory_nodes
 from rtl.scratchpad import COUNTER_BITS
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
-from spec.isa import tile_index
+from spec.isa import CHANNEL_BITS, tile_index
 from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS, machine_balance_bandwidth
 from spec.noc import DEFAULT_DEPTH, MIN_K, MessageClass, NocConfig
 from spec.params import check_bool
@@ -91,6 +91,8 @@ class Chip(wiring.Component):
     - ``go``: one bit per tile, a pulse starts that tile's program;
     - ``status``, ``counters``, ``engine_error``, ``ecc`` (:class:`EccCounters`): one
       entry per tile;
+    - ``memory_write``: words into a memory channel's store (the memory image; a word
+      for a channel the chip lacks is consumed and flagged in ``error``);
     - ``net``: each network interface's counters; ``memory``: each memory channel's
       (:class:`MemoryCounters`); ``error`` (sticky): a router, an interface or a memory
       channel dropped something, or a host beat named a tile outside the mesh (such a
@@ -174,6 +176,10 @@ class Chip(wiring.Component):
             "host_resp": Out(stream.Signature(sp.response_layout)),
             "kv_req": In(stream.Signature(with_tile(sp.kv_request_layout, tile_bits))),
             "kv_resp": Out(stream.Signature(sp.response_layout)),
+            "memory_write": In(stream.Signature(data.StructLayout({
+                "channel": unsigned(CHANNEL_BITS),
+                **{name: field.shape for name, field in
+                   HostWrite(n, self.nis[0].addr_bits if self.nis else 16)}}))),
             "error": Out(1),
         })
 
@@ -214,13 +220,18 @@ class Chip(wiring.Component):
                          counters.dropped_out.eq(ni.dropped_out),
                          counters.dropped_in.eq(ni.dropped_in)]
 
-        self._program(m, bad_tile)
+        # Program words to the tile they name, host words into the channel they name.
+        self._route(m, self.program, "tile", [tile.program for tile in self.tiles], bad_tile)
+        bad_channel = Signal()
+        self._route(m, self.memory_write, "channel", [c.host for c in self.channels],
+                    bad_channel)
         bad_host = self._fan_out(m, "host")
         bad_kv = self._fan_out(m, "kv")
         net_error = Cat(ni.error for ni in self.nis).any() if self.mesh is not None else 0
         mesh_error = self.mesh.error if self.mesh is not None else 0
         memory_error = Cat(c.error for c in self.channels).any() if self.channels else 0
-        with m.If(bad_tile | bad_host | bad_kv | net_error | mesh_error | memory_error):
+        with m.If(bad_tile | bad_host | bad_kv | bad_channel | net_error | mesh_error
+                  | memory_error):
             m.d.sync += self.error.eq(1)
         return m
 
@@ -249,6 +260,22 @@ class Chip(wiring.Component):
         counters = self.memory[channel]
         m.d.comb += [counters[name].eq(getattr(memory, name)) for name, _ in counters.shape()]
 
+    @staticmethod
+    def _route(m: Module, source, key: str, sinks: list, bad: Signal) -> None:
+        """Beats of the stream ``source`` to the stream of ``sinks`` its field ``key``
+        names (the payload's other fields copied by name); a beat naming none is
+        consumed and flags ``bad``."""
+        beat = source.payload
+        if len(sinks) < 1 << len(beat[key]):
+            m.d.comb += bad.eq(source.valid & (beat[key] >= len(sinks)))
+            with m.If(bad):
+                m.d.comb += source.ready.eq(1)
+        for index, sink in enumerate(sinks):
+            m.d.comb += [sink.payload[name].eq(beat[name]) for name, _ in sink.payload.shape()]
+            with m.If(beat[key] == index):
+                m.d.comb += [sink.valid.eq(source.valid), source.ready.eq(sink.ready)]
+
+
     def _instance(self, tile) -> Instance:
         """An instance of :data:`TILE_MODULE` bound to the interface object ``tile``
         (ports named as Amaranth names a top-level component's: the member path joined
@@ -258,19 +285,6 @@ class Chip(wiring.Component):
             name = "__".join(str(part) for part in path)
             ports[("i_" if member.flow == In else "o_") + name] = value
         return Instance(TILE_MODULE, i_clk=ClockSignal(), i_rst=ResetSignal(), **ports)
-
-    def _program(self, m: Module, bad_tile: Signal) -> None:
-        """Program words to the tile they name; a word for no tile is consumed, flagged."""
-        beat = self.program.payload
-        m.d.comb += bad_tile.eq(self.program.valid & (beat.tile >= len(self.tiles)))
-        with m.If(bad_tile):
-            m.d.comb += self.program.ready.eq(1)
-        for index, tile in enumerate(self.tiles):
-            m.d.comb += [tile.program.payload.address.eq(beat.address),
-                         tile.program.payload.word.eq(beat.word)]
-            with m.If(beat.tile == index):
-                m.d.comb += [tile.program.valid.eq(self.program.valid),
-                             self.program.ready.eq(tile.program.ready)]
 
     def _fan_out(self, m: Module, port: str) -> Signal:
         """``{port}_req`` beats to the tile they name; responses back in request order

@@ -21,7 +21,7 @@ from spec.memory import (
 from spec.noc import COORD_BITS, DEFAULT_DEPTH, MessageClass, NocConfig
 from spec.params import check_array_size, check_int
 
-__all__ = ["MIN_LATENCY", "MemoryChannel", "MemoryPort"]
+__all__ = ["MIN_LATENCY", "HostWrite", "MemoryChannel", "MemoryPort"]
 
 #: Width of the channel's counters (saturating).
 COUNTER_BITS = 32
@@ -40,6 +40,13 @@ class _Op(data.StructLayout):
     def __init__(self, n: int, addr_bits: int):
         super().__init__({"read": 1, "addr": unsigned(addr_bits), "data": unsigned(8 * n),
                           "signal": 1, "semaphore": unsigned(4), "due": unsigned(32)})
+
+
+class HostWrite(data.StructLayout):
+    """A word the host writes into a channel's store (the memory image, before a run)."""
+
+    def __init__(self, n: int, addr_bits: int):
+        super().__init__({"addr": unsigned(addr_bits), "data": unsigned(8 * n)})
 
 
 class _Reply(data.StructLayout):
@@ -72,6 +79,10 @@ class MemoryChannel(wiring.Component):
       packet) is dropped and counted (``dropped``, sticky ``error``); the channel keeps
       taking flits.
 
+    The host writes the store through ``host`` (the memory image, before the programs
+    run): a word a cycle whenever the channel is not writing one itself, outside the
+    modelled bandwidth; a word past the store is dropped and counted.
+
     Timing: a request is queued (``queue`` entries; ``req`` waits while it is full) and
     served in arrival order; at zero load a read's first reply flit is on ``resp``
     ``latency`` cycles (at least :data:`MIN_LATENCY`) after the request was taken. The
@@ -86,11 +97,13 @@ class MemoryChannel(wiring.Component):
     -----
     req : stream in of :class:`spec.noc.Flit` (payload :class:`NetPayload` with
         ``addr_bits`` address bits)
+    host : stream in of :class:`HostWrite`
     resp : stream out of :class:`spec.noc.Flit`, response class
-    reads, writes : out, words read from and written to the store (saturating)
+    reads, writes : out, words read from and written to the store by requests
+        (saturating; the host's words are not counted)
     requests : out, read requests accepted (fences included)
-    dropped : out, requests, words and flits refused (saturating; the counters count
-        a cycle after the event)
+    dropped : out, requests, words (the host's too) and flits refused (saturating;
+        the counters count a cycle after the event)
     error : out, sticky: something was dropped
     """
 
@@ -119,6 +132,7 @@ class MemoryChannel(wiring.Component):
         super().__init__({
             "req": In(stream.Signature(flit)),
             "resp": Out(stream.Signature(flit)),
+            "host": In(stream.Signature(HostWrite(n, addr_bits))),
             "reads": Out(COUNTER_BITS), "writes": Out(COUNTER_BITS),
             "requests": Out(COUNTER_BITS), "dropped": Out(COUNTER_BITS),
             "error": Out(1),
@@ -222,7 +236,8 @@ class MemoryChannel(wiring.Component):
             write.addr.eq(op.addr), write.data.eq(op.data),
         ]
         m.d.sync += staged.eq(0)
-        with m.If(due & ~op.read & funded):
+        serving_write = due & ~op.read & funded
+        with m.If(serving_write):
             m.d.comb += [write.en.eq(1), spend.eq(1), ops.r_en.eq(1)]
         with m.Elif(due & op.read & (job.length == 0) & room):
             m.d.comb += [reply.head.eq(1), reply.tail.eq(1), ops.r_en.eq(1),
@@ -238,6 +253,16 @@ class MemoryChannel(wiring.Component):
             with m.If(last):
                 m.d.comb += ops.r_en.eq(1)
                 m.d.sync += index.eq(0)
+        # The host's words, in cycles the service writes none.
+        host = self.host.payload
+        host_dropped = Signal()
+        m.d.comb += self.host.ready.eq(~serving_write)
+        with m.If(self.host.valid & ~serving_write):
+            with m.If(host.addr < self.words if self.words < 1 << self.addr_bits else 1):
+                m.d.comb += [write.en.eq(1), write.addr.eq(host.addr),
+                             write.data.eq(host.data)]
+            with m.Else():
+                m.d.comb += host_dropped.eq(1)
         m.d.comb += [replies.w_en.eq(staged),  # with the word read last cycle
                      replies.w_data.eq(Cat(staged_reply, Mux(staged_data, read.data, 0)))]
 
@@ -256,15 +281,15 @@ class MemoryChannel(wiring.Component):
 
         # Counters, a cycle behind their events (off the service's timing path).
         def count(counter, events):
-            seen = Signal(range(3))
+            seen = Signal(range(4))
             total = counter + seen
             m.d.sync += [seen.eq(events),
                          counter.eq(Mux(total >> COUNTER_BITS, (1 << COUNTER_BITS) - 1, total))]
-        count(self.writes, write.en)
+        count(self.writes, serving_write)
         count(self.reads, read.en)
         count(self.requests, ops.w_en & new.read)
-        count(self.dropped, dropped + unended)
-        with m.If(dropped | unended):
+        count(self.dropped, dropped + unended + host_dropped)
+        with m.If(dropped | unended | host_dropped):
             m.d.sync += self.error.eq(1)
         return m
 

@@ -33,7 +33,7 @@ class ChipRun:
 class ChipDriver(TileDriver):
     """Drives a :class:`sim.harness.StreamHarness` around a :class:`rtl.chip.Chip`."""
 
-    STREAMS_IN = ("program", "host_req", "kv_req")
+    STREAMS_IN = ("program", "host_req", "kv_req", "memory_write")
     STREAMS_OUT = ("host_resp", "kv_resp")
 
     def __init__(self, dut, chip, depths: dict[str, int]):  # noqa: D107
@@ -66,6 +66,25 @@ class ChipDriver(TileDriver):
                                   for a, w in sorted(writes.items())]
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]
         await self._load_clean(beats)
+
+    async def write_memory(self, image: dict[int, dict[int, int]]) -> None:
+        """Per memory channel, {address: word} into its store through the chip's
+        ``memory_write`` port (the memory image, outside any measured run). ValueError
+        for a channel the chip lacks; AssertionError if a channel dropped a word (past
+        its store)."""
+        missing = sorted(set(image) - set(range(len(self.chip.channels))))
+        if missing:
+            raise ValueError(f"memory image for channels {missing}: the chip has "
+                             f"{len(self.chip.channels)}")
+        before = [c["dropped"] for c in self.memory_counters()]
+        beats = [{"channel": c, "addr": a, "data": w}
+                 for c, words in sorted(image.items()) for a, w in sorted(words.items())]
+        await self._transfer({"memory_write": beats}, self._budget({"memory_write": beats}),
+                             errors_only=True)
+        await RisingEdge(self.dut.clk)  # the channels count a cycle after the event
+        dropped = [c["dropped"] - b for c, b in zip(self.memory_counters(), before,
+                                                    strict=True)]
+        assert not any(dropped), f"memory image: the channels dropped {dropped} words"
 
     async def host(self, beats: list[dict]) -> Responses:
         """Raw host requests (each names its ``tile``); returns their responses."""

@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import pickle
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
@@ -20,13 +21,16 @@ from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
 from spec.config import ChipConfig, TileConfig
 
 MODULE = "tb.chip_tb"
+#: Words of the memory image one harness run writes (a larger image takes several).
+MEMORY_DEPTH = 8192
 
 
 def harness_depths(config: ChipConfig) -> dict[str, int]:
     """Harness memory depths: a whole program per load; longer host transfers take
     several harness runs (sim.chip_driver)."""
     return {"program": config.tiles * config.tile.program_depth, "host_req": HOST_DEPTH,
-            "host_resp": HOST_DEPTH, "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH}
+            "host_resp": HOST_DEPTH, "kv_req": KV_DEPTH, "kv_resp": KV_DEPTH,
+            "memory_write": MEMORY_DEPTH}
 
 
 def chip_json(config: ChipConfig) -> dict:
@@ -103,7 +107,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
                    faults: FaultPlan | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                   moe_tokens: int = MOE_TOKENS) -> dict:
+                   moe_tokens: int = MOE_TOKENS, weights: str | None = None) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and the MoE layer, ``moe`` sparse, dense or off), every output checked against
     golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -118,7 +122,13 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
     holds the log and counts, ``faults["stopped"]`` the error that ended the run early.
     ``prefill_chunk``: prompt tokens per prefill step; ``moe_tokens``: tokens per MoE
-    round (``config`` sized for them by :func:`chip_config`)."""
+    round (``config`` sized for them by :func:`chip_config`); ``weights``: the experts'
+    weights streamed from the memory channels or resident (written by the host before
+    each MoE round; None: ``compiler.chip.check_weights``'s default); the memory image
+    is written once, before the first round."""
+    from compiler.chip import check_weights
+
+    weights = check_weights(weights, moe)
     from compiler.chip import layer_rounds
     from golden.workloads import WorkloadConfig
 
@@ -126,11 +136,12 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
         rounds = layer_rounds(config, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               moe=moe, schedule=schedule, prefill_chunk=prefill_chunk,
-                              moe_tokens=moe_tokens)
+                              moe_tokens=moe_tokens, weights=weights)
     wl = workload.to_json() if isinstance(workload, WorkloadConfig) else workload
     params = {"workload": wl, "layer": layer, "batch": batch, "prefill": prefill,
               "context": context, "steps": steps, "placement": placement, "seed": seed,
               "prefill_chunk": prefill_chunk, "moe": moe, "moe_tokens": moe_tokens,
+              "weights": weights,
               "schedule": schedule,
               "progress": str(progress) if progress else None,
               "dump": str(Path(dump).resolve()) if dump else None,
@@ -140,7 +151,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"
            f"{'' if moe == 'sparse' else '-moe' + moe}"
            f"{'' if prefill_chunk == PREFILL_CHUNK else f'-k{prefill_chunk}'}"
-           f"{'' if moe_tokens == MOE_TOKENS else f'-t{moe_tokens}'}")
+           f"{'' if moe_tokens == MOE_TOKENS else f'-t{moe_tokens}'}"
+           f"{'' if weights == check_weights(None, moe) or moe == 'off' else '-' + weights}")
     if faults:
         tag += f"-faults-s{faults.seed}"
     if schedule:
@@ -164,10 +176,12 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
     so that they compare on one build; "off": attention only, no room kept for the MoE
-    layer. ``moe_tokens``: the MoE rounds' size the room is kept for. One build serves
-    every batch, context and placement that fits it; what does not fit is refused by the
-    compiler with the reason."""
-    from compiler.chip import check_moe_tokens, moe_words
+    layer. ``moe_tokens``: the MoE rounds' size the room is kept for. Unless ``moe`` is
+    "off", the memory channels' stores hold the experts' streamed weights (at least
+    ``spec.memory.DEFAULT_MEMORY_WORDS``, a power of two). One build serves every batch,
+    context, placement and weight mode that fits it; what does not fit is refused by
+    the compiler with the reason."""
+    from compiler.chip import check_moe_tokens, moe_memory_words, moe_words
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
     from sim.tile_run import WORKING_WORDS
@@ -196,17 +210,24 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
                                        working_words=working)
     except ValueError as error:
         raise ValueError(f"the tiles of a {k}x{k} chip: {error}: use a larger mesh") from None
-    return ChipConfig(k=k, tile=tile, vcs=vcs)
+    config = ChipConfig(k=k, tile=tile, vcs=vcs)
+    if moe == "off" or not config.memory_nodes:
+        return config
+    words = moe_memory_words(cfg, k, n, config.memory_nodes, moe_tokens)
+    return replace(config, memory_words=max(config.memory_words, 1 << (words - 1).bit_length()))
 
 
-def chip_figures(result: dict, k: int, n: int) -> dict:
+def chip_figures(result: dict, k: int, n: int, memory_bandwidth=None) -> dict:
     """The report's figures from a chip run, per phase (prefill: every chunk of the
     prompt; decode per step, i.e. per generated token of every sequence): cycles of the
     attention rounds, of the MoE rounds and of the layer (their sum: rounds run one
     after another); utilisation = useful MACs (the attention programs' GEMMs, the MoE
     rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares summed over the
-    tiles; the share of the MoE rounds' tile-cycles spent waiting on the network;
-    network flits; simulation speed (cycles over the rounds' wall time)."""
+    tiles; the share of the MoE rounds' tile-cycles spent waiting on the network; bytes
+    loaded from the memory channels and, given the channels' ``memory_bandwidth`` (bytes
+    per cycle in all), the cycles those bytes take at it (the memory bound, every
+    channel busy) and the phase's cycles over it; network flits; simulation speed
+    (cycles over the rounds' wall time)."""
     tiles = k * k
     rounds = result["rounds"]
     out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
@@ -238,6 +259,13 @@ def chip_figures(result: dict, k: int, n: int) -> dict:
             waited = sum(c["wait"] for r in moe for c in r["tiles"].values())
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
+        # Bytes the programs loaded from the memory channels (streamed expert weights).
+        memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
+        out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
+        if memory and memory_bandwidth:
+            bound = math.ceil(memory / memory_bandwidth)
+            out[f"chip__{phase}__memory_bound_cycles"] = bound
+            out[f"chip__{phase}__cycles_over_memory_bound"] = round(cycles / bound, 3)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 from functools import partial
 from pathlib import Path
@@ -76,7 +77,9 @@ async def chip_memory(dut):
     """STORE and LOAD DMAs through the memory channels: a tile stores words in both
     channels, fences, tells another tile, and both read the words back; the tile beside
     channel 0 stores and loads through its own node; a STORE to a channel the chip lacks
-    stops its tile with BAD_TILE."""
+    stops its tile with BAD_TILE. The host writes words into channel 1's store
+    beforehand (the memory image) and tile 0 loads them; a host word for a channel the
+    chip lacks raises the chip's error."""
     driver, config = await _driver(dut)
     assert len(config.memory_nodes) == 2 and config.tiles == 4
     mask = 1 << (8 * config.tile.n) - 1
@@ -98,10 +101,13 @@ async def chip_memory(dut):
             wait(semaphore=5, count=2), encode(Opcode.HALT)],
         0: [dma(src=100, length=3, channel=0, mem_addr=3000, **store),
             dma(dst=500, length=3, channel=0, mem_addr=3000, remote_semaphore=6, **load),
-            wait(semaphore=6, count=1), encode(Opcode.HALT)],
+            dma(dst=600, length=12, channel=1, mem_addr=2000, remote_semaphore=6, **load),
+            wait(semaphore=6, count=2), encode(Opcode.HALT)],
         2: [dma(src=100, length=1, channel=2, **store), encode(Opcode.HALT)],
     }
     writes = {t: {100 + i: w for i, w in enumerate(words)} for t in (0, 1)}
+    image = [(w * 7 + 1) & mask for w in words[:12]]
+    await driver.write_memory({1: dict(enumerate(image, 2000))})
     await driver.load_tiles({t: (p, writes.get(t, {}), []) for t, p in programs.items()})
     run = await driver.run_tiles(sorted(programs), 20_000)
     assert run.tiles[2].error == ErrorCode.BAD_TILE and run.tiles[2].pc == 0, run.tiles[2]
@@ -109,13 +115,16 @@ async def chip_memory(dut):
         assert run.tiles[t].error == ErrorCode.NONE and run.tiles[t].engine_error == 0, t
     got = await driver.read_tiles({1: [300 + i for i in range(20)],
                                    3: [200 + i for i in range(5)] + [400 + i for i in range(20)],
-                                   0: [500 + i for i in range(3)]})
-    assert got[1] == words and got[3] == words[5:10] + words and got[0] == words[:3], got
+                                   0: [500 + i for i in range(3)] + [600 + i for i in range(12)]})
+    assert got[1] == words and got[3] == words[5:10] + words, got
+    assert got[0] == words[:3] + image, got
     memory = driver.memory_counters()
     assert memory == [{"reads": 20 + 20 + 3, "writes": 20 + 3, "requests": 2 + 1 + 1,
                        "dropped": 0},
-                      {"reads": 5, "writes": 5, "requests": 2, "dropped": 0}], memory
+                      {"reads": 5 + 12, "writes": 5, "requests": 2 + 1, "dropped": 0}], memory
     assert int(dut.error.value) == 0
+    await driver._transfer({"memory_write": [{"channel": 2, "addr": 0, "data": 1}]}, 64)
+    assert int(dut.error.value) == 1 and driver.memory_counters() == memory
     report(passed=True, cycles=run.cycles, memory=memory)
 
 
@@ -158,16 +167,27 @@ async def chip_layer(dut):
     faults = (FaultInjector(FaultPlan(**p["faults"]), config.k, config.tile.n)
               if p.get("faults") else None)
     out = []
+    written: dict[int, dict[int, int]] = {}  # the memory image in the channels
+    # A word's cycles at one channel's bandwidth (the timeout if every load is one's).
+    memory_cycles = (math.ceil(config.tile.n * len(config.memory_nodes)
+                               / config.memory_bytes_per_cycle)
+                     if config.memory_nodes else 0)
     for index, rnd in enumerate(rounds):
+        image = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
+                 for c, words in rnd.memory.items()}
+        if any(image.values()):
+            await driver.write_memory(image)
+            for c, words in image.items():
+                written.setdefault(c, {}).update(words)
         loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)
                  for t, ld in rnd.loads.items()}
         await driver.load_tiles(loads)
         if faults:
             await faults.inject(driver, index, rnd.loads)
-        before = driver.net_counters()
+        before, memory_before = driver.net_counters(), driver.memory_counters()
         longest = max(len(ld.instructions) + ld.looped for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
-                                     + 20_000)
+                                     + memory_cycles * rnd.memory_words + 20_000)
         if faults and faults.check_round(driver, index):
             report(passed=False, rounds=out, faults=faults.summary())
             return
@@ -192,7 +212,13 @@ async def chip_layer(dut):
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
-        out.append(_round_record(rnd, run, flits))
+        memory = {name: sum(a[name] - b[name] for a, b in zip(
+            driver.memory_counters(), memory_before, strict=True))
+            for name in ("reads", "writes", "dropped")}
+        assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
+            f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
+            f"programs load {rnd.memory_words} words")
+        out.append(_round_record(rnd, run, flits) | {"memory_words": memory["reads"]})
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "
                            f"{list(rnd.contexts)}: {run.cycles} cycles, outputs bit-exact "

@@ -59,11 +59,12 @@ def test_icarus_runs_the_chip_cycle_for_cycle_like_verilator():
 
 
 @pytest.mark.parametrize(("placement", "moe"), [("local", "sparse"), ("striped", "dense"),
-                                              ("local", "off")])
+                                              ("far", "off")])
 def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two attention rounds per step. The
     # MoE layer sparse, dense-masked or off on the same build; every tile's MAC counter
-    # checked against what its programs dispatch (tb.chip_tb).
+    # checked against what its programs dispatch, and the memory channels' words read
+    # against what they load (far pages, streamed weights; tb.chip_tb).
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
                             placement=placement, moe=moe, dump=tmp_path, seed=seed + 1)
     phases = [r["phase"] for r in result["rounds"]]
@@ -75,6 +76,11 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     flits = sum(r["flits"] for r in result["rounds"])
     assert (kv_words > 0) == (placement == "striped")
     assert flits >= kv_words
+    far_words = [r["memory_words"] for r in result["rounds"] if "moe" not in r["phase"]]
+    assert all(words > 0 for words in far_words) == (placement == "far")
+    # The experts' weights streamed by the sparse mapping, resident with the dense one.
+    assert all((r["memory_words"] > 0) == (moe == "sparse") for r in result["rounds"]
+               if r["phase"].endswith("moe"))
     assert all(r["cycles"] > 0 for r in result["rounds"])
     # The dump: a golden workload directory per sequence (and per MoE round) whose RTL
     # outputs compare equal to its golden ones, output by output.
@@ -129,9 +135,11 @@ def test_a_one_tile_chip_has_no_network():
 def test_single_bit_faults_in_stored_words_are_corrected_and_outputs_stay_exact(seed):
     """``--inject-faults``: single-bit faults in the words each round reads (weights,
     queries, KV pages appended in earlier rounds) are corrected on every read; every
-    output stays bit-exact and each tile's counters account for its faults."""
+    output stays bit-exact and each tile's counters account for its faults. The
+    experts' weights resident, so that they sit in the scratchpads too (streamed, they
+    arrive fresh in each round, and the memory channels have no ECC to test)."""
     result = simulate_layer(TINY, "tiny", 1, batch=2, prefill=3, context=8, steps=1,
-                            faults=FaultPlan(0.1, seed=seed + 1))
+                            faults=FaultPlan(0.1, seed=seed + 1), weights="resident")
     faults = result["faults"]
     assert [r["phase"] for r in result["rounds"]] == ["prefill", "prefill-moe", "decode",
                                                       "decode-moe"]

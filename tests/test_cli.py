@@ -32,8 +32,12 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert 1 < metrics["moe__executed_over_sparse_macs"] < 2.5  # tables, gates, combine
     # Expert tiles wait for their tokens: part of the MoE rounds, not all of them.
     assert 0 < metrics["chip__decode__moe_network_wait_share"] < 1
-    assert "waiting on the network: " in text
+    assert "waiting on the network or memory: " in text
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
+    # The experts' weights streamed from the memory channels, every MoE round.
+    assert "experts' weights streamed, within the count" in text
+    assert all(r["memory_words"] > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
+    assert metrics["chip__decode__memory_bytes_per_token"] > 0
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text
     assert "decode-moe:" in text and "none of " in text
@@ -51,14 +55,26 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
 
 def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
     """--moe-tokens 4: the prefill's 10 tokens in three MoE rounds, bit-exact on the RTL
-    (the tiny chip's build: its room is sized by attention either way)."""
-    out = tmp_path / "report.json"
-    assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5", "--context",
-                 "8", "--steps", "1", "--moe-tokens", "4", "--json", str(out)]) == 0
-    assert "in rounds of up to 4 tokens" in capsys.readouterr().out
-    rounds = json.loads(out.read_text())["rounds"]
-    assert [r["phase"] for r in rounds] == ["prefill", *["prefill-moe"] * 3, "decode",
-                                            "decode-moe"]
+    (the tiny chip's build: its room is sized by attention either way), with the weights
+    streamed and resident: loading them from memory is counted, in MoE cycles."""
+    runs = {}
+    for weights in ("streamed", "resident"):
+        out = tmp_path / f"{weights}.json"
+        assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5",
+                     "--context", "8", "--steps", "1", "--moe-tokens", "4", "--weights",
+                     weights, "--json", str(out)]) == 0
+        assert "in rounds of up to 4 tokens" in capsys.readouterr().out
+        runs[weights] = json.loads(out.read_text())
+    for run in runs.values():
+        assert [r["phase"] for r in run["rounds"]] == ["prefill", *["prefill-moe"] * 3,
+                                                       "decode", "decode-moe"]
+    streamed, resident = (runs[w]["metrics"] for w in ("streamed", "resident"))
+    assert resident["chip__decode__memory_bytes_per_token"] == 0
+    assert streamed["chip__decode__memory_bytes_per_token"] > 0
+    for phase in ("prefill", "decode"):
+        assert (streamed[f"chip__{phase}__attention_cycles"]
+                == resident[f"chip__{phase}__attention_cycles"])
+        assert streamed[f"chip__{phase}__moe_cycles"] > resident[f"chip__{phase}__moe_cycles"]
 
 
 def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
@@ -82,7 +98,7 @@ def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
     [
         (["--mesh", "2x3"], "KxK (square)"),
         (["--mesh", "9x9"], "1..8"),
-        (["--placement", "scattered"], "invalid choice"),
+        (["--placement", "scattered"], "unknown placement 'scattered'; known: local, striped, far"),
         (["--batch", "0"], "positive"),
         (["--prefill-chunk", "0"], "positive"),
         (["--moe-tokens", "0"], "positive"),
@@ -156,6 +172,8 @@ def test_sim_with_a_double_bit_fault_stops_with_a_named_error(tmp_path, capsys):
         (["--workload", "tiny", "--layer", "2"], "layers 0..1"),
         (["--workload", "tiny", "--max-context", "16", "--context", "40"],
          "give a larger --max-context"),
+        (["--workload", "tiny", "--moe", "dense", "--weights", "streamed"],
+         "--weights streamed needs --moe sparse"),
     ],
 )
 def test_chip_sim_refuses_what_does_not_fit_before_simulating(option, message, capsys):

@@ -21,16 +21,20 @@ from golden.workloads import get_workload
 from rtl.scratchpad import KvOp
 from sim.chip_run import chip_config
 from spec.config import ChipConfig
-from spec.isa import Opcode, encode
+from spec.isa import DmaTarget, Opcode, decode, encode
 
 
 def run_rounds(config: ChipConfig, rounds) -> int:
-    """Every round on a fresh chip model holding the pages so far; returns the words the
-    striped DMAs moved. Asserts each job's output equals golden."""
+    """Every round on a fresh chip model holding the pages so far (and the memory image
+    in its channels); returns the words the striped DMAs moved. Asserts each job's output
+    equals golden."""
     cfg = config.tile
     chip = ChipModel(config.k, n=cfg.n, spad_words=cfg.spad_words, acc_depth=cfg.acc_depth,
-                     slots=cfg.slots)
+                     slots=cfg.slots, memory_channels=len(config.memory_nodes),
+                     channel_words=config.memory_words)
     for rnd in rounds:
+        for channel, image in rnd.memory.items():
+            chip.channels[channel].update(image)
         for tile, load in rnd.loads.items():
             model = chip.tiles[tile]
             for address, word in load.spad_writes.items():
@@ -59,6 +63,46 @@ def test_tiny_batch_on_2x2_is_exact(placement):
     assert [r.phase for r in rounds] == ["prefill"] * 2 + ["decode"] * 4
     moved = run_rounds(config, rounds)
     assert (moved > 0) == (placement == "striped")
+
+
+def test_far_placement_loads_every_page_from_its_channel():
+    """Far: each job's program starts with a memory load of every page of its K and V
+    rows from the channel of its tile's row, then one WAIT; the same pages keep their
+    memory addresses from step to step, at the top of the store; KV never crosses the
+    mesh between tiles."""
+    config = chip_config("tiny", k=2)
+    rounds = attention_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2,
+                              placement="far")
+    assert run_rounds(config, rounds) == 0
+    page = config.tile.page_words
+    seen: dict[tuple[int, int], set] = {}
+    for rnd in rounds:
+        loaded = 0
+        for tile, load in rnd.loads.items():
+            ops = [decode(word) for word in load.instructions]
+            pulls = [f for op, f in ops if op == Opcode.DMA and f["target"] == DmaTarget.LOAD.value]
+            assert pulls and ops[len(pulls)] == (Opcode.WAIT, {"semaphore": 15, "count": 1})
+            assert {f["channel"] for f in pulls} == {tile // 2}
+            assert all(f["length"] == page for f in pulls)
+            assert [f["remote_signal"] for f in pulls] == [0] * (len(pulls) - 1) + [1]
+            seen.setdefault((rnd.phase, tile), set()).add(
+                tuple(f["mem_addr"] for f in pulls))
+            loaded += len(pulls) * page
+        assert rnd.memory_words == loaded
+        assert min(a for image in rnd.memory.values() for a in image) >= (
+            config.memory_words - 64 * page)
+    # Decode steps at contexts 10 and 11 read the same pages at the same addresses.
+    assert all(len(addresses) == 1 for (phase, _), addresses in seen.items()
+               if phase == "decode")
+
+
+def test_far_placement_needs_memory_channels_and_room():
+    with pytest.raises(ValueError, match="this chip has none"):
+        attention_rounds(replace(chip_config("tiny", k=2), memory_nodes=()), "tiny", 1,
+                         prefill=5, placement="far")
+    small = replace(chip_config("tiny", k=2), memory_words=64)
+    with pytest.raises(ValueError, match="far placement: memory channel 0 holds 64 words"):
+        attention_rounds(small, "tiny", 1, prefill=9, placement="far")
 
 
 @pytest.mark.parametrize("layer", [0, 1], ids=["window5", "full"])

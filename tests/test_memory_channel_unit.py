@@ -97,19 +97,33 @@ def model(channel: MemoryChannel, flits: list[dict]) -> tuple[list[dict], dict]:
 
 
 def run_channel(channel: MemoryChannel, flits: list[dict], *, expect: int, idle=0.0,
-                stall=0.0, seed=0, cycles=20_000):
+                stall=0.0, seed=0, cycles=20_000, host=(), after_host=()):
     """Send ``flits`` into ``req``, take ``resp`` until ``expect`` flits came (or
     ``cycles`` passed) and until the queue has drained; returns the replies (each with the cycle it
-    was taken), the cycles each request flit was taken, and the counters."""
+    was taken), the cycles each request flit was taken, and the counters. ``host``:
+    (address, word) pairs written through the host port meanwhile; ``after_host``: flits
+    sent once they all have been (after ``flits``)."""
     replies, accepted, counters = [], [], {}
     sim = Simulator(channel)
     sim.add_clock(1e-8)
     layout = channel.payload_layout
+    host_done = []
+
+    async def host_writer(ctx):
+        for addr, word in host:
+            ctx.set(channel.host.payload, {"addr": addr, "data": word})
+            ctx.set(channel.host.valid, 1)
+            await ctx.tick().until(channel.host.ready)
+        ctx.set(channel.host.valid, 0)
+        host_done.append(True)
 
     async def requester(ctx):
         rng = random.Random(f"{seed} requests")
         cycle = 0
-        for f in flits:
+        for i, f in enumerate([*flits, *after_host]):
+            while i == len(flits) and not host_done:
+                await ctx.tick()
+                cycle += 1
             while rng.random() < idle:
                 await ctx.tick()
                 cycle += 1
@@ -143,7 +157,7 @@ def run_channel(channel: MemoryChannel, flits: list[dict], *, expect: int, idle=
 
     async def watch(ctx):
         for _ in range(cycles):
-            if len(replies) >= expect and len(accepted) == len(flits):
+            if len(replies) >= expect and len(accepted) == len(flits) + len(after_host):
                 break
             await ctx.tick()
         # Then long enough for a full queue of writes to drain at the bandwidth.
@@ -152,6 +166,7 @@ def run_channel(channel: MemoryChannel, flits: list[dict], *, expect: int, idle=
         for name in ("reads", "writes", "requests", "dropped", "error"):
             counters[name] = ctx.get(getattr(channel, name))
 
+    sim.add_testbench(host_writer, background=True)
     sim.add_testbench(requester, background=True)
     sim.add_testbench(replier, background=True)
     sim.add_testbench(watch)
@@ -191,6 +206,21 @@ def test_a_read_of_length_zero_is_a_fence_after_earlier_writes():
         (PacketKind.SIGNAL, 5, 1)]
     # Eight words at half a byte per cycle (8 cycles a word): the fence waits for them.
     assert replies[0]["cycle"] - accepted[0] >= 7 * 8
+
+
+def test_the_host_writes_the_store_beside_the_requests():
+    # Host words stream in while MEM_WRITE packets take the store at its full bandwidth
+    # (the requests first, the host in the cycles between), one host word past the store;
+    # then both regions read back. The host's words are outside the `writes` count.
+    channel = MemoryChannel(N, k=K, words=256, bytes_per_cycle=N, latency=5, max_packet=4)
+    requested = [0x1000 + i for i in range(40)]
+    host = [(100 + i, 0x2000 + i) for i in range(60)] + [(256, 0xBAD)]
+    flits = write(0, requested[:20]) + write(20, requested[20:])
+    reads = read(channel, 0, 40, 1, 0, 0) + read(channel, 100, 60, 0, 1, 0)
+    replies, _, counters = run_channel(channel, flits, expect=100, host=host,
+                                       after_host=reads)
+    assert [r["data"] for r in replies] == requested + [w for _, w in host[:-1]]
+    assert counters == dict(reads=100, writes=40, requests=2, dropped=1, error=1)
 
 
 def test_random_traffic_matches_the_model(seed):

@@ -1,7 +1,8 @@
 """The MoE layer dispatched sparsely (compiler/moe_sparse.py), run on the chip's
 functional model (golden/chip_model.py), against golden.moe bit for bit: on the
 workloads and on adversarial routings (every token to the same experts, perfectly
-balanced, tied logits); with the attention projection in tests/test_moe_compiler.py."""
+balanced, tied logits), with the weights resident or streamed from the memory channels;
+with the attention projection in tests/test_moe_compiler.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from compiler.moe import build_moe, executed_macs, moe_tile_config, run_on_chip_model
+from compiler.moe import (
+    WeightMemory,
+    build_moe,
+    executed_macs,
+    moe_tile_config,
+    run_on_chip_model,
+)
 from compiler.moe_sparse import build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
+from spec.isa import DmaTarget
 
 
 def _run(workload, k, x, weights=None):
@@ -120,3 +128,77 @@ def test_bad_inputs_are_refused_before_anything_runs(gpt_oss, tiny):
     with pytest.raises(ValueError, match="int8"):
         build_sparse_moe(moe_tile_config(), 1, tiny.moe_weights(), tiny.moe_scales(), 2,
                          tiny.tensors["moe.x"].astype(np.int16))
+
+
+# --- streamed weights (--weights streamed): the experts' weights from the memory channels
+
+WEST = WeightMemory(((0, 0), (0, 1)), 1 << 16)  # the default 2 x 2 chip's channels
+
+
+def _streamed(workload, x, weights=None, memory=WEST):
+    """(chip output, golden output, program, chip) with the weights in ``memory``."""
+    weights = weights or workload.moe_weights()
+    scales, top_k = workload.moe_scales(), workload.config.top_k
+    program = build_sparse_moe(moe_tile_config(), 2, weights, scales, top_k, x, None, memory)
+    out, chip = run_on_chip_model(program)
+    return out, moe_layer(x, weights, scales, top_k), program, chip
+
+
+def _loaded(chip) -> list[list[tuple[int, int, int]]]:
+    """Per tile, the memory loads it issued: (channel, memory address, words)."""
+    return [[(f["channel"], f["mem_addr"], f["length"]) for op, f in tile.issued
+             if op == "DMA" and f["target"] == DmaTarget.LOAD] for tile in chip.tiles]
+
+
+@pytest.mark.parametrize("tokens", [1, 13])
+def test_streamed_weights_load_only_the_chosen_experts(gpt_oss, tokens):
+    """Bit-exact; the host writes no expert weight into a scratchpad; each tile loads,
+    from the channel of its row only, the weights and tables of exactly the experts its
+    tokens chose (3,072 + 32 words each at N = 8), as the summary says."""
+    x = gpt_oss.tensors["moe.x"][:tokens]
+    out, golden, program, chip = _streamed(gpt_oss, x)
+    np.testing.assert_array_equal(out, golden.out)
+    resident = build_sparse_moe(moe_tile_config(), 2, gpt_oss.moe_weights(),
+                                gpt_oss.moe_scales(), 4, x)
+    for mine, theirs in zip(program.tiles, resident.tiles, strict=True):
+        assert len(set(theirs.spad_writes) - set(mine.spad_writes)) == 8 * 3104
+        assert mine.spad_writes.items() <= theirs.spad_writes.items()
+    loads = _loaded(chip)
+    chosen = [e for e in range(32) if golden.load[e]]
+    per_tile = [sum(words for *_, words in tile) for tile in loads]
+    assert per_tile == [3104 * sum(1 for e in chosen if e % 4 == t) for t in range(4)]
+    assert sum(per_tile) == program.summary["memory_words"]
+    assert all(channel == t // 2 for t, tile in enumerate(loads) for channel, *_ in tile)
+    assert {c: len(image) for c, image in program.memory.items()} == {0: 16 * 3104,
+                                                                      1: 16 * 3104}
+
+
+def test_streamed_weights_with_every_token_on_one_tile(gpt_oss):
+    """Every token to experts 0, 4, 8, 12 (all on tile 0): tile 0 loads four experts,
+    the others none, and the layer is still bit-exact."""
+    x, weights = _routed(gpt_oss, [[0, 4, 8, 12]] * 8)
+    out, golden, _, chip = _streamed(gpt_oss, x, weights)
+    np.testing.assert_array_equal(out, golden.out)
+    assert [len({addr for _, addr, _ in tile}) for tile in _loaded(chip)] == [4, 0, 0, 0]
+
+
+def test_streamed_weights_on_tiny_with_a_shared_expert(tiny):
+    """The shared expert (every token) loads its weights unconditionally."""
+    out, golden, program, chip = _streamed(tiny, tiny.tensors["moe.x"])
+    np.testing.assert_array_equal(out, golden.out)
+    assert sum(w for tile in _loaded(chip) for *_, w in tile) == program.summary["memory_words"]
+
+
+def test_streamed_weights_that_do_not_fit_are_refused(gpt_oss):
+    x = gpt_oss.tensors["moe.x"][:4]
+    with pytest.raises(ValueError, match="channel 0 needs 49664 words, its store holds 16384"):
+        _streamed(gpt_oss, x, memory=WeightMemory(((0, 0), (0, 1)), 1 << 14))
+    with pytest.raises(ValueError, match="need memory channels"):
+        _streamed(gpt_oss, x, memory=WeightMemory((), 1 << 16))
+
+
+def test_each_tile_loads_from_its_nearest_channel():
+    memory = WeightMemory(((0, 0), (0, 1), (0, 2), (0, 3)), 1)
+    assert [memory.nearest(x, y) for y in range(4) for x in range(4)] == [
+        y for y in range(4) for _ in range(4)]
+    assert WeightMemory(((3, 0), (0, 3)), 1).nearest(0, 0) == 0  # a tie: the lower index
