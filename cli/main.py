@@ -240,7 +240,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                  if n in TILE_DESIGNS else
                  f"not measured: synth/designs.py has no N = {n} tile")
     rows += [
-        ("network", f"{metrics['chip__network__flits']:,} flits injected; "
+        ("network", f"{metrics['chip__network__flits']:,} flits injected by the tiles; "
                     f"{metrics['chip__network__kv_words']:,} KV words moved by "
                     f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                     "MoE words (tokens, expert outputs)"),
@@ -272,7 +272,10 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
     line = (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
             f"{config.memory_latency}-cycle latency; ")
-    if args.moe != "off" and check_weights(args.weights, args.moe) == "streamed":
+    what = ([] if args.placement != "far" else ["KV pages (far placement)"]) + (
+        ["experts' weights"] if args.moe != "off"
+        and check_weights(args.weights, args.moe) == "streamed" else [])
+    if what:
         loaded = [f"{metrics[key]:,} B {label}" + (
             f" ({metrics[bound]:,} cycles at that bandwidth; the phase took "
             f"{metrics[ratio]:.2f}x)" if bound in metrics else "")
@@ -282,10 +285,11 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
                 ("chip__decode__memory_bytes_per_token", "per decode step",
                  "chip__decode__memory_bound_cycles", "chip__decode__cycles_over_memory_bound"))
             if key in metrics]
-        return line + (f"experts' weights streamed, within the count ({', '.join(loaded)}); "
-                       "not counted: the memory image (written once by the host before the "
-                       "run) and, before each round, the tokens, the other weights, "
-                       "constants and KV pages the host writes (docs/chip.md)")
+        return line + (f"{' and '.join(what)} loaded from them within the count "
+                       f"({', '.join(loaded)}); not counted: the memory image (written by "
+                       "the host before the rounds that read it) and, before each round, "
+                       "the tokens, the other weights, constants and KV pages the host "
+                       "writes (docs/chip.md)")
     return line + ("not used by these programs: weights, tokens and KV pages are written by "
                    "the host before their round, outside the cycle count (docs/chip.md)")
 
