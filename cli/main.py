@@ -272,10 +272,13 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
     line = (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
             f"{config.memory_latency}-cycle latency; ")
+    streamed = args.moe != "off" and check_weights(args.weights, args.moe) == "streamed"
     what = ([] if args.placement != "far" else ["KV pages (far placement)"]) + (
-        ["experts' weights"] if args.moe != "off"
-        and check_weights(args.weights, args.moe) == "streamed" else [])
+        ["MoE weights"] if streamed else [])
     if what:
+        host = (["tokens", "constants"] + ([] if streamed or args.moe == "off" else
+                                            ["MoE weights"])
+                + ([] if args.placement == "far" else ["KV pages"]))
         loaded = [f"{metrics[key]:,} B {label}" + (
             f" ({metrics[bound]:,} cycles at that bandwidth; the phase took "
             f"{metrics[ratio]:.2f}x)" if bound in metrics else "")
@@ -287,9 +290,9 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
             if key in metrics]
         return line + (f"{' and '.join(what)} loaded from them within the count "
                        f"({', '.join(loaded)}); not counted: the memory image (written by "
-                       "the host before the rounds that read it) and, before each round, "
-                       "the tokens, the other weights, constants and KV pages the host "
-                       "writes (docs/chip.md)")
+                       "the host before the rounds that read it) and the "
+                       f"{', '.join(host)} the host writes into the tiles before each "
+                       "round (docs/chip.md)")
     return line + ("not used by these programs: weights, tokens and KV pages are written by "
                    "the host before their round, outside the cycle count (docs/chip.md)")
 

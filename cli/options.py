@@ -249,7 +249,8 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "for more tokens but keep larger buffers on every tile, so fewer "
                              f"KV pages (default {MOE_TOKENS})")
     parser.add_argument("--weights", choices=WEIGHT_MODES, default=None,
-                        help="where the experts' weights are: in the memory channels, "
+                        help="where the MoE layer's weights (experts, router, W_o) are: "
+                             "in the memory channels, "
                              "loaded by the MoE programs within the counted cycles "
                              "(streamed; the default with --moe sparse), or written into "
                              "the tiles' scratchpads by the host before each MoE round, "

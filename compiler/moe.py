@@ -414,14 +414,15 @@ class _ExpertTiles:
         """The layer's shapes and sizes, after the tokens and the mesh are checked and
         the subclass's ``_check(x)`` has refused what else it cannot run; with
         ``projection``, ``x`` is the residual stream and ``self.x`` the layer's input
-        (``golden.decoder.project_residual``); with ``memory``, the experts' weights
-        and tables go into the memory image (``self.image``) and ``self.streams[e]``
-        lists the loads that bring expert e's into its tile: (scratchpad address,
-        channel, memory address, words)."""
+        (``golden.decoder.project_residual``); with ``memory``, the weights go into
+        the memory image (``self.image``) and ``self.streams[key]`` lists the loads that
+        bring them into their tile, (scratchpad address, channel, memory address,
+        words) each: ``key`` an expert (its weights and SiLU table) or ``("front", t)``
+        (what tile t needs first: its slice of ``W_o``, the router on home)."""
         self.config, self.k, self.layer, self.weights = config, k, layer, weights
         self.top_k, self.projection, self.memory = top_k, projection, memory
         self.image: dict[int, dict[int, int]] = {}
-        self.streams: dict[int, list[tuple[int, int, int, int]]] = {}
+        self.streams: dict[object, list[tuple[int, int, int, int]]] = {}
         self.n = n = config.n
         if x.dtype != np.int8 or x.ndim != 2 or x.shape[1] != layer.hidden or x.shape[0] < 1:
             raise ValueError(f"x must be int8 (tokens >= 1, {layer.hidden}), got {x.shape} "
@@ -482,34 +483,36 @@ class _ExpertTiles:
                 for q in range(self.q_entries):
                     part = self.layer.silu[e][q * self.r_load:(q + 1) * self.r_load]
                     table[q, :len(part)] = part
-                self._expert_words(t, e, [
+                self._weight_words(t, e, [
                     (wg, _column_layout(self.weights.w_gate[e], n)),
                     (wu, _column_layout(self.weights.w_up[e], n)),
                     (wd, _column_layout(self.weights.w_down[e], n)),
                     (self.tbl_addr[e], table)])
                 if per_expert is not None:
                     per_expert(t, spad, e)
-        if self.memory is not None:
-            full = {c: len(image) for c, image in self.image.items()
-                    if len(image) > self.memory.words}
-            if full:
-                raise ValueError("the experts' weights do not fit the memory channels: "
-                                 + ", ".join(f"channel {c} needs {used} words, its store "
-                                             f"holds {self.memory.words}"
-                                             for c, used in sorted(full.items())))
 
-    def _expert_words(self, t: int, e: int, regions: list) -> None:
-        """Expert e's weights and table ((scratchpad address, rows) each) into tile t's
-        scratchpad words, or with streamed weights into the image of the channel
-        nearest t, with the loads that bring them in (regions adjacent in both
-        memories share one load, of at most what a DMA and a read request carry)."""
+    def check_memory(self) -> None:
+        """ValueError if a channel's share of the streamed weights outgrows its store."""
+        full = {c: len(image) for c, image in self.image.items()
+                if self.memory is not None and len(image) > self.memory.words}
+        if full:
+            raise ValueError("the weights do not fit the memory channels: "
+                             + ", ".join(f"channel {c} needs {used} words, its store "
+                                         f"holds {self.memory.words}"
+                                         for c, used in sorted(full.items())))
+
+    def _weight_words(self, t: int, key, regions: list) -> None:
+        """Weights ((scratchpad address, rows) each) into tile t's scratchpad words, or
+        with streamed weights into the image of the channel nearest t, with the loads
+        that bring them in (``self.streams[key]``; regions adjacent in both memories
+        share one load, of at most what a DMA and a read request carry)."""
         if self.memory is None:
             for address, rows in regions:
                 self.words[t].put(address, rows)
             return
         channel = self.memory.nearest(t % self.k, t // self.k)
         image = self.image.setdefault(channel, {})
-        loads = self.streams.setdefault(e, [])
+        loads = self.streams.setdefault(key, [])
         for address, rows in regions:
             words = _Words(self.n)
             words.put(address, rows)

@@ -127,6 +127,7 @@ class _SparseBuild(_ExpertTiles):
         self.lanes = sorted(range(self.experts), key=lambda ex: (self.expert_tile[ex], ex))
         self.lane = {ex: p for p, ex in enumerate(self.lanes)}  # an expert's lane
         self.shared_dmas: dict[int, int] = {}  # a tile's shared experts' result DMAs
+        self.front_waited: set[int] = set()  # tiles that waited for their first weights
         self.meta_dmas: dict[int, int] = {}  # the DMAs of a tile's experts' metadata
 
     def _check(self, x: np.ndarray) -> None:
@@ -196,6 +197,7 @@ class _SparseBuild(_ExpertTiles):
                 self.out_part[i] = self.spad[i].take(t * self.w, "output slices")
         if self.projection is not None:
             self._place_projection()
+        self.check_memory()
         self.plans = [self._acc_plan(i) for i in range(self.tiles)]
 
     def _place_home(self) -> None:
@@ -204,7 +206,8 @@ class _SparseBuild(_ExpertTiles):
         if self.projection is None:
             words.put(self.xr, _row_layout(self.x, n))
         self.router_addr = spad.take(ec * self.hidden, "router weights", b)
-        words.put(self.router_addr, _column_layout(self.weights.router[:, self.lanes], n))
+        self._weight_words(home, ("front", home), [
+            (self.router_addr, _column_layout(self.weights.router[:, self.lanes], n))])
         a2, b2, self.cb = _encoding(self.experts, t)
         self.enc_a = spad.take(self.tb * 2, "encoding constants", a)
         words.put(self.enc_a, _token_layout(a2, n))
@@ -256,7 +259,8 @@ class _SparseBuild(_ExpertTiles):
             self.o_addr[i] = spad.take(self.tb * self.channels, "attention outputs", a)
             words.put(self.o_addr[i], _token_layout(self.attn_out, n))
             self.wo_addr[i] = spad.take(w * self.channels, "output projection", b)
-            words.put(self.wo_addr[i], _column_layout(self.w_o[:, cols], n))
+            self._weight_words(i, ("front", i), [
+                (self.wo_addr[i], _column_layout(self.w_o[:, cols], n))])
             self.res_addr[i] = spad.take(t * w, "residual rows", b)
             words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 
@@ -326,6 +330,8 @@ class _SparseBuild(_ExpertTiles):
         experts read them."""
         home, n, plan = self.home, self.n, self.plans[self.home]
         e = self.emitters[home]
+        for i in range(self.tiles):  # streamed: each tile's first weights on their way
+            self.emitters[i].ops.extend(self._loads(("front", i)))
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
         self.load_words(home, self.iota[home], plan["iota"], self.q_words)
 
@@ -364,6 +370,7 @@ class _SparseBuild(_ExpertTiles):
         c0, c1 = self.slices[i]
         w = c1 - c0
         pm, ps = self.projection.scales.multiplier()
+        self._wait_front(i)
         proj, chunk = plan["proj"], plan["c_tiles"]
         for b, rows in enumerate(self.block_rows):
             for j0 in range(0, w, chunk):
@@ -398,6 +405,7 @@ class _SparseBuild(_ExpertTiles):
         e, plan = self.emitters[self.home], self.plans[self.home]
         lanes = {"lo": 0, "hi": experts}
         batch = min(SILU_ENTRIES >> self.cb, n)
+        self._wait_front(self.home)
         for b, rows in enumerate(self.block_rows):
             v, s = plan["v"], plan["s"]
             e.gemm(a=self.xr + b * n * self.hc, b=self.router_addr, c=v, m=rows,
@@ -568,6 +576,20 @@ class _SparseBuild(_ExpertTiles):
                 scatter = self._send_results(i, ex)
             e.ops.extend(scatter)
 
+    def _loads(self, key) -> list:
+        """The memory DMAs of ``self.streams[key]`` (none with resident weights), each
+        raising :data:`SEM_WEIGHTS` when its last word has landed."""
+        return [(Opcode.DMA, {"target": DmaTarget.LOAD, "channel": channel, "mem_addr": base,
+                              "dst": address, "length": count, "remote_signal": 1,
+                              "remote_semaphore": SEM_WEIGHTS})
+                for address, channel, base, count in self.streams.get(key, [])]
+
+    def _wait_front(self, i: int) -> None:
+        """Tile i's WAIT for its first weights (once; none if it loads none)."""
+        if ("front", i) in self.streams and i not in self.front_waited:
+            self.front_waited.add(i)
+            self.emitters[i].wait_arrivals(SEM_WEIGHTS, len(self.streams[("front", i)]))
+
     def _load_weights(self, i: int, mine: list[int]) -> None:
         """Memory DMAs for the weights and tables of tile i's experts: every shared
         expert's, and a routed expert's when its count is not 0 (what its loop's WAIT on
@@ -582,10 +604,7 @@ class _SparseBuild(_ExpertTiles):
                                             "lane": n - 1}))
                 skip = len(e.ops)
                 e.ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
-            e.ops.extend((Opcode.DMA, {"target": DmaTarget.LOAD, "channel": channel,
-                                       "mem_addr": base, "dst": address, "length": count,
-                                       "remote_signal": 1, "remote_semaphore": SEM_WEIGHTS})
-                         for address, channel, base, count in self.streams[ex])
+            e.ops.extend(self._loads(ex))
             if skip is not None:
                 e.ops[skip][1]["target"] = len(e.ops)
 
@@ -782,8 +801,9 @@ class _SparseBuild(_ExpertTiles):
         chosen = topk(router_logits(self.x, self.weights), self.top_k)
         load = np.bincount(chosen.ravel(), minlength=self.experts)
         per_token = 3 * self.hidden * self.ffn
-        streamed = sum(count for ex, loads in self.streams.items()
-                       if ex >= self.experts or load[ex] for *_, count in loads)
+        streamed = sum(count for key, loads in self.streams.items()
+                       if not isinstance(key, int) or key >= self.experts or load[key]
+                       for *_, count in loads)
         summary = {
             "tokens": t, "mesh": f"{k}x{k}", "home": home, "dispatch": "sparse",
             "macs_sparse": (t * self.hidden * self.experts

@@ -35,7 +35,8 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert "waiting on the network or memory: " in text
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
     # The experts' weights streamed from the memory channels, every MoE round.
-    assert "experts' weights loaded from them within the count" in text
+    assert "MoE weights loaded from them within the count" in text
+    assert "and the tokens, constants, KV pages the host writes" in text
     assert all(r["memory_words"] > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
     assert metrics["chip__decode__memory_bytes_per_token"] > 0
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.

@@ -19,6 +19,7 @@ from compiler.moe import (
 from compiler.moe_sparse import build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
+from spec.config import ceil_div
 
 
 def _golden(workload, tokens=None):
@@ -116,13 +117,24 @@ def test_bad_inputs_are_refused_before_anything_runs(gpt_oss, tiny):
                   tiny.tensors["moe.x"].astype(np.int16))
 
 
-@pytest.mark.parametrize("build", [build_moe, build_sparse_moe], ids=["dense", "sparse"])
+def _build_streamed(config, k, *args):
+    """The sparse mapping with every weight streamed from a channel per row (west edge)."""
+    from compiler.moe import WeightMemory
+
+    return build_sparse_moe(config, k, *args,
+                            memory=WeightMemory(tuple((0, y) for y in range(k)), 1 << 16))
+
+
+@pytest.mark.parametrize("build", [build_moe, build_sparse_moe, _build_streamed],
+                         ids=["dense", "sparse", "sparse-streamed"])
 @pytest.mark.parametrize("name,tokens,k", [("tiny", 8, 2), ("tiny", 3, 1), ("gpt-oss", 9, 2)])
 def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tokens, k, build):
     """With a Projection the chip computes the MoE input clamp(r + rq(o . W_o)) itself
     (golden.decoder) before routing (dense-masked: the home tile; sparse: every expert
     tile a slice of the channels): the output is bit-exact with golden's layer on that
-    input, including an attention output so large that the residual add saturates."""
+    input, including an attention output so large that the residual add saturates.
+    Streamed, every tile first loads its slice of W_o (and home the router) from memory,
+    and the host writes no weight."""
     from compiler.moe import Projection
     from golden.decoder import project_residual
     from golden.gemm import Saturation
@@ -146,6 +158,16 @@ def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tok
     assert saturation.saturated > 0  # the case is exercised
     want = moe_layer(x, wl.moe_weights(), wl.moe_scales(), wl.config.top_k)
     np.testing.assert_array_equal(got, want.out)
+    if build is _build_streamed:  # W_o's words and the router's, whatever the routing
+        n = moe_tile_config().n
+        assert program.summary["memory_words"] > (channels + wl.config.experts) * ceil_div(
+            wl.config.hidden, n)
+        resident = build_sparse_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(),
+                                    wl.config.top_k, residual, projection)
+        assert sum(len(p.spad_writes) for p in resident.tiles) - sum(
+            len(p.spad_writes) for p in program.tiles) == sum(
+            len(image) for image in program.memory.values())
+
     if build is build_moe:
         assert program.summary["projection_macs"] == tokens * channels * wl.config.hidden
     with pytest.raises(ValueError, match="w_o must be int8"):

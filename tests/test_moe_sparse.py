@@ -152,34 +152,37 @@ def _loaded(chip) -> list[list[tuple[int, int, int]]]:
 
 @pytest.mark.parametrize("tokens", [1, 13])
 def test_streamed_weights_load_only_the_chosen_experts(gpt_oss, tokens):
-    """Bit-exact; the host writes no expert weight into a scratchpad; each tile loads,
-    from the channel of its row only, the weights and tables of exactly the experts its
-    tokens chose (3,072 + 32 words each at N = 8), as the summary says."""
+    """Bit-exact; the host writes no weight into a scratchpad; each tile loads, from the
+    channel of its row only, the weights and tables of exactly the experts its tokens
+    chose (3,072 + 32 words each at N = 8), home the router too (32 lanes x 128 rows:
+    512 words), as the summary says."""
     x = gpt_oss.tensors["moe.x"][:tokens]
     out, golden, program, chip = _streamed(gpt_oss, x)
     np.testing.assert_array_equal(out, golden.out)
     resident = build_sparse_moe(moe_tile_config(), 2, gpt_oss.moe_weights(),
                                 gpt_oss.moe_scales(), 4, x)
-    for mine, theirs in zip(program.tiles, resident.tiles, strict=True):
-        assert len(set(theirs.spad_writes) - set(mine.spad_writes)) == 8 * 3104
+    router = [512, 0, 0, 0]
+    for t, (mine, theirs) in enumerate(zip(program.tiles, resident.tiles, strict=True)):
+        assert len(set(theirs.spad_writes) - set(mine.spad_writes)) == 8 * 3104 + router[t]
         assert mine.spad_writes.items() <= theirs.spad_writes.items()
     loads = _loaded(chip)
     chosen = [e for e in range(32) if golden.load[e]]
     per_tile = [sum(words for *_, words in tile) for tile in loads]
-    assert per_tile == [3104 * sum(1 for e in chosen if e % 4 == t) for t in range(4)]
+    assert per_tile == [3104 * sum(1 for e in chosen if e % 4 == t) + router[t]
+                        for t in range(4)]
     assert sum(per_tile) == program.summary["memory_words"]
     assert all(channel == t // 2 for t, tile in enumerate(loads) for channel, *_ in tile)
-    assert {c: len(image) for c, image in program.memory.items()} == {0: 16 * 3104,
+    assert {c: len(image) for c, image in program.memory.items()} == {0: 16 * 3104 + 512,
                                                                       1: 16 * 3104}
 
 
 def test_streamed_weights_with_every_token_on_one_tile(gpt_oss):
-    """Every token to experts 0, 4, 8, 12 (all on tile 0): tile 0 loads four experts,
-    the others none, and the layer is still bit-exact."""
+    """Every token to experts 0, 4, 8, 12 (all on tile 0): tile 0 loads four experts
+    (and the router), the others none, and the layer is still bit-exact."""
     x, weights = _routed(gpt_oss, [[0, 4, 8, 12]] * 8)
     out, golden, _, chip = _streamed(gpt_oss, x, weights)
     np.testing.assert_array_equal(out, golden.out)
-    assert [len({addr for _, addr, _ in tile}) for tile in _loaded(chip)] == [4, 0, 0, 0]
+    assert [len({addr for _, addr, _ in tile}) for tile in _loaded(chip)] == [5, 0, 0, 0]
 
 
 def test_streamed_weights_on_tiny_with_a_shared_expert(tiny):
@@ -191,7 +194,7 @@ def test_streamed_weights_on_tiny_with_a_shared_expert(tiny):
 
 def test_streamed_weights_that_do_not_fit_are_refused(gpt_oss):
     x = gpt_oss.tensors["moe.x"][:4]
-    with pytest.raises(ValueError, match="channel 0 needs 49664 words, its store holds 16384"):
+    with pytest.raises(ValueError, match="channel 0 needs 50176 words, its store holds 16384"):
         _streamed(gpt_oss, x, memory=WeightMemory(((0, 0), (0, 1)), 1 << 14))
     with pytest.raises(ValueError, match="need memory channels"):
         _streamed(gpt_oss, x, memory=WeightMemory((), 1 << 16))
