@@ -342,10 +342,11 @@ class MoeChipProgram:
 
 @dataclass(frozen=True)
 class WeightMemory:
-    """The memory channels the experts' weights stream from (``--weights streamed``):
-    the mesh node of each channel and the words of its store. Each expert's weight
-    matrices and SiLU table sit in the channel nearest its tile (fewest hops, the lower
-    index on a tie), one expert after another; the tile loads them with memory DMAs."""
+    """The memory channels the MoE layer's weights stream from (``--weights streamed``):
+    the mesh node of each channel and the words of its store. A tile's weights (its
+    slice of ``W_o``, the router, its experts' matrices and SiLU tables) sit in the
+    channel nearest it (fewest hops, the lower index on a tie), one after another; the
+    tile loads them with memory DMAs."""
 
     nodes: tuple[tuple[int, int], ...]
     words: int

@@ -75,8 +75,8 @@ __all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "build_sparse_moe"]
 
 #: Arrival semaphores (above the engines' 0, 1, 2): inputs of an expert tile, results on
 #: home, then one per routed expert of a tile for its rows; with streamed weights, the
-#: last counts the loads of a tile's experts' weights (a tile loads from one channel,
-#: whose words arrive in the order they were asked for).
+#: last counts the loads of a tile's weights (a tile loads from one channel, whose words
+#: arrive in the order they were asked for).
 SEM_INPUTS, SEM_RESULTS, FIRST_ROWS_SEM = 3, 4, 5
 SEM_WEIGHTS = SEMAPHORES - 1
 #: Registers of the expert loop: rows left, rows of this block, the block's first word,
@@ -94,9 +94,11 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
     shared ones: what the programs execute, plus the table, gating and combine GEMMs
     counted at run time), ``instructions``, ``experts_per_tile``, ``tokens``,
     ``memory_words`` (words the tiles load from the memory channels). With ``memory``
-    (streamed weights) the experts' weights and SiLU tables are in the program's memory
-    image, and each expert tile loads those of its experts that have tokens once their
-    counts are known, all at once, the first expert computing while the others' arrive.
+    (streamed weights) the router, ``W_o`` and the experts' weights and SiLU tables are
+    in the program's memory image: each tile loads its slice of ``W_o`` (home the router
+    too) as it starts, and each expert tile the weights of its experts that have tokens
+    once their counts are known, all at once, the first expert computing while the
+    others' arrive.
     ValueError before anything is built if the mesh, the tile, the memory or the shapes
     cannot run it."""
     build = _SparseBuild(config, k, MoeLayer.from_golden(weights, scales, top_k), weights,
@@ -117,7 +119,7 @@ class _SparseBuild(_ExpertTiles):
         super().__init__(*args)
         if self.memory is not None and FIRST_ROWS_SEM + max(
                 len(self.routed_on(t)) for t in range(self.tiles)) > SEM_WEIGHTS:
-            raise ValueError("cannot stream the experts' weights: semaphore "
+            raise ValueError("cannot stream the weights: semaphore "
                              f"{SEM_WEIGHTS} counts their loads, and a tile's routed experts "
                              "need every semaphore above 4")
         self.tw = ceil_div(self.tokens, entries_per_word(self.n))  # an index table's words
