@@ -300,8 +300,9 @@ class MemoryPort(wiring.Component):
     (``tile``, one stream per VC), except packets of kind MEM_READ or MEM_WRITE, which
     go whole to the channel (``req``). A packet's head decides where the packet goes;
     while a packet to the channel is open on one VC, the channel takes only that VC's
-    flits (then the lowest VC with a memory packet waiting goes next). A flit outside any
-    packet goes to the interface, which drops it and counts it."""
+    flits; then the VCs with a memory packet waiting take turns (round robin from the
+    one after the last served). A flit outside any packet goes to the interface, which
+    drops it and counts it."""
 
     def __init__(self, config: NocConfig, payload_layout: data.StructLayout):
         self.config, self.payload_layout = config, payload_layout
@@ -338,9 +339,11 @@ class MemoryPort(wiring.Component):
         with m.If(locked):
             m.d.comb += grant.eq(owner)
         with m.Else():
-            for v in reversed(range(vcs)):  # the lowest VC that wants the channel
-                with m.If(wants[v]):
-                    m.d.comb += grant.eq(v)
+            # The first VC after the last served (owner) that wants the channel.
+            for offset in reversed(range(1, vcs + 1)):
+                for v in range(vcs):
+                    with m.If((owner == (v - offset) % vcs) & wants[v]):
+                        m.d.comb += grant.eq(v)
         for v in range(vcs):
             with m.If(grant == v):
                 m.d.comb += [self.req.valid.eq(wants[v]),

@@ -386,3 +386,61 @@ def test_requests_from_every_tile_over_the_mesh():
         assert len(replies) == len(expected[node]), node
         assert [{f: r[f] for f in e} for r, e in zip(replies, expected[node], strict=True)] \
             == expected[node], node
+
+
+def test_the_memory_port_serves_request_vcs_in_turn():
+    """Two request VCs (4 VCs in all) both offering memory packets back to back: the
+    channel takes them in turn, one whole packet at a time (a write of three flits is
+    never interleaved), never only the lower VC; other packets go on to the tile."""
+    from rtl.memory_channel import MemoryPort
+    from rtl.network_interface import NetPayload, payload_bits
+    from spec.noc import NocConfig
+
+    config = NocConfig(k=K, payload_bits=payload_bits(N), vcs=4, depth=4)
+    layout = NetPayload(N)
+    port = MemoryPort(config, layout)
+    assert len(port.eject) == 2
+    offered = {0: write(0, [1, 2, 3]) * 4 + [dict(head=1, tail=1, kind=PacketKind.WRITE,
+                                                   addr=0, data=9, signal=0, semaphore=0)],
+               1: write(8, [4]) * 4}
+    taken, to_tile = [], []
+    sim = Simulator(port)
+    sim.add_clock(1e-8)
+
+    def source(v):
+        async def bench(ctx):
+            for f in offered[v]:
+                payload = layout.const({name: f[name] for name in
+                                        ("kind", "addr", "data", "signal", "semaphore")})
+                ctx.set(port.eject[v].payload, {"head": f["head"], "tail": f["tail"],
+                                                "payload": payload.as_value().value})
+                ctx.set(port.eject[v].valid, 1)
+                await ctx.tick().until(port.eject[v].ready)
+            ctx.set(port.eject[v].valid, 0)
+        return bench
+
+    async def watch(ctx):
+        ctx.set(port.req.ready, 1)
+        for v in range(2):
+            ctx.set(port.tile[v].ready, 1)
+        cycles = 0
+        async for _, _, req_valid, req, tile0 in ctx.tick().sample(
+                port.req.valid, port.req.payload, port.tile[0].valid):
+            if req_valid:
+                taken.append((data.Const(layout, req.payload).addr, req.head, req.tail))
+            to_tile.append(tile0)
+            cycles += 1
+            if cycles == 40:
+                break
+
+    for v in (0, 1):
+        sim.add_testbench(source(v), background=True)
+    sim.add_testbench(watch)
+    run_amaranth(sim)
+    packets = [addr for addr, head, _ in taken if head]
+    # Whole packets: a head of VC 0's write is followed by its two other flits.
+    for i, (addr, head, _) in enumerate(taken):
+        if head and addr == 0:
+            assert [t[1] for t in taken[i + 1:i + 3]] == [0, 0]
+    assert packets == [8, 0, 8, 0, 8, 0, 8, 0]  # VC 1 first (after the reset owner 0)
+    assert len(taken) == 16 and sum(to_tile) == 1  # the WRITE packet went to the tile
