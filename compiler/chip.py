@@ -65,8 +65,8 @@ PREFILL_CHUNK = 32
 #: How a run does the MoE layer: sparse dispatch (compiler.moe_sparse), dense-masked
 #: (compiler.moe), or not at all.
 MOE_MODES = ("sparse", "dense", "off")
-#: Where the experts' weights are (``--weights``): loaded from the memory channels by the
-#: MoE programs, or written into the tiles' scratchpads by the host before each round.
+#: Where the MoE layer's weights are (``--weights``): loaded from the memory channels by
+#: its programs, or written into the tiles' scratchpads by the host before each round.
 WEIGHT_MODES = ("streamed", "resident")
 #: The semaphore striped pages raise on their compute tile (the attention programs use
 #: semaphores 0..2).
@@ -188,7 +188,6 @@ class _Tiles:
             self.far_used[channel] = used + 1
             self.far[key] = (channel, self.chip.memory_words - (used + 1) * words)
         return self.far[key][1]
-
 
     def allocator(self, slot: int, foreign: bool = False) -> PageAllocator:
         part = slot * self.placement.parts_per_slot + int(foreign)
@@ -661,8 +660,9 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse",
 def moe_memory_words(cfg: WorkloadConfig, k: int, n: int, nodes: tuple,
                      tokens: int = MOE_TOKENS) -> int:
     """Words of the largest memory channel's share of the MoE layer's streamed weights
-    (every expert's weights and SiLU table in the channel nearest its tile) on a ``k`` x
-    ``k`` chip of N = ``n`` with channels at ``nodes``."""
+    (each tile's slice of ``W_o``, the router, its experts' weights and SiLU tables, in
+    the channel nearest it) on a ``k`` x ``k`` chip of N = ``n`` with channels at
+    ``nodes``."""
     from compiler.moe import Projection, WeightMemory, moe_tile_config
     from compiler.moe_sparse import build_sparse_moe
 
@@ -699,7 +699,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     functional model here, which gives the MACs and network words they execute at run
     time, the hardware's counters checked against them) or ``dense``
     (:func:`compiler.moe.build_moe`, static counts). ``weight_mode``: ``streamed``, the
-    experts' weights in the chip's memory channels (the round's memory image), loaded
+    layer's weights in the chip's memory channels (the round's memory image), loaded
     by the programs (sparse dispatch only); ``resident``, written by the host into the
     tiles with the rest; None, :func:`check_weights`'s default."""
     from compiler.moe import (

@@ -122,8 +122,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     the run (:mod:`sim.faults`, on the fault-injection build); the result's ``faults``
     holds the log and counts, ``faults["stopped"]`` the error that ended the run early.
     ``prefill_chunk``: prompt tokens per prefill step; ``moe_tokens``: tokens per MoE
-    round (``config`` sized for them by :func:`chip_config`); ``weights``: the experts'
-    weights streamed from the memory channels or resident (written by the host before
+    round (``config`` sized for them by :func:`chip_config`); ``weights``: the MoE
+    layer's weights streamed from the memory channels or resident (written by the host before
     each MoE round; None: ``compiler.chip.check_weights``'s default); the memory image
     is written once, before the first round."""
     from compiler.chip import check_weights
@@ -177,7 +177,7 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
     so that they compare on one build; "off": attention only, no room kept for the MoE
     layer. ``moe_tokens``: the MoE rounds' size the room is kept for. Unless ``moe`` is
-    "off", the memory channels' stores hold the experts' streamed weights (at least
+    "off", the memory channels' stores hold the MoE layer's streamed weights (at least
     ``spec.memory.DEFAULT_MEMORY_WORDS``, a power of two). One build serves every batch,
     context, placement and weight mode that fits it; what does not fit is refused by
     the compiler with the reason."""
@@ -259,7 +259,7 @@ def chip_figures(result: dict, k: int, n: int, memory_bandwidth=None) -> dict:
             waited = sum(c["wait"] for r in moe for c in r["tiles"].values())
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
-        # Bytes the programs loaded from the memory channels (streamed expert weights).
+        # Bytes the programs loaded from the memory channels (streamed weights, far KV).
         memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
         if memory and memory_bandwidth:
