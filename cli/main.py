@@ -272,7 +272,8 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
     line = (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
             f"{config.memory_latency}-cycle latency; ")
-    streamed = args.moe != "off" and check_weights(args.weights, args.moe) == "streamed"
+    streamed = args.moe != "off" and check_weights(args.weights, args.moe,
+                                                   config) == "streamed"
     what = ([] if args.placement != "far" else ["KV pages (far placement)"]) + (
         ["MoE weights"] if streamed else [])
     if what:

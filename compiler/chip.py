@@ -610,17 +610,20 @@ def agent_schedule(turns: int, prompt: int, tool: int, answer: int, cache: str) 
     return schedule
 
 
-def check_weights(weights: str | None, moe: str) -> str:
-    """``weights`` one of :data:`WEIGHT_MODES` that the MoE mapping ``moe`` can run (None:
-    streamed for the sparse mapping, resident for the dense-masked one), or a
-    ValueError."""
+def check_weights(weights: str | None, moe: str, chip: ChipConfig) -> str:
+    """``weights`` one of :data:`WEIGHT_MODES` that the MoE mapping ``moe`` can run on
+    ``chip`` (None: streamed for the sparse mapping on a chip with memory channels,
+    else resident), or a ValueError."""
     if weights is None:
-        return "resident" if moe == "dense" else "streamed"
+        return "resident" if moe == "dense" or not chip.memory_nodes else "streamed"
     if weights not in WEIGHT_MODES:
         raise ValueError(f"--weights {weights!r}: one of {', '.join(WEIGHT_MODES)}")
     if weights == "streamed" and moe == "dense":
         raise ValueError("--weights streamed needs --moe sparse (the dense-masked mapping "
                          "keeps its weights resident): add --weights resident")
+    if weights == "streamed" and moe != "off" and not chip.memory_nodes:
+        raise ValueError("--weights streamed needs memory channels, and a "
+                         f"{chip.k}x{chip.k} chip has none: add --weights resident")
     return weights
 
 
@@ -723,7 +726,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                              saturation=saturation)
     if dispatch not in ("sparse", "dense"):
         raise ValueError(f"MoE dispatch {dispatch!r} is not sparse or dense")
-    weight_mode = check_weights(weight_mode, dispatch)
+    weight_mode = check_weights(weight_mode, dispatch, chip)
     if dispatch == "dense":
         program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
                             projection)
@@ -807,7 +810,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
-    check_weights(weights, moe)
+    check_weights(weights, moe, chip)
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule, prefill_chunk=prefill_chunk)

@@ -128,7 +128,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     is written once, before the first round."""
     from compiler.chip import check_weights
 
-    weights = check_weights(weights, moe)
+    weights = check_weights(weights, moe, config)
     from compiler.chip import layer_rounds
     from golden.workloads import WorkloadConfig
 
@@ -152,7 +152,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
            f"{'' if moe == 'sparse' else '-moe' + moe}"
            f"{'' if prefill_chunk == PREFILL_CHUNK else f'-k{prefill_chunk}'}"
            f"{'' if moe_tokens == MOE_TOKENS else f'-t{moe_tokens}'}"
-           f"{'' if weights == check_weights(None, moe) or moe == 'off' else '-' + weights}")
+           f"{'-resident' if moe == 'sparse' and weights == 'resident' else ''}")
     if faults:
         tag += f"-faults-s{faults.seed}"
     if schedule:

@@ -96,6 +96,17 @@ def test_far_placement_loads_every_page_from_its_channel():
                if phase == "decode")
 
 
+def test_a_chip_without_memory_channels_keeps_its_weights_resident():
+    """1 x 1 (no network, no channels): the MoE weights resident by default; asking to
+    stream them is refused with the way out."""
+    config = chip_config("tiny", k=1)
+    rounds = layer_rounds(config, "tiny", 1, prefill=5, context=8, steps=1)
+    assert [r.phase for r in rounds][-1] == "decode-moe"
+    assert not any(r.memory or r.memory_words for r in rounds)
+    with pytest.raises(ValueError, match="1x1 chip has none: add --weights resident"):
+        layer_rounds(config, "tiny", 1, prefill=5, steps=1, weights="streamed")
+
+
 def test_far_placement_needs_memory_channels_and_room():
     with pytest.raises(ValueError, match="this chip has none"):
         attention_rounds(replace(chip_config("tiny", k=2), memory_nodes=()), "tiny", 1,
