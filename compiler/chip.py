@@ -42,6 +42,7 @@ from golden.workloads import Workload, WorkloadConfig, generate, generate_batch,
 from rtl.scratchpad import KvOp
 from spec.config import ChipConfig
 from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
+from spec.memory import nearest_channel
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
@@ -343,7 +344,10 @@ class FarPlacement(Placement):
     def place(self, chip, tiles, job, slot, evict, k, v, rnd) -> None:
         cfg, c = chip.tile, job.tile
         kv = job.program.kv
-        channel = nearest_channel(chip, c)
+        if not chip.memory_nodes:
+            raise ValueError("far placement keeps KV pages in the memory channels; this "
+                             "chip has none")
+        channel = nearest_channel(chip.memory_nodes, c % chip.k, c // chip.k)
         image = rnd.memory.setdefault(channel, {})
         for row in range(kv.table.shape[0]):
             for logical in range(kv.pages):
@@ -370,16 +374,7 @@ class FarPlacement(Placement):
                                  f"{chip.tile.program_depth}")
 
 
-def nearest_channel(chip: ChipConfig, tile: int) -> int:
-    """The memory channel nearest tile ``tile`` (fewest hops; the lower index on a tie);
-    ValueError if the chip has none."""
-    from compiler.moe import WeightMemory
 
-    if not chip.memory_nodes:
-        raise ValueError("far placement keeps KV pages in the memory channels; this chip "
-                         "has none")
-    return WeightMemory(chip.memory_nodes, chip.memory_words).nearest(tile % chip.k,
-                                                                     tile // chip.k)
 
 
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), StripedPlacement(),
@@ -634,6 +629,20 @@ def check_moe_tokens(tokens) -> int:
     return tokens
 
 
+def _moe_probe(cfg: WorkloadConfig, k: int, n: int, tokens: int) -> tuple:
+    """The arguments that compile ``cfg``'s MoE layer for sizing a ``k`` x ``k`` chip of
+    N = ``n``: a round of ``tokens`` tokens with the projection, on a tile whose whole
+    scratchpad is working space."""
+    from compiler.moe import Projection, moe_tile_config
+
+    check_moe_tokens(tokens)
+    wl = generate(cfg, moe_tokens=tokens)
+    o = np.zeros((tokens, cfg.heads * cfg.v_head_dim), np.int8)
+    return (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
+            wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
+                                            wl.projection_scales(0)))
+
+
 @functools.cache
 def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse",
               tokens: int = MOE_TOKENS) -> int:
@@ -642,17 +651,12 @@ def moe_words(cfg: WorkloadConfig, k: int, n: int, moe: str = "sparse",
     results), compiled on a tile whose whole scratchpad is working space: for ``moe``
     "sparse" the sparse mapping's; for "dense" the larger of the two, so one build runs
     both (a ValueError when the dense-masked mapping does not compile)."""
-    from compiler.moe import Projection, build_moe, moe_tile_config
+    from compiler.moe import build_moe
     from compiler.moe_sparse import build_sparse_moe
 
     if moe not in ("sparse", "dense"):
         raise ValueError(f"MoE words for a sparse or dense mapping, not {moe!r}")
-    check_moe_tokens(tokens)
-    wl = generate(cfg, moe_tokens=tokens)
-    o = np.zeros((tokens, cfg.heads * cfg.v_head_dim), np.int8)
-    args = (moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(), cfg.top_k,
-            wl.tensors["moe.x"], Projection(o, wl.tensors["attn0.w_o"],
-                                            wl.projection_scales(0)))
+    args = _moe_probe(cfg, k, n, tokens)
     words = [max(build_sparse_moe(*args).summary["scratchpad_words"])]
     if moe == "dense":
         words.append(max(build_moe(*args).summary["scratchpad_words"]))
@@ -666,15 +670,10 @@ def moe_memory_words(cfg: WorkloadConfig, k: int, n: int, nodes: tuple,
     (each tile's slice of ``W_o``, the router, its experts' weights and SiLU tables, in
     the channel nearest it) on a ``k`` x ``k`` chip of N = ``n`` with channels at
     ``nodes``."""
-    from compiler.moe import Projection, WeightMemory, moe_tile_config
+    from compiler.moe import WeightMemory
     from compiler.moe_sparse import build_sparse_moe
 
-    check_moe_tokens(tokens)
-    wl = generate(cfg, moe_tokens=tokens)
-    o = np.zeros((tokens, cfg.heads * cfg.v_head_dim), np.int8)
-    program = build_sparse_moe(moe_tile_config(n=n), k, wl.moe_weights(), wl.moe_scales(),
-                               cfg.top_k, wl.tensors["moe.x"],
-                               Projection(o, wl.tensors["attn0.w_o"], wl.projection_scales(0)),
+    program = build_sparse_moe(*_moe_probe(cfg, k, n, tokens),
                                WeightMemory(tuple(nodes), 1 << MEM_ADDR_BITS))
     return max(len(image) for image in program.memory.values())
 

@@ -59,7 +59,7 @@ from golden.vector_model import VectorOpcode as VOP
 from golden.vector_model import default_max_top_k
 from spec.config import TileConfig, ceil_div
 from spec.isa import MAX_DMA_LENGTH, MAX_GEMM_DIM, MEM_ADDR_BITS, Opcode, VecDst, tile_bit
-from spec.memory import length_bits
+from spec.memory import length_bits, nearest_channel
 from spec.numerics import NUMERICS
 
 __all__ = [
@@ -355,8 +355,7 @@ class WeightMemory:
         """The channel a tile at (x, y) loads from."""
         if not self.nodes:
             raise ValueError("streamed weights need memory channels; the chip has none")
-        return min(range(len(self.nodes)), key=lambda c: (
-            abs(self.nodes[c][0] - x) + abs(self.nodes[c][1] - y), c))
+        return nearest_channel(self.nodes, x, y)
 
 
 @dataclass(frozen=True)

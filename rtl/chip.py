@@ -23,7 +23,7 @@ from rtl.network_interface import NetworkInterface, check_max_packet, check_memo
 from rtl.scratchpad import COUNTER_BITS
 from rtl.sequencer import ProgramWrite, SequencerStatus
 from rtl.tile import Counters, Tile
-from spec.isa import CHANNEL_BITS, tile_index
+from spec.isa import ADDR_BITS, CHANNEL_BITS, tile_index
 from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS, machine_balance_bandwidth
 from spec.noc import DEFAULT_DEPTH, MIN_K, MessageClass, NocConfig
 from spec.params import check_bool
@@ -179,7 +179,7 @@ class Chip(wiring.Component):
             "memory_write": In(stream.Signature(data.StructLayout({
                 "channel": unsigned(CHANNEL_BITS),
                 **{name: field.shape for name, field in
-                   HostWrite(n, self.nis[0].addr_bits if self.nis else 16)}}))),
+                   HostWrite(n, self.nis[0].addr_bits if self.nis else ADDR_BITS)}}))),
             "error": Out(1),
         })
 
@@ -274,7 +274,6 @@ class Chip(wiring.Component):
             m.d.comb += [sink.payload[name].eq(beat[name]) for name, _ in sink.payload.shape()]
             with m.If(beat[key] == index):
                 m.d.comb += [sink.valid.eq(source.valid), source.ready.eq(sink.ready)]
-
 
     def _instance(self, tile) -> Instance:
         """An instance of :data:`TILE_MODULE` bound to the interface object ``tile``

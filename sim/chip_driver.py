@@ -10,6 +10,7 @@ from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
+from rtl.chip import MemoryCounters
 from rtl.tile import Counters
 from sim.harness_driver import CLOCK_NS, HarnessDriver
 from sim.tile_driver import POLL, RESPONSES, Execution, Packer, Responses, TileDriver, error_mask
@@ -157,8 +158,7 @@ class ChipDriver(TileDriver):
     def memory_counters(self) -> list[dict[str, int]]:
         """Each memory channel's counters (reads, writes, requests, dropped)."""
         value = data.Const(self.dut_layout("memory"), self.dut.memory.value.to_unsigned())
-        return [{name: int(value[c][name]) for name in ("reads", "writes", "requests",
-                                                        "dropped")}
+        return [{name: int(value[c][name]) for name, _ in MemoryCounters()}
                 for c in range(len(self.chip.channels))]
 
     def net_counters(self) -> list[dict[str, int]]:

@@ -21,7 +21,7 @@ from spec.params import check_array_size, check_int
 __all__ = [
     "DEFAULT_LATENCY", "DEFAULT_MEMORY_WORDS", "H100_BALANCE", "MAX_BANDWIDTH_DENOMINATOR",
     "MAX_LATENCY", "MAX_MEMORY_ADDR_BITS", "MemRead", "check_bandwidth", "length_bits",
-    "machine_balance_bandwidth", "peak_ops_per_cycle"
+    "machine_balance_bandwidth", "nearest_channel", "peak_ops_per_cycle",
 ]
 
 #: The machine balance the default bandwidth is taken from: int8 operations per byte of
@@ -99,3 +99,11 @@ class MemRead(data.StructLayout):
                              f"data bits: N must be at least 4, not {n}")
         super().__init__({"spad_addr": unsigned(ADDR_BITS), "x": unsigned(COORD_BITS),
                           "y": unsigned(COORD_BITS), "length": unsigned(length_bits(n))})
+
+
+def nearest_channel(nodes, x: int, y: int) -> int:
+    """The index of the memory channel at ``nodes`` ((x, y) each) nearest the tile at
+    (``x``, ``y``): fewest hops, the lower index on a tie. ValueError if there is none."""
+    if not nodes:
+        raise ValueError("this chip has no memory channels")
+    return min(range(len(nodes)), key=lambda c: (abs(nodes[c][0] - x) + abs(nodes[c][1] - y), c))
