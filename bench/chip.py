@@ -11,9 +11,12 @@ after a 32-token prompt (tool results of 8 tokens, answers of 2), the KV cache k
 or evicted and prefilled again (miss), end-to-end cycles of the decoder layer.
 Simulation speed: chip cycles over the rounds' wall time (Verilator, cocotb polling every
 64 cycles; build and host transfers excluded), of that run and of gpt-oss's layer for a
-batch of 8 on a 4 x 4 chip (``chip__sim_4x4__cycles_per_s``). The energy proxy (docs/energy.md): two
-decode steps of attention for the batch (no prefill: contexts 256/192) under each
-placement on the SAIF-traced build of the same chip, E(local) / E(striped). The other
+batch of 8 on a 4 x 4 chip (``chip__sim_4x4__cycles_per_s``). Energy (docs/energy.md):
+the access model's pJ per token of a whole decode step under each placement (its
+attention rounds and the local run's MoE rounds) and local over striped and far; the
+cell-toggle proxy of two decode steps of attention for the batch (no prefill: contexts
+256/192) under local and striped placement on the SAIF-traced build of the same chip,
+E(local) / E(striped). The other
 miniatures: their attention alone (their MoE layers do not fit a 2 x 2 chip), one build
 each.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from compiler.chip import agent_schedule
 from golden.workloads import get_workload
-from sim.chip_run import chip_config, chip_figures, simulate_layer
+from sim.chip_run import chip_config, chip_figures, round_energy, simulate_layer
 
 WORKLOAD, LAYER, K, N, BATCH = "gpt-oss", 1, 2, 8, 2
 #: Miniatures benchmarked by their attention alone, at the default chip.
@@ -31,6 +34,7 @@ ATTENTION_ONLY = ("tiny", "deepseek-r1", "kimi-k2")
 TARGETS: dict[str, tuple[str, float]] = {
     "chip__sim__cycles_per_s": (">=", 50_000),
     "chip__sim_4x4__cycles_per_s": (">=", 20_000),
+    "chip__gpt-oss__decode__memory_bound_ratio": ("<=", 1.3),
 }
 
 
@@ -43,13 +47,11 @@ def run(quick: bool) -> dict:
                              steps=1, placement="striped", moe="off")
     far = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, prefill=32, context=context,
                          steps=1, placement="far", moe="off")
-    lf, sf = chip_figures(local, K, N), chip_figures(striped, K, N)
-    ff = chip_figures(far, K, N, config.memory_bytes_per_cycle)
+    lf, sf, ff = (chip_figures(run, config) for run in (local, striped, far))
     out_far = {"chip__kv_local_over_far__decode_speedup": round(
         ff["chip__decode__attention_cycles"] / lf["chip__decode__attention_cycles"], 3),
         "chip__far__decode_kv_bytes_per_step": ff["chip__decode__memory_bytes_per_token"],
-        "chip__far__decode__cycles_over_memory_bound":
-            ff["chip__decode__cycles_over_memory_bound"]}
+        "chip__far__decode__memory_bound_ratio": ff["chip__decode__memory_bound_ratio"]}
     out = {f"chip__{WORKLOAD}__{key.split('__', 1)[1]}": value for key, value in lf.items()
            if key.startswith(("chip__prefill__", "chip__decode__"))
            and not key.endswith("__phases")}
@@ -59,16 +61,32 @@ def run(quick: bool) -> dict:
     out["chip__striped__decode_kv_words"] = sf["chip__network__kv_words"]
     out |= out_far
 
-    # The energy proxy of the decode steps under each placement (SAIF-traced build).
-    energy = {}
+    # A whole decode step's energy per token under each placement (the access model): the
+    # placement's attention rounds and the local run's MoE rounds (the MoE layer does not
+    # depend on where KV pages live).
+    def step_pj(result, phase):
+        return sum(sum(round_energy(r, config).values()) for r in result["rounds"]
+                   if r["phase"] == phase)
+
+    moe = step_pj(local, "decode-moe")
+    step = {name: (step_pj(result, "decode") + moe) / BATCH
+            for name, result in (("local", local), ("striped", striped), ("far", far))}
+    for name, pj in step.items():
+        out[f"chip__{name}__decode_energy_per_token"] = round(pj)
+    for name in ("striped", "far"):
+        out[f"chip__kv_local_over_{name}__energy_ratio"] = round(step["local"] / step[name], 3)
+
+    # The cell-toggle proxy of the decode steps' attention under each placement
+    # (SAIF-traced build).
+    toggles = {}
     for placement in ("local", "striped"):
         result = simulate_layer(config, WORKLOAD, LAYER, batch=BATCH, context=context,
                                 steps=2, placement=placement, moe="off", activity=True)
-        energy[placement] = result["energy"].total
-        out[f"chip__{placement}__decode_energy_per_token"] = round(
+        toggles[placement] = result["energy"].total
+        out[f"chip__{placement}__decode_attention_toggles_per_token"] = round(
             result["energy"].total / (2 * BATCH))
-    out["chip__kv_local_over_striped__energy_ratio"] = round(
-        energy["local"] / energy["striped"], 3)
+    out["chip__kv_local_over_striped__attention_toggle_ratio"] = round(
+        toggles["local"] / toggles["striped"], 3)
 
     # The other miniatures' attention (prefill 32, one decode step), one build each.
     for name in () if quick else ATTENTION_ONLY:
@@ -77,16 +95,17 @@ def run(quick: bool) -> dict:
         result = simulate_layer(chip, name, len(wl.windows) - 1, batch=BATCH, prefill=32,
                                 context=fits, steps=1, moe="off")
         out[f"chip__{name}__decode__context"] = fits
-        figures = chip_figures(result, K, N)
+        figures = chip_figures(result, chip)
         out[f"chip__{name}__prefill__attention_cycles"] = figures["chip__prefill__cycles"]
         out[f"chip__{name}__decode__attention_cycles_per_token"] = \
             figures["chip__decode__cycles_per_token"]
 
     # Simulation speed of a 4 x 4 chip: gpt-oss for a batch of 8 (16 jobs, one a tile).
     if not quick:
-        result = simulate_layer(chip_config(WORKLOAD, k=4, n=N), WORKLOAD, LAYER, batch=8,
-                                prefill=32, context=context, steps=1)
-        out["chip__sim_4x4__cycles_per_s"] = chip_figures(result, 4, N)["chip__sim__cycles_per_s"]
+        large = chip_config(WORKLOAD, k=4, n=N)
+        result = simulate_layer(large, WORKLOAD, LAYER, batch=8, prefill=32, context=context,
+                                steps=1)
+        out["chip__sim_4x4__cycles_per_s"] = chip_figures(result, large)["chip__sim__cycles_per_s"]
 
     # The agent loop: 3 turns (prompt 32, tool results 8, answers 2), attention + MoE.
     cycles = {}

@@ -32,13 +32,13 @@ def run(quick: bool) -> dict:
     config = chip_config(WORKLOAD, k=K, n=N)
     out: dict = {}
     full = chip_figures(simulate_layer(config, WORKLOAD, 1, batch=1, prefill=prompt,
-                                       steps=2, weights="resident"), K, N)
+                                       steps=2, weights="resident"), config)
     for key in ("cycles", "attention_cycles", "moe_cycles", "utilisation"):
         out[f"chip__{WORKLOAD}__{name}__{key}"] = full[f"chip__prefill__{key}"]
     out[f"chip__{WORKLOAD}__{name}__decode_cycles_per_token"] = \
         full["chip__decode__cycles_per_token"]
     window = chip_figures(simulate_layer(config, WORKLOAD, 0, batch=1, prefill=prompt,
-                                         steps=1, moe="off"), K, N)
+                                         steps=1, moe="off"), config)
     out[f"chip__{WORKLOAD}__window_{name}__attention_cycles"] = window["chip__prefill__cycles"]
     out[f"chip__{WORKLOAD}__window_{name}__utilisation"] = window["chip__prefill__utilisation"]
     out["chip__long_context__sim_cycles_per_s"] = full["chip__sim__cycles_per_s"]

@@ -30,8 +30,14 @@ default). Figures:
 - ``moe__streamed__{prefill__cycles,decode__cycles_per_token}``: the layer with the
   weights streamed; ``moe__streamed__decode__weight_bytes_per_token``, the bytes the
   decode step loads from the memory channels per token of the batch;
-  ``moe__streamed__{prefill,decode}__cycles_over_memory_bound``, the phase's cycles
-  over those bytes at the channels' bandwidth (7/8 byte per cycle).
+  ``moe__streamed__{prefill,decode}__memory_bound_ratio``, the phase's cycles over its
+  largest roofline bound (docs/chip.md#roofline: with the weights streamed, the busiest
+  memory channel's bytes at its 7/16 byte per cycle);
+  ``moe__streamed__prefill__crossover_tokens``, the MoE round size at which the
+  prefill's rounds would turn compute-bound;
+  ``moe__{streamed,resident}__decode__{energy_per_token_pj,memory_energy_share}``, the
+  access model's energy of a decode step per token and the memory channels' share
+  (docs/energy.md).
 - ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE,
   weights streamed) on a 4 x 4 chip, prefill of 32 tokens and one decode step from
   contexts 256/200.
@@ -62,16 +68,16 @@ def _layer(config, workload, layer, mesh, context, moe, weights=None):
     return rounds, simulate_layer(config, workload, layer, rounds=rounds, **args)
 
 
-def moe_figures(rounds, result: dict, workload: str, k: int, n: int) -> dict:
-    """The MoE figures of a sparse run (see the module docstring)."""
+def moe_figures(rounds, result: dict, workload: str, config) -> dict:
+    """The MoE figures of a sparse run on ``config`` (see the module docstring)."""
     cfg = get_workload(workload)
-    tiles = k * k
+    tiles, n = config.tiles, config.tile.n
     expert_bytes = 3 * cfg.hidden * cfg.ffn
     moe = [(compiled, run) for compiled, run in zip(rounds, result["rounds"], strict=True)
            if run["phase"].endswith("moe")]
     out = {"moe__executed_over_sparse_macs": round(
         sum(run["macs"] for _, run in moe) / sum(run["macs_sparse"] for _, run in moe), 4)}
-    figures = chip_figures(result, k, n)
+    figures = chip_figures(result, config)
     for phase in ("prefill", "decode"):
         out[f"moe__{phase}__network_wait_share"] = \
             figures[f"chip__{phase}__moe_network_wait_share"]
@@ -103,17 +109,23 @@ def run(quick: bool) -> dict:
     context = 64 if quick else 256
     rounds, sparse = _layer(config, WORKLOAD, LAYER, K, context, "sparse", "resident")
     _, dense = _layer(config, WORKLOAD, LAYER, K, context, "dense", "resident")
-    sf, df = chip_figures(sparse, K, N), chip_figures(dense, K, N)
-    out = moe_figures(rounds, sparse, WORKLOAD, K, N)
+    sf, df = chip_figures(sparse, config), chip_figures(dense, config)
+    out = moe_figures(rounds, sparse, WORKLOAD, config)
     _, streamed = _layer(config, WORKLOAD, LAYER, K, context, "sparse", "streamed")
-    tf = chip_figures(streamed, K, N, config.memory_bytes_per_cycle)
+    tf = chip_figures(streamed, config)
     out["moe__streamed__prefill__cycles"] = tf["chip__prefill__cycles"]
     out["moe__streamed__decode__cycles_per_token"] = tf["chip__decode__cycles_per_token"]
     out["moe__streamed__decode__weight_bytes_per_token"] = \
         tf["chip__decode__memory_bytes_per_token"] // BATCH
     for phase in ("prefill", "decode"):
-        out[f"moe__streamed__{phase}__cycles_over_memory_bound"] = \
-            tf[f"chip__{phase}__cycles_over_memory_bound"]
+        out[f"moe__streamed__{phase}__memory_bound_ratio"] = \
+            tf[f"chip__{phase}__memory_bound_ratio"]
+    out["moe__streamed__prefill__crossover_tokens"] = tf["chip__prefill__crossover_tokens"]
+    for name, figures in (("streamed", tf), ("resident", sf)):
+        out[f"moe__{name}__decode__energy_per_token_pj"] = \
+            figures["chip__decode__energy_per_token_pj"]
+        out[f"moe__{name}__decode__memory_energy_share"] = round(
+            figures["chip__decode__energy_memory_pj"] / figures["chip__decode__energy_pj"], 3)
     for phase in ("prefill", "decode"):
         out[f"moe__{phase}__sparse_cycles"] = sf[f"chip__{phase}__moe_cycles"]
         out[f"moe__{phase}__dense_cycles"] = df[f"chip__{phase}__moe_cycles"]
@@ -123,7 +135,7 @@ def run(quick: bool) -> dict:
         large = chip_config(name, k=k, n=N)
         _, result = _layer(large, name, len(get_workload(name).windows) - 1, k, context,
                            "sparse")
-        figures = chip_figures(result, k, N)
+        figures = chip_figures(result, large)
         out[f"chip__{name}__mesh"] = f"{k}x{k}"
         out[f"chip__{name}__prefill__cycles"] = figures["chip__prefill__cycles"]
         out[f"chip__{name}__decode__cycles_per_token"] = figures[

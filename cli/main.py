@@ -163,7 +163,7 @@ def sim(args: argparse.Namespace) -> int:
                            *report.fault_rows(result["faults"])])
     else:
         result, passed = outcome["result"], True
-        metrics = chip_figures(result, args.mesh, args.array, config.memory_bytes_per_cycle)
+        metrics = chip_figures(result, config)
         rows, phase_accuracy = _sim_rows(args, config, rounds, result, metrics)
         report.print_rows(rows)
         result = {**result, "metrics": metrics, "accuracy": phase_accuracy}
@@ -246,8 +246,8 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     "MoE words (tokens, expert outputs)"),
         ("memory", _memory_line(config, args, metrics)),
         ("clock", fmax_text),
-        ("energy", report.energy_line(result.get("energy"),
-                                      args.batch * (args.prefill + args.steps))),
+        ("energy", report.access_energy_line(metrics)),
+        ("", report.energy_line(result.get("energy"), args.batch * (args.prefill + args.steps))),
         ("simulation", f"{args.sim}: {metrics['chip__sim__cycles_per_s']:,.0f} chip "
                        "cycles/s (the rounds' cycles over their wall time, build and "
                        "host transfers excluded)"),
@@ -280,15 +280,9 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
         host = (["tokens", "constants"] + ([] if streamed or args.moe == "off" else
                                             ["MoE weights"])
                 + ([] if args.placement == "far" else ["KV pages"]))
-        loaded = [f"{metrics[key]:,} B {label}" + (
-            f" ({metrics[bound]:,} cycles at that bandwidth; the phase took "
-            f"{metrics[ratio]:.2f}x)" if bound in metrics else "")
-            for key, label, bound, ratio in (
-                ("chip__prefill__memory_bytes", "in prefill", "chip__prefill__memory_bound_cycles",
-                 "chip__prefill__cycles_over_memory_bound"),
-                ("chip__decode__memory_bytes_per_token", "per decode step",
-                 "chip__decode__memory_bound_cycles", "chip__decode__cycles_over_memory_bound"))
-            if key in metrics]
+        loaded = [f"{metrics[key]:,} B {label}" for key, label in (
+            ("chip__prefill__memory_bytes", "in prefill"),
+            ("chip__decode__memory_bytes_per_token", "per decode step")) if key in metrics]
         return line + (f"{' and '.join(what)} loaded from them within the count "
                        f"({', '.join(loaded)}); not counted: the memory image (written by "
                        "the host before the rounds that read it) and the "
@@ -336,7 +330,27 @@ def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> 
         rows.append((phase, line))
         rows.append(("", "phases (all tiles): "
                          + report.shares(metrics[f"chip__{phase}__phases"])))
+        rows.append(("", _roofline_line(phase, metrics)))
     return rows
+
+
+#: How the report names the roofline's bounds (``sim.chip_run.round_bounds``).
+_BOUND_NAMES = {"compute": "compute", "memory": "memory (busiest channel)",
+                "streaming": "scratchpad streaming", "injection": "memory-node injection"}
+
+
+def _roofline_line(phase: str, metrics: dict) -> str:
+    """The phase's lower bounds in cycles and its cycles over the largest."""
+    bounds = ", ".join(f"{label} {metrics[f'chip__{phase}__{b}_bound_cycles']:,}"
+                       for b, label in _BOUND_NAMES.items())
+    largest = metrics[f"chip__{phase}__largest_bound"]
+    line = (f"roofline: {bounds} cycles; {metrics[f'chip__{phase}__memory_bound_ratio']:.2f}x "
+            f"the largest ({largest})")
+    if phase == "prefill" and "chip__prefill__crossover_tokens" in metrics:
+        line += (f"; with the same weights streamed, MoE rounds of "
+                 f"{metrics['chip__prefill__crossover_tokens']:,} tokens would be "
+                 "compute-bound")
+    return line
 
 
 def agent(args: argparse.Namespace) -> int:

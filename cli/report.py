@@ -133,12 +133,40 @@ def accuracy_rows(phases: dict[str, dict]) -> list[tuple[str, str]]:
     return rows
 
 
+def _joules(pj: float) -> str:
+    """``pj`` picojoules in the unit that reads best."""
+    for unit, scale in (("mJ", 1e9), ("µJ", 1e6), ("nJ", 1e3)):
+        if pj >= scale:
+            return f"{pj / scale:,.2f} {unit}"
+    return f"{pj:,.1f} pJ"
+
+
+def access_energy_line(metrics: dict) -> str:
+    """The report's access-energy row (sim.chip_run.round_energy): per phase, the energy
+    and its split by class."""
+    from spec.energy import CLASSES
+
+    parts = []
+    for phase, what in (("prefill", "prefill"), ("decode", "decode per step")):
+        if f"chip__{phase}__energy_pj" not in metrics:
+            continue
+        total = metrics[f"chip__{phase}__energy_pj"]
+        shares = {name: metrics[f"chip__{phase}__energy_{name}_pj"] / max(total, 1)
+                  for name in CLASSES}
+        split = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+        parts.append(f"{what} {_joules(total)} "
+                     f"({_joules(metrics[f'chip__{phase}__energy_per_token_pj'])} per token; "
+                     f"{split.replace('sram', 'SRAM')})")
+    return ("access model, counts x energies per access at 45 nm (docs/energy.md): "
+            + "; ".join(parts))
+
+
 def energy_line(energy, tokens: int) -> str:
-    """The report's energy row: the toggle-count proxy per token (sim.energy), or how to
-    get it."""
+    """The report's toggle-proxy row: cell-toggles per token (sim.energy), or how to get
+    them."""
     if energy is None:
-        return ("not measured: add --energy (a SAIF-traced build, a one-off Yosys "
-                "synthesis of the chip, a run about 40x slower; docs/energy.md)")
+        return ("cell-toggle proxy not measured: add --energy (a SAIF-traced build, a "
+                "one-off Yosys synthesis of the chip, a run about 40x slower; docs/energy.md)")
     return (f"{energy.total / tokens:,.0f} cell-toggles per token ({tokens} tokens, the "
             f"whole run with its host transfers; a relative unit: compare design points "
             f"only, docs/energy.md); {energy.shares()}")

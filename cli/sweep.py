@@ -3,10 +3,11 @@
 A design point is (mesh, array size) — one simulation build each — and a run is
 (placement, batch) on it: the batch's sequences at their contexts, one decode step (and
 the MoE layer unless ``--no-moe``), every output checked against golden. Per run: decode
-cycles per token (per-sequence speed), tokens per cycle of the chip (throughput), and
-with ``--energy`` the toggle-count energy proxy per token (:mod:`sim.energy`), so the
-Pareto plot is throughput per energy against per-sequence decode speed; without it,
-throughput per tile stands in for throughput per energy (said on the axis).
+cycles per token (per-sequence speed), tokens per cycle of the chip (throughput), the
+access-energy model's pJ per token (:func:`sim.chip_run.round_energy`) and with
+``--energy`` the toggle-count energy proxy per token (:mod:`sim.energy`). The Pareto
+plot is throughput per energy (the toggle proxy's with ``--energy``, else the access
+model's) against per-sequence decode speed.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
                                 moe_tokens=args.moe_tokens, weights=args.weights)
     except (ValueError, SimulationFailed) as error:
         return {**point, "passed": False, "error": str(error).splitlines()[0]}
-    figures = chip_figures(result, k, n)
+    figures = chip_figures(result, config)
     cycles = figures["chip__decode__cycles_per_token"]
     out = {**point, "passed": True, "decode_cycles_per_token": cycles,
            "attention_cycles": figures["chip__decode__attention_cycles"],
@@ -59,6 +60,7 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
            "tokens_per_kcycle_per_tile": round(1000 * batch / cycles / (k * k), 4),
            "utilisation": figures["chip__decode__utilisation"],
            "network_flits": figures["chip__network__flits"],
+           "access_energy_per_token_pj": figures["chip__decode__energy_per_token_pj"],
            "wall_s": round(time.monotonic() - started, 1)}
     if args.energy:
         energy = result["energy"]
@@ -85,7 +87,8 @@ def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
             continue
         x = [1000 / r["decode_cycles_per_token"] for r in mine]
         y = [r["tokens_per_kcycle"] / r["energy_per_token"] * 1e6 if energy
-             else r["tokens_per_kcycle_per_tile"] for r in mine]
+             else r["tokens_per_kcycle"] / r["access_energy_per_token_pj"] * 1e6
+             for r in mine]
         ax.scatter(x, y, marker=marker, label=placement)
         for r, xi, yi in zip(mine, x, y, strict=True):
             ax.annotate(f"{r['mesh']}x{r['mesh']} N={r['array']} B={r['batch']}", (xi, yi),
@@ -93,7 +96,8 @@ def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
     ax.set_xlabel("per-sequence decode speed (tokens per 1000 cycles)")
     ax.set_ylabel("throughput per energy (tokens per 1000 cycles per 10^6 cell-toggles "
                   "per token)" if energy else
-                  "throughput per tile (tokens per 1000 cycles per tile; no --energy)")
+                  "throughput per energy (tokens per 1000 cycles per µJ per token, "
+                  "access model)")
     ax.set_title("decode: throughput against per-sequence speed")
     ax.grid(True, alpha=0.3)
     ax.legend()

@@ -768,13 +768,11 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                      macs=macs, memory=program.memory,
                      memory_words=s.get("memory_words", 0),
                      summaries=[{"dispatch": dispatch, "weights": weight_mode,
-                                            "macs_sparse": s["macs_sparse"],
-                                            "executed_over_sparse": macs / s["macs_sparse"],
-                                            "expert_load": [int(c) for c in golden.load],
-                                            "tied": tied,
-                                            **{name: s[name] for name in
-                                               ("dispatch_words", "combine_words")
-                                               if name in s}}])
+                                 "tokens": int(x.shape[0]), "macs_sparse": s["macs_sparse"],
+                                 "executed_over_sparse": macs / s["macs_sparse"],
+                                 "expert_load": [int(c) for c in golden.load], "tied": tied,
+                                 **{name: s[name] for name in
+                                    ("dispatch_words", "combine_words") if name in s}}])
 
 
 @functools.lru_cache(maxsize=4)

@@ -61,11 +61,13 @@ class MemoryCounters(data.StructLayout):
 
 
 class NetCounters(data.StructLayout):
-    """One network interface's counters (see :class:`NetworkInterface`)."""
+    """One node's network counters: its interface's (see :class:`NetworkInterface`)
+    and the flits its router sent over links to its neighbours (``links``,
+    :attr:`rtl.mesh.Mesh.link_flits`)."""
 
     def __init__(self):
         super().__init__({name: unsigned(32) for name in
-                          ("sent", "received", "dropped_out", "dropped_in")})
+                          ("sent", "received", "dropped_out", "dropped_in", "links")})
 
 
 class Chip(wiring.Component):
@@ -218,7 +220,8 @@ class Chip(wiring.Component):
             counters = self.net[index]
             m.d.comb += [counters.sent.eq(ni.sent), counters.received.eq(ni.received),
                          counters.dropped_out.eq(ni.dropped_out),
-                         counters.dropped_in.eq(ni.dropped_in)]
+                         counters.dropped_in.eq(ni.dropped_in),
+                         counters.links.eq(self.mesh.link_flits[index])]
 
         # Program words to the tile they name, host words into the channel they name.
         self._route(m, self.program, "tile", [tile.program for tile in self.tiles], bad_tile)

@@ -22,6 +22,9 @@ __all__ = ["Mesh", "channel_dependencies", "check_deadlock_free", "find_cycle"]
 Channel = tuple
 ClassVcs = Callable[[MessageClass], Iterable[int]]
 
+#: Width of a router's link-flit counter (wraps; read as differences).
+LINK_COUNTER_BITS = 32
+
 
 def _path(k: int, routing: Routing, src: tuple[int, int], dst: tuple[int, int]) -> list[Port]:
     """The output ports a unicast packet takes from ``src`` to ``dst`` (ending in L)."""
@@ -150,6 +153,9 @@ class Mesh(wiring.Component):
     dropped : ``k * k`` Signal(16), out
         Each router's dropped-packet count (unroutable packets are dropped where they
         are injected).
+    link_flits : ``k * k`` Signal(32), out
+        Flits each router has sent to its neighbours since reset (modulo 2^32): each is
+        one link traversal, so their sum over a transfer is its flits x hops.
     error : Signal, out
         Some router dropped a packet since reset.
     holding : Signal (not a port)
@@ -180,6 +186,7 @@ class Mesh(wiring.Component):
             "inject": In(stream.Signature(flit)).array(k * k, vcs),
             "eject": Out(stream.Signature(flit)).array(k * k, vcs),
             "dropped": Out(COUNTER_BITS).array(k * k),
+            "link_flits": Out(LINK_COUNTER_BITS).array(k * k),
             "error": Out(1),
         })
 
@@ -198,13 +205,19 @@ class Mesh(wiring.Component):
                 wiring.connect(m, wiring.flipped(self.inject[node][v]), router.inject[v])
                 wiring.connect(m, router.eject[v], wiring.flipped(self.eject[node][v]))
             m.d.comb += self.dropped[node].eq(router.dropped)
+            sent = []
             for port in LINK_PORTS:
                 nx, ny = x + port.step[0], y + port.step[1]
                 if 0 <= nx < k and 0 <= ny < k:
+                    sent.append(router.link(port, incoming=False).valid)
                     wiring.connect(m, router.link(port, incoming=False),
                                    self.routers[ny * k + nx].link(port.opposite, incoming=True))
                 else:  # the mesh edge: nothing arrives, no credit ever comes back
                     m.d.comb += [router.link(port, incoming=True).valid.eq(0),
                                  router.link(port, incoming=False).credit.eq(0)]
+            # Counted in the routers' clock domain: a flit's output register is valid for
+            # one of its ticks (a router holding it keeps its clock running).
+            m.d["routers" if self.sim_gating else "sync"] += \
+                self.link_flits[node].eq(self.link_flits[node] + sum(sent))
         m.d.comb += self.error.eq(Cat(*[router.error for router in self.routers]).any())
         return m

@@ -285,6 +285,8 @@ class Scratchpad(wiring.Component):
             "ecc_error": Out(1),
         }
         members |= {f"{name}_conflicts": Out(COUNTER_BITS) for name in ports}
+        #: Word accesses (reads and writes of a bank) the ports start this cycle.
+        members["accesses"] = Out(range(len(ports) + 1))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -298,6 +300,8 @@ class Scratchpad(wiring.Component):
         accepts, can = self._credits(m)
         bank_words, granted = self._banks(m, fronts, can)
         corrected, uncorrectable = [], []
+        m.d.comb += self.accesses.eq(sum(accept & f["needs_bank"]
+                                         for accept, f in zip(accepts, fronts, strict=True)))
         for p, (name, f) in enumerate(zip(self.ports, fronts, strict=True)):
             got_bank = Cat(granted[b][p] for b in range(self.banks)).any()
             accept = accepts[p]

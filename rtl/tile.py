@@ -31,12 +31,13 @@ class Counters(data.StructLayout):
     with no engine busy, only words arriving from the network release it), the tensor
     core's accepted operand beats, and the MACs of the GEMMs dispatched (m·k·p of each
     as the GEMM engine takes it, registers added: the work a program does at run time,
-    modulo 2^32)."""
+    modulo 2^32) and the scratchpad's word accesses (``spad``: reads and writes of its
+    banks by the engines, the sequencer and arriving network words)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
             "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "wait", "tc_beats",
-            "macs")})
+            "macs", "spad")})
 
 
 def _join(m: Module, source, sink) -> None:
@@ -209,6 +210,7 @@ class Tile(wiring.Component):
                 c.wait.eq(c.wait + (~(g | v | d) & seq.waiting)),
                 c.tc_beats.eq(c.tc_beats + gemm.beat),
                 c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
+                c.spad.eq(c.spad + sp.accesses),
             ]
         return m
 

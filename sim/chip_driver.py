@@ -10,7 +10,7 @@ from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
-from rtl.chip import MemoryCounters
+from rtl.chip import MemoryCounters, NetCounters
 from rtl.tile import Counters
 from sim.harness_driver import CLOCK_NS, HarnessDriver
 from sim.tile_driver import POLL, RESPONSES, Execution, Packer, Responses, TileDriver, error_mask
@@ -162,8 +162,7 @@ class ChipDriver(TileDriver):
                 for c in range(len(self.chip.channels))]
 
     def net_counters(self) -> list[dict[str, int]]:
-        """Each network interface's counters (sent, received, dropped_out, dropped_in)."""
+        """Each node's network counters (:class:`rtl.chip.NetCounters`)."""
         value = data.Const(self.dut_layout("net"), self.dut.net.value.to_unsigned())
-        return [{name: int(value[t][name]) for name in ("sent", "received", "dropped_out",
-                                                        "dropped_in")}
+        return [{name: int(value[t][name]) for name, _ in NetCounters()}
                 for t in range(len(self.chip.tiles))]

@@ -19,6 +19,7 @@ from sim.harness import StreamHarness
 from sim.runner import SimBuild, build, run
 from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
 from spec.config import ChipConfig, TileConfig
+from spec.energy import CLASSES
 
 MODULE = "tb.chip_tb"
 #: Words of the memory image one harness run writes (a larger image takes several).
@@ -217,17 +218,68 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     return replace(config, memory_words=max(config.memory_words, 1 << (words - 1).bit_length()))
 
 
-def chip_figures(result: dict, k: int, n: int, memory_bandwidth=None) -> dict:
-    """The report's figures from a chip run, per phase (prefill: every chunk of the
-    prompt; decode per step, i.e. per generated token of every sequence): cycles of the
-    attention rounds, of the MoE rounds and of the layer (their sum: rounds run one
-    after another); utilisation = useful MACs (the attention programs' GEMMs, the MoE
-    rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares summed over the
-    tiles; the share of the MoE rounds' tile-cycles spent waiting on the network; bytes
-    loaded from the memory channels and, given the channels' ``memory_bandwidth`` (bytes
-    per cycle in all), the cycles those bytes take at it (the memory bound, every
-    channel busy) and the phase's cycles over it; network flits; simulation speed
-    (cycles over the rounds' wall time)."""
+#: The roofline's bounds, in the order the report names them.
+BOUNDS = ("compute", "memory", "streaming", "injection")
+
+
+def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
+    """Lower bounds on one round's cycles (the roofline, docs/chip.md#roofline), from what
+    the round did: ``compute``, its useful MACs (a MoE round's sparse-dispatch MACs) at
+    the chip's peak of tiles x N² a cycle; ``memory``, the busiest channel's bytes at its
+    share of the channels' bandwidth; ``streaming``, the busiest tile's tensor-core
+    operand beats, one a cycle from its scratchpad; ``injection``, the busiest memory
+    node's words into the mesh, one flit a cycle."""
+    n = config.tile.n
+    reads = record.get("channel_reads") or [0]
+    per_channel = config.memory_bytes_per_cycle / max(len(config.memory_nodes), 1)
+    return {"compute": math.ceil(record.get("macs_sparse", record["macs"])
+                                 / (config.tiles * n * n)),
+            "memory": math.ceil(max(reads) * n / per_channel),
+            "streaming": max(c["tc_beats"] for c in record["tiles"].values()),
+            "injection": max(reads)}
+
+
+def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
+    """One round's energy in pJ by class (:data:`spec.energy.CLASSES`), its counters x
+    the energies per access of :mod:`spec.energy`: the tiles' MACs and vector-busy
+    cycles (N lanes each), their scratchpad accesses, the flits through routers (each
+    injected flit and each link traversal) and over links, the memory channels' bytes."""
+    from rtl.network_interface import payload_bits
+    from spec import energy as e
+    from spec.noc import NocConfig
+
+    n = config.tile.n
+    tiles = record["tiles"].values()
+    flit_bits = NocConfig(k=max(config.k, 2), payload_bits=payload_bits(n),
+                          vcs=config.vcs).flit.size
+    links = record.get("link_flits", 0)
+    memory_bytes = sum(record.get("channel_reads") or [0]) * n
+    return {
+        "compute": sum(c["macs"] * e.MAC_PJ + (c["vec"] + c["gemm_vec"]) * n * e.LANE_PJ
+                       for c in tiles),
+        "sram": sum(c["spad"] for c in tiles) * e.SRAM_PJ_PER_64_BITS * 8 * n / 64,
+        "network": ((record["flits"] + links) * e.ROUTER_PJ_PER_64_BITS * flit_bits / 64
+                    + links * flit_bits * e.LINK_PJ_PER_BIT),
+        "memory": memory_bytes * e.MEMORY_PJ_PER_BYTE,
+    }
+
+
+def chip_figures(result: dict, config: ChipConfig) -> dict:
+    """The report's figures from a chip run on ``config``, per phase (prefill: every
+    chunk of the prompt; decode per step, i.e. per generated token of every sequence):
+    cycles of the attention rounds, of the MoE rounds and of the layer (their sum:
+    rounds run one after another); utilisation = useful MACs (the attention programs'
+    GEMMs, the MoE rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares
+    summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
+    network; bytes loaded from the memory channels; the roofline (:func:`round_bounds`
+    summed over the phase's rounds, which run one after another) and the phase's cycles
+    over its largest bound (``memory_bound_ratio``); for a prefill whose MoE rounds
+    stream weights, the tokens per MoE round at which their compute bound would reach
+    their memory bound (``crossover_tokens``: the same weights loaded, the MACs growing
+    with the tokens); the access-energy model's pJ by class (:func:`round_energy`) and
+    per token (decode: per sequence of the step; prefill: per prompt token); network
+    flits; simulation speed (cycles over the rounds' wall time)."""
+    k, n = config.k, config.tile.n
     tiles = k * k
     rounds = result["rounds"]
     out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
@@ -262,10 +314,26 @@ def chip_figures(result: dict, k: int, n: int, memory_bandwidth=None) -> dict:
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
         memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
-        if memory and memory_bandwidth:
-            bound = math.ceil(memory / memory_bandwidth)
-            out[f"chip__{phase}__memory_bound_cycles"] = bound
-            out[f"chip__{phase}__cycles_over_memory_bound"] = round(cycles / bound, 3)
+        bounds = {b: sum(round_bounds(r, config)[b] for r in attn + moe) // steps
+                  for b in BOUNDS}
+        for b, value in bounds.items():
+            out[f"chip__{phase}__{b}_bound_cycles"] = value
+        largest = max(BOUNDS, key=bounds.__getitem__)
+        out[f"chip__{phase}__largest_bound"] = largest
+        out[f"chip__{phase}__memory_bound_ratio"] = round(cycles / max(bounds[largest], 1), 3)
+        streamed = [(round_bounds(r, config), r["tokens"]) for r in moe
+                    if r.get("memory_words")]
+        if phase == "prefill" and streamed:
+            out["chip__prefill__crossover_tokens"] = round(
+                sum(b["memory"] / max(b["compute"], 1) * tokens for b, tokens in streamed)
+                / len(streamed))
+        energy = {c: sum(round_energy(r, config)[c] for r in attn + moe) / steps
+                  for c in CLASSES}
+        tokens = sum(r["tokens"] for r in attn) / steps  # the tokens the phase adds
+        for c, value in energy.items():
+            out[f"chip__{phase}__energy_{c}_pj"] = round(value)
+        out[f"chip__{phase}__energy_pj"] = round(sum(energy.values()))
+        out[f"chip__{phase}__energy_per_token_pj"] = round(sum(energy.values()) / tokens)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)

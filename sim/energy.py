@@ -7,7 +7,8 @@ For every module instance ``i`` under the design (the cocotb harness excluded)::
 ``toggles_i`` is the number of 0<->1 transitions of the instance's own net bits over the
 run (Verilator's SAIF trace, ``sim.runner.build(..., activity=True)``), ``bits_i`` the
 number of those bits, ``cells_i`` the generic cells Yosys synthesises for the
-instance's module (``synth.flow.synth_generic``, memories kept as memories). Each bit's
+instance's module (``synth.flow.synth_generic`` with ABC's script ``FAST_ABC``, memories
+kept as memories). Each bit's
 average toggle count stands for the switching of the module's cells; ``E = sum(E_i)``
 in cell-toggles, a relative unit: only ratios between runs or design points mean
 anything (docs/energy.md says what it leaves out).
@@ -108,10 +109,10 @@ def module_cells(rtlil_file: Path, *, say=print) -> dict[str, int]:
     than Verilog with memory initialisers; all-zero initialisers are dropped,
     :func:`without_zero_init`); synthesised once per distinct design and kept under
     ``build/energy/``."""
-    from synth.flow import synth_generic
+    from synth.flow import FAST_ABC, synth_generic
 
     text = without_zero_init(rtlil_file.read_text())
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256((FAST_ABC + text).encode()).hexdigest()[:16]
     workdir = CELLS_DIR / digest
     cached = workdir / "cells.json"
     if cached.is_file():
@@ -119,7 +120,8 @@ def module_cells(rtlil_file: Path, *, say=print) -> dict[str, int]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "design.il").write_text(text)
     say(f"[energy] synthesising {rtlil_file} to generic cells (once per design) ...")
-    result = synth_generic(workdir / "design.il", TOPLEVEL, workdir, transistors=False)
+    result = synth_generic(workdir / "design.il", TOPLEVEL, workdir, transistors=False,
+                           abc_script=FAST_ABC)
     cells = result["modules"]
     cached.write_text(json.dumps(cells, indent=1, sort_keys=True) + "\n")
     return cells

@@ -211,14 +211,17 @@ async def chip_layer(dut):
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
+        links = sum(a["links"] - b["links"] for a, b in zip(after, before, strict=True))
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
-        memory = {name: sum(a[name] - b[name] for a, b in zip(
-            driver.memory_counters(), memory_before, strict=True))
-            for name in ("reads", "writes", "dropped")}
+        channels = [{name: a[name] - b[name] for name in ("reads", "writes", "dropped")}
+                    for a, b in zip(driver.memory_counters(), memory_before, strict=True)]
+        memory = {name: sum(c[name] for c in channels) for name in ("reads", "writes", "dropped")}
         assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words")
-        out.append(_round_record(rnd, run, flits) | {"memory_words": memory["reads"]})
+        out.append(_round_record(rnd, run, flits) | {
+            "link_flits": links % (1 << 32), "memory_words": memory["reads"],
+            "channel_reads": [c["reads"] for c in channels]})
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "
                            f"{list(rnd.contexts)}: {run.cycles} cycles, outputs bit-exact "
@@ -260,9 +263,10 @@ def _round_record(rnd, run, flits: int) -> dict:
             "tiles": {t: e.counters for t, e in run.tiles.items()},
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
             "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
+            "tokens": rnd.tokens * len(rnd.contexts),
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",
-                                                       "executed_over_sparse")}
+                                                       "executed_over_sparse", "tokens")}
                if rnd.phase.endswith("moe") else {})}
 
 

@@ -26,6 +26,9 @@ def test_dma_between_tiles_unicast_and_multicast():
     assert result["passed"]
     sent = [c["sent"] for c in result["net"]]
     assert sent[0] == 5 + 1 and sent[3] == 5, sent  # flits: 5 + a multicast; 5 back
+    # Link traversals: 5 flits over 2 hops each way, the multicast's tree of 3 links.
+    links = [c["links"] for c in result["net"]]
+    assert sum(links) == 5 * 2 + 3 + 5 * 2, links
 
 
 def test_tiles_store_and_load_words_through_the_memory_channels():

@@ -76,6 +76,26 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
         assert (streamed[f"chip__{phase}__attention_cycles"]
                 == resident[f"chip__{phase}__attention_cycles"])
         assert streamed[f"chip__{phase}__moe_cycles"] > resident[f"chip__{phase}__moe_cycles"]
+    # The roofline's bounds are lower bounds of what the RTL took; the weights streamed,
+    # memory is the largest; resident, nothing is loaded and memory bounds nothing.
+    for run in (streamed, resident):
+        for phase, name in (("prefill", "cycles"), ("decode", "cycles_per_token")):
+            cycles = run[f"chip__{phase}__{name}"]
+            for bound in ("compute", "memory", "streaming", "injection"):
+                assert 0 <= run[f"chip__{phase}__{bound}_bound_cycles"] <= cycles, bound
+            assert run[f"chip__{phase}__memory_bound_ratio"] >= 1
+    assert streamed["chip__decode__largest_bound"] == "memory"
+    assert resident["chip__decode__memory_bound_cycles"] == 0
+    # The access model: the streamed bytes cost memory energy, resident weights none;
+    # the other classes are counted in both.
+    assert streamed["chip__decode__energy_memory_pj"] > 0
+    assert resident["chip__decode__energy_memory_pj"] == 0
+    for run in (streamed, resident):
+        assert all(run[f"chip__decode__energy_{c}_pj"] > 0 for c in ("compute", "sram", "network"))
+        assert run["chip__decode__energy_per_token_pj"] * 2 == pytest.approx(
+            run["chip__decode__energy_pj"], abs=1)
+    assert streamed["chip__prefill__crossover_tokens"] > 4
+    assert "crossover_tokens" not in str(resident)
 
 
 def test_sim_with_far_placement_loads_the_kv_pages_from_memory(tmp_path, capsys):
@@ -353,6 +373,8 @@ def test_sweep_writes_runs_and_plots(tmp_path, capsys):
     assert all(r["passed"] and r["decode_cycles_per_token"] > 0 for r in runs)
     local, striped = runs
     assert striped["network_flits"] > local["network_flits"]
+    # Striped pages cross the network and are written into the compute tile's frames.
+    assert striped["access_energy_per_token_pj"] > local["access_energy_per_token_pj"] > 0
     assert (tmp_path / "sweep_pareto.png").stat().st_size > 0
     assert (tmp_path / "sweep_placement.png").stat().st_size > 0
 
