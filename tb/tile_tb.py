@@ -414,6 +414,7 @@ async def _longest_local_dma(driver: TileDriver, own: int) -> None:
                       {src + i: w for i, w in enumerate(words)}, [])
     run = await driver.execute(40_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert run.counters["spad"] == 2 * count, run.counters  # each word read and written
     for start in range(0, count, 256):
         got, _ = await driver.read([dst + i for i in range(start, min(count, start + 256))])
         assert got == words[start:start + 256], f"the copy differs from word {start} on"
