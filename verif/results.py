@@ -31,6 +31,10 @@ HEADLINES = [
     ("chip__gpt-oss__prefill__cycles", "`make sim`'s chip, prefill of 32 tokens x 2 "
                                        "sequences, decoder layer (cycles)"),
     ("chip__gpt-oss__decode__cycles_per_token", "the same, one decode step (cycles)"),
+    ("chip__gpt-oss__decode__memory_bound_ratio", "that step's cycles over its largest "
+                                                  "roofline bound (memory)"),
+    ("chip__gpt-oss__decode__energy_per_token_pj", "that step's energy per token, access "
+                                                   "model (pJ)"),
     ("chip__sim__cycles_per_s", "Verilator, chip cycles simulated per second"),
     ("chip__agent_loop__hit_over_miss__speedup", "agent loop, KV cache kept over recomputed"),
     ("accuracy__chip__attention_cosine_min", "attention outputs against float64, worst cosine"),
