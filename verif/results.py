@@ -32,7 +32,7 @@ HEADLINES = [
                                        "sequences, decoder layer (cycles)"),
     ("chip__gpt-oss__decode__cycles_per_token", "the same, one decode step (cycles)"),
     ("chip__gpt-oss__decode__memory_bound_ratio", "that step's cycles over its largest "
-                                                  "roofline bound (memory)"),
+                                                  "roofline bound"),
     ("chip__gpt-oss__decode__energy_per_token_pj", "that step's energy per token, access "
                                                    "model (pJ)"),
     ("chip__sim__cycles_per_s", "Verilator, chip cycles simulated per second"),
