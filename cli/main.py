@@ -529,8 +529,9 @@ def _add_sim_parser(commands) -> None:
                         help="seed of the workload's tensors: one layer's weights, "
                              "each sequence's tokens from its own stream")
     parser.add_argument("--energy", action="store_true",
-                        help="measure the energy proxy: toggle counts (a SAIF-traced "
-                             "build) weighted by synthesised cells (docs/energy.md)")
+                        help="measure the cell-toggle energy proxy too: toggle counts (a "
+                             "SAIF-traced build) weighted by synthesised cells "
+                             "(docs/energy.md); the access model is always reported")
     parser.add_argument("--dump", type=Path, metavar="DIR",
                         help="write every job's inputs, weights and scales, golden and "
                              "RTL outputs to DIR in the golden file format (docs/chip.md); "

@@ -155,10 +155,10 @@ def sweep(args: argparse.Namespace) -> int:
           f"{' (attention only)' if args.moe == 'off' else f', MoE {args.moe}'}, "
           f"{len(todo)} runs on "
           f"{len({(p['mesh'], p['array']) for p in todo})} design points"
-          f"{', energy proxy on' if args.energy else ''}", flush=True)
+          f"{', cell-toggle energy proxy on' if args.energy else ''}", flush=True)
     header = (f"{'mesh':>5} {'N':>3} {'placement':>9} {'batch':>5} {'cycles/token':>12} "
-              f"{'tokens/kcycle':>13} {'util':>6}" + (f" {'energy/token':>13}"
-                                                      if args.energy else ""))
+              f"{'tokens/kcycle':>13} {'util':>6} {'µJ/token':>9}"
+              + (f" {'toggles/token':>13}" if args.energy else ""))
     print(header, flush=True)
     runs = []
     for point in todo:
@@ -169,7 +169,7 @@ def sweep(args: argparse.Namespace) -> int:
             print(f"{head} FAIL: {r['error']}", flush=True)
             continue
         line = (f"{head} {r['decode_cycles_per_token']:>12,} {r['tokens_per_kcycle']:>13.3f} "
-                f"{r['utilisation']:>6.3f}")
+                f"{r['utilisation']:>6.3f} {r['access_energy_per_token_pj'] / 1e6:>9.3f}")
         if args.energy:
             line += f" {r['energy_per_token']:>13,}"
         print(line, flush=True)
@@ -215,7 +215,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         help="tokens of the longest sequence before the step (default 256)")
     options.add_moe_options(parser, "after every step")
     parser.add_argument("--energy", action="store_true",
-                        help="measure the energy proxy of every run (SAIF-traced builds)")
+                        help="measure the cell-toggle energy proxy of every run too "
+                             "(SAIF-traced builds)")
     parser.add_argument("--seed", type=options.non_negative, default=1,
                         help="seed of the tensors (default 1)")
     parser.add_argument("--sim", choices=SIMULATORS, default="verilator",

@@ -367,7 +367,7 @@ def test_sweep_writes_runs_and_plots(tmp_path, capsys):
                  "3", "--context", "9", "--json", str(out), "--plot",
                  str(tmp_path / "sweep")]) == 0
     text = capsys.readouterr().out
-    assert "2 runs on 1 design points" in text
+    assert "2 runs on 1 design points" in text and "µJ/token" in text
     runs = json.loads(out.read_text())["runs"]
     assert [(r["placement"], r["batch"]) for r in runs] == [("local", 3), ("striped", 3)]
     assert all(r["passed"] and r["decode_cycles_per_token"] > 0 for r in runs)
