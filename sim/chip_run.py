@@ -14,12 +14,15 @@ from pathlib import Path
 
 from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
 from rtl.chip import TILE_MODULE, Chip
+from rtl.network_interface import payload_bits
 from sim.faults import FaultPlan
 from sim.harness import StreamHarness
 from sim.runner import SimBuild, build, run
 from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
+from spec import energy as per_access
 from spec.config import ChipConfig, TileConfig
 from spec.energy import CLASSES
+from spec.noc import NocConfig
 
 MODULE = "tb.chip_tb"
 #: Words of the memory image one harness run writes (a larger image takes several).
@@ -244,12 +247,9 @@ def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
     the energies per access of :mod:`spec.energy`: the tiles' MACs and vector-busy
     cycles (N lanes each), their scratchpad accesses, the flits through routers (each
     injected flit and each link traversal) and over links, the memory channels' bytes."""
-    from rtl.network_interface import payload_bits
-    from spec import energy as e
-    from spec.noc import NocConfig
-
-    n = config.tile.n
+    e, n = per_access, config.tile.n
     tiles = record["tiles"].values()
+    # A flit's whole width (a 1 x 1 chip has no network and moves none).
     flit_bits = NocConfig(k=max(config.k, 2), payload_bits=payload_bits(n),
                           vcs=config.vcs).flit.size
     links = record.get("link_flits", 0)
