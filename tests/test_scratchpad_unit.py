@@ -235,4 +235,4 @@ def test_defaults_build_and_fit():
     assert [n for n in sp.signature.members] == [
         "tc_req", "tc_resp", "vu_req", "vu_resp", "ni_req", "ni_resp", "kv_req", "kv_resp",
         "corrected_count", "uncorrectable_count", "ecc_error", "tc_conflicts", "vu_conflicts",
-        "ni_conflicts", "kv_conflicts"]
+        "ni_conflicts", "kv_conflicts", "accesses"]
