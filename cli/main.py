@@ -191,7 +191,8 @@ def _compile_layer(args: argparse.Namespace):
         raise ValueError(f"workload {args.workload} has attention layers "
                          f"0..{len(cfg.windows) - 1}, not {args.layer}")
     config = chip_config(cfg, k=args.mesh, n=args.array, max_context=args.max_context,
-                         moe=args.moe, moe_tokens=args.moe_tokens)
+                         moe=args.moe, moe_tokens=args.moe_tokens,
+                         memory_bandwidth=args.memory_bandwidth)
     rounds = layer_rounds(config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                           context=args.context, steps=args.steps, placement=args.placement,
                           seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk,
@@ -366,7 +367,7 @@ def agent(args: argparse.Namespace) -> int:
             raise ValueError(f"workload {args.workload} has attention layers "
                              f"0..{len(cfg.windows) - 1}, not {layer}")
         config = chip_config(cfg, k=args.mesh, n=args.array, moe=args.moe,
-                             moe_tokens=args.moe_tokens)
+                             moe_tokens=args.moe_tokens, memory_bandwidth=args.memory_bandwidth)
         schedules = {cache: agent_schedule(args.turns, args.prompt, args.tool, args.answer,
                                            cache) for cache in ("hit", "miss")}
         # Compiled once, before any build: what does not fit fails here.
@@ -499,6 +500,7 @@ def _add_sim_parser(commands) -> None:
                              "gpt-oss's full-causal layer 1)")
     parser.add_argument("--mesh", type=options.mesh, default=2, metavar="KxK",
                         help="mesh of tiles (default 2x2; 1x1 is one tile)")
+    options.add_memory_bandwidth_option(parser)
     parser.add_argument("--placement", type=options.placement, default="local",
                         help="KV pages on the tile computing their head (local, default), "
                              "spread over the tiles and fetched over the network "
@@ -567,6 +569,7 @@ def _add_agent_parser(commands) -> None:
                         help="attention layer (default: the workload's last)")
     parser.add_argument("--mesh", type=options.mesh, default=2, metavar="KxK",
                         help="mesh of tiles (default 2x2)")
+    options.add_memory_bandwidth_option(parser)
     parser.add_argument("--turns", type=options.positive, default=3,
                         help="turns, the first answering the prompt (default 3)")
     parser.add_argument("--prompt", type=options.positive, default=32,

@@ -65,6 +65,21 @@ def moe_tokens(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def bandwidth(text: str) -> str:
+    """Bytes per cycle as a positive number or fraction ("4", "7/8"); the chip checks
+    what its channels can move."""
+    from fractions import Fraction
+
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"bytes per cycle as a number or a fraction (7/8), "
+                                         f"not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the memory bandwidth must be positive, not {text}")
+    return str(value)
+
+
 def array_size(text: str) -> int:
     value = int(text)
     if not MIN_N <= value <= MAX_N:
@@ -216,6 +231,20 @@ def list_of(parse):
             raise argparse.ArgumentTypeError("give at least one value")
         return values
     return parse_list
+
+
+def add_memory_bandwidth_option(parser: argparse.ArgumentParser, *, many: bool = False
+                                ) -> None:
+    """``--memory-bandwidth B`` (``many``: a comma-separated list, a design point each):
+    the memory channels' bandwidth in all."""
+    parser.add_argument("--memory-bandwidth", type=list_of(bandwidth) if many else bandwidth,
+                        default=[None] if many else None, metavar="B[,B]" if many else "B",
+                        help="the memory channels' bandwidth in all, bytes per cycle (a "
+                             "number or a fraction, e.g. 4 or 7/8; each channel moves at "
+                             "most a word a cycle); default: the machine balance of an "
+                             "H100 for the chip's peak (7/8 for 2x2, N = 8; "
+                             "docs/memory_channel.md)" + ("; several are several design "
+                                                         "points" if many else ""))
 
 
 def add_prefill_chunk_option(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """``serrano sweep``: one decode step of a workload over design points, as JSON and plots.
 
-A design point is (mesh, array size) — one simulation build each — and a run is
-(placement, batch) on it: the batch's sequences at their contexts, one decode step (and
+A design point is (mesh, array size, memory bandwidth) — one simulation build each —
+and a run is (placement, batch) on it: the batch's sequences at their contexts, one
+decode step (and
 the MoE layer unless ``--no-moe``), every output checked against golden. Per run: decode
 cycles per token (per-sequence speed), tokens per cycle of the chip (throughput), the
 access-energy model's pJ per token (:func:`sim.chip_run.round_energy`) and with
@@ -24,8 +25,9 @@ from sim.runner import SIMULATORS, SimulationFailed
 
 def points(args: argparse.Namespace) -> list[dict]:
     """Every run of the sweep, builds outermost (each design point is built once)."""
-    return [{"mesh": k, "array": n, "placement": placement, "batch": batch}
-            for k in args.mesh for n in args.array
+    return [{"mesh": k, "array": n, "memory_bandwidth": bandwidth, "placement": placement,
+             "batch": batch}
+            for k in args.mesh for n in args.array for bandwidth in args.memory_bandwidth
             for placement in args.placement for batch in args.batch]
 
 
@@ -39,7 +41,8 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
     k, n, batch = point["mesh"], point["array"], point["batch"]
     layer = _layer(args)
     try:
-        config = chip_config(cfg, k=k, n=n, moe=args.moe, moe_tokens=args.moe_tokens)
+        config = chip_config(cfg, k=k, n=n, moe=args.moe, moe_tokens=args.moe_tokens,
+                             memory_bandwidth=point["memory_bandwidth"])
         # Compiled before building: a point the chip cannot take fails here, not after.
         rounds = layer_rounds(config, cfg, layer, batch=batch, context=args.context, steps=1,
                               placement=point["placement"], seed=args.seed, moe=args.moe,
@@ -69,6 +72,13 @@ def run_point(args: argparse.Namespace, point: dict) -> dict:
     return out
 
 
+def _design(run: dict) -> str:
+    """A run's design point as the plots label it."""
+    bandwidth = run["memory_bandwidth"]
+    return (f"{run['mesh']}x{run['mesh']} N={run['array']}"
+            + (f" {bandwidth} B/cycle" if bandwidth else ""))
+
+
 def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
     """The Pareto view and local vs striped, as PNGs next to ``prefix``."""
     import matplotlib
@@ -91,7 +101,7 @@ def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
              for r in mine]
         ax.scatter(x, y, marker=marker, label=placement)
         for r, xi, yi in zip(mine, x, y, strict=True):
-            ax.annotate(f"{r['mesh']}x{r['mesh']} N={r['array']} B={r['batch']}", (xi, yi),
+            ax.annotate(f"{_design(r)} B={r['batch']}", (xi, yi),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("per-sequence decode speed (tokens per 1000 cycles)")
     ax.set_ylabel("throughput per energy (tokens per 1000 cycles per 10^6 cell-toggles "
@@ -103,18 +113,18 @@ def plot(runs: list[dict], prefix: Path, energy: bool) -> list[Path]:
     ax.legend()
     written.append(_save(fig, prefix, "pareto"))
 
-    pairs = sorted({(r["mesh"], r["array"], r["batch"]) for r in done})
+    pairs = sorted({(_design(r), r["batch"]) for r in done})
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.4
     for offset, placement in ((-width / 2, "local"), (width / 2, "striped")):
         values = []
         for key in pairs:
-            match = [r for r in done if (r["mesh"], r["array"], r["batch"]) == key
+            match = [r for r in done if (_design(r), r["batch"]) == key
                      and r["placement"] == placement]
             values.append(match[0]["decode_cycles_per_token"] if match else 0)
         ax.bar([i + offset for i in range(len(pairs))], values, width, label=placement)
     ax.set_xticks(range(len(pairs)))
-    ax.set_xticklabels([f"{k}x{k} N={n} B={b}" for k, n, b in pairs], fontsize=8)
+    ax.set_xticklabels([f"{design} B={b}" for design, b in pairs], fontsize=8)
     ax.set_ylabel("decode cycles per token")
     ax.set_title("KV placement: local against striped")
     ax.legend()
@@ -154,9 +164,10 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"serrano sweep: {args.workload}, one decode step from context {args.context}"
           f"{' (attention only)' if args.moe == 'off' else f', MoE {args.moe}'}, "
           f"{len(todo)} runs on "
-          f"{len({(p['mesh'], p['array']) for p in todo})} design points"
+          f"{len({(p['mesh'], p['array'], p['memory_bandwidth']) for p in todo})} design points"
           f"{', cell-toggle energy proxy on' if args.energy else ''}", flush=True)
-    header = (f"{'mesh':>5} {'N':>3} {'placement':>9} {'batch':>5} {'cycles/token':>12} "
+    header = (f"{'mesh':>5} {'N':>3} {'memory':>7} {'placement':>9} {'batch':>5} "
+              f"{'cycles/token':>12} "
               f"{'tokens/kcycle':>13} {'util':>6} {'µJ/token':>9}"
               + (f" {'toggles/token':>13}" if args.energy else ""))
     print(header, flush=True)
@@ -164,7 +175,8 @@ def sweep(args: argparse.Namespace) -> int:
     for point in todo:
         r = run_point(args, point)
         runs.append(r)
-        head = f"{r['mesh']}x{r['mesh']:<3} {r['array']:>3} {r['placement']:>9} {r['batch']:>5}"
+        head = (f"{r['mesh']}x{r['mesh']:<3} {r['array']:>3} "
+                f"{r['memory_bandwidth'] or 'default':>7} {r['placement']:>9} {r['batch']:>5}")
         if not r["passed"]:
             print(f"{head} FAIL: {r['error']}", flush=True)
             continue
@@ -206,6 +218,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         metavar="KxK[,KxK]", help="meshes (default 2x2)")
     parser.add_argument("--array", type=options.list_of(options.tile_array_size), default=[8],
                         metavar="N[,N]", help="tensor core sizes (default 8)")
+    options.add_memory_bandwidth_option(parser, many=True)
     parser.add_argument("--placement", type=options.list_of(options.placement),
                         default=["local", "striped"], metavar="P[,P]",
                         help="KV placements: local, striped, far (default local,striped)")

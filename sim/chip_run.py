@@ -170,7 +170,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
 
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
-                vcs: int = 2, moe: str = "sparse", moe_tokens: int = MOE_TOKENS) -> ChipConfig:
+                vcs: int = 2, moe: str = "sparse", moe_tokens: int = MOE_TOKENS,
+                memory_bandwidth=None) -> ChipConfig:
     """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
     with a 64 Ki-word scratchpad each (at most what the workload needs): working space
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
@@ -182,9 +183,11 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     so that they compare on one build; "off": attention only, no room kept for the MoE
     layer. ``moe_tokens``: the MoE rounds' size the room is kept for. Unless ``moe`` is
     "off", the memory channels' stores hold the MoE layer's streamed weights (at least
-    ``spec.memory.DEFAULT_MEMORY_WORDS``, a power of two). One build serves every batch,
-    context, placement and weight mode that fits it; what does not fit is refused by
-    the compiler with the reason."""
+    ``spec.memory.DEFAULT_MEMORY_WORDS``, a power of two); ``memory_bandwidth``: their
+    bandwidth in all, bytes per cycle (default: the machine balance,
+    ``spec.memory.machine_balance_bandwidth``). One build serves every batch, context,
+    placement and weight mode that fits it; what does not fit is refused by the compiler
+    with the reason."""
     from compiler.chip import check_moe_tokens, moe_memory_words, moe_words
     from compiler.emit import MemoryFull
     from golden.workloads import WorkloadConfig, get_workload
@@ -214,7 +217,7 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
                                        working_words=working)
     except ValueError as error:
         raise ValueError(f"the tiles of a {k}x{k} chip: {error}: use a larger mesh") from None
-    config = ChipConfig(k=k, tile=tile, vcs=vcs)
+    config = ChipConfig(k=k, tile=tile, vcs=vcs, memory_bandwidth=memory_bandwidth)
     if moe == "off" or not config.memory_nodes:
         return config
     words = moe_memory_words(cfg, k, n, config.memory_nodes, moe_tokens)

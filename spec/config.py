@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
-from spec.memory import DEFAULT_LATENCY, DEFAULT_MEMORY_WORDS, machine_balance_bandwidth
+from spec.memory import (
+    DEFAULT_LATENCY,
+    DEFAULT_MEMORY_WORDS,
+    check_bandwidth,
+    machine_balance_bandwidth,
+)
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 from spec.params import MAX_N, MIN_N
 
@@ -241,6 +246,22 @@ class ChipConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
                 raise ValueError(f"ChipConfig: {name} must be 1..{most} flits, not {value!r}")
+        if self.memory_bandwidth is not None:
+            self._check_bandwidth(nodes)
+
+    def _check_bandwidth(self, nodes: tuple) -> None:
+        """``memory_bandwidth`` shared by the channels, each within what one moves (at
+        most a word a cycle); kept as its exact fraction ("7/8")."""
+        if not nodes:
+            raise ValueError("ChipConfig: a chip without memory channels has no memory "
+                             "bandwidth to set")
+        try:
+            total = Fraction(self.memory_bandwidth)
+            check_bandwidth(total / len(nodes), self.tile.n)
+        except (TypeError, ValueError, ZeroDivisionError) as error:
+            raise ValueError(f"ChipConfig: memory bandwidth {self.memory_bandwidth!r} byte/"
+                             f"cycle over {len(nodes)} channels: {error}") from None
+        object.__setattr__(self, "memory_bandwidth", str(total))
 
     @property
     def tiles(self) -> int:

@@ -122,11 +122,22 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         (lambda: Chip(2, tile=5), "tile must be a dict"),
         (lambda: Chip(1, shared_tile="maybe"), "shared_tile must be True or False"),
         (lambda: chip_config("kimi-k2", k=2), "does not fit the tiles of a 2x2 chip"),
+        # Two channels of at most a word (8 bytes) a cycle each.
+        (lambda: ChipConfig(k=2, memory_bandwidth="17"), "at most one 8-byte word per cycle"),
+        (lambda: ChipConfig(k=2, memory_bandwidth="-1"), "more than 0"),
+        (lambda: ChipConfig(k=2, memory_bandwidth="1/512"), "denominator must be at most 256"),
+        (lambda: ChipConfig(k=1, memory_bandwidth="1"), "no memory bandwidth to set"),
     ],
 )
 def test_bad_designs_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_memory_bandwidth_is_kept_as_its_exact_fraction():
+    assert ChipConfig(k=2, memory_bandwidth="0.5").memory_bandwidth == "1/2"
+    assert ChipConfig(k=2, memory_bandwidth="16").memory_bytes_per_cycle == 16
+    assert ChipConfig(k=2).memory_bandwidth is None  # the machine balance
 
 
 def test_a_one_tile_chip_has_no_network():

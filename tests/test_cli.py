@@ -98,6 +98,28 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
     assert "crossover_tokens" not in str(resident)
 
 
+def test_more_memory_bandwidth_streams_the_same_weights_in_fewer_cycles(tmp_path, capsys):
+    """--memory-bandwidth 16 (two channels of a word a cycle) against the default 7/8: the
+    same bytes loaded and the same attention, the MoE rounds faster, and still above
+    their (smaller) memory bound; one build per bandwidth."""
+    runs = {}
+    for bandwidth, option in (("7/8", []), ("16", ["--memory-bandwidth", "16"])):
+        out = tmp_path / f"{bandwidth.replace('/', '_')}.json"
+        assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5",
+                     "--context", "8", "--steps", "1", *option, "--json", str(out)]) == 0
+        assert f"{bandwidth} byte/cycle in all" in capsys.readouterr().out
+        runs[bandwidth] = json.loads(out.read_text())["metrics"]
+    slow, fast = runs["7/8"], runs["16"]
+    for phase, name in (("prefill", "memory_bytes"), ("decode", "memory_bytes_per_token")):
+        assert fast[f"chip__{phase}__{name}"] == slow[f"chip__{phase}__{name}"] > 0
+        assert (fast[f"chip__{phase}__attention_cycles"]
+                == slow[f"chip__{phase}__attention_cycles"])
+        assert fast[f"chip__{phase}__moe_cycles"] < slow[f"chip__{phase}__moe_cycles"]
+        assert (fast[f"chip__{phase}__memory_bound_cycles"]
+                < slow[f"chip__{phase}__memory_bound_cycles"])
+        assert fast[f"chip__{phase}__memory_bound_ratio"] >= 1
+
+
 def test_sim_with_far_placement_loads_the_kv_pages_from_memory(tmp_path, capsys):
     """--placement far: the same outputs bit-exact, the attention slower than local (every
     page loaded from a memory channel each step), the bytes in the memory line."""
@@ -138,6 +160,8 @@ def test_sim_prefills_a_long_prompt_in_chunks(tmp_path, capsys):
         (["--prefill-chunk", "0"], "positive"),
         (["--moe-tokens", "0"], "positive"),
         (["--moe-tokens", "1025"], "MoE rounds of 1 to 1024 tokens, not 1025"),
+        (["--memory-bandwidth", "fast"], "bytes per cycle as a number or a fraction"),
+        (["--memory-bandwidth", "0"], "must be positive"),
         (["--heads", "-2"], "positive"),
         (["--heads", "100000"], "at most 4095"),
         (["--array", "12"], "power of two"),
@@ -209,6 +233,8 @@ def test_sim_with_a_double_bit_fault_stops_with_a_named_error(tmp_path, capsys):
          "give a larger --max-context"),
         (["--workload", "tiny", "--moe", "dense", "--weights", "streamed"],
          "--weights streamed needs --moe sparse"),
+        (["--workload", "tiny", "--memory-bandwidth", "20"],
+         "at most one 8-byte word per cycle"),
     ],
 )
 def test_chip_sim_refuses_what_does_not_fit_before_simulating(option, message, capsys):
