@@ -374,9 +374,6 @@ class FarPlacement(Placement):
                                  f"{chip.tile.program_depth}")
 
 
-
-
-
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), StripedPlacement(),
                                                         FarPlacement())}
 
@@ -844,11 +841,11 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     for r in moe_rounds:
         assert r.memory == image, "the MoE rounds' memory images differ"
         r.memory = image
-    for channel, weights in image.items():
+    for channel, stored in image.items():
         pages = [a for r in out if not r.phase.endswith("moe")
                  for a in r.memory.get(channel, ())]
-        if pages and min(pages) < len(weights):
-            raise ValueError(f"memory channel {channel}: the experts' weights ({len(weights)} "
+        if pages and min(pages) < len(stored):
+            raise ValueError(f"memory channel {channel}: the experts' weights ({len(stored)} "
                              f"words) and the far KV pages (from word {min(pages)} up) "
                              f"overlap in its {chip.memory_words} words")
     return out

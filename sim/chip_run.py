@@ -317,20 +317,21 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
         memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
-        bounds = {b: sum(round_bounds(r, config)[b] for r in attn + moe) // steps
+        per_round = {id(r): (round_bounds(r, config), round_energy(r, config))
+                     for r in attn + moe}
+        bounds = {b: sum(per_round[id(r)][0][b] for r in attn + moe) // steps
                   for b in BOUNDS}
         for b, value in bounds.items():
             out[f"chip__{phase}__{b}_bound_cycles"] = value
         largest = max(BOUNDS, key=bounds.__getitem__)
         out[f"chip__{phase}__largest_bound"] = largest
         out[f"chip__{phase}__memory_bound_ratio"] = round(cycles / max(bounds[largest], 1), 3)
-        streamed = [(round_bounds(r, config), r["tokens"]) for r in moe
-                    if r.get("memory_words")]
+        streamed = [(per_round[id(r)][0], r["tokens"]) for r in moe if r.get("memory_words")]
         if phase == "prefill" and streamed:
             out["chip__prefill__crossover_tokens"] = round(
                 sum(b["memory"] / max(b["compute"], 1) * tokens for b, tokens in streamed)
                 / len(streamed))
-        energy = {c: sum(round_energy(r, config)[c] for r in attn + moe) / steps
+        energy = {c: sum(per_round[id(r)][1][c] for r in attn + moe) / steps
                   for c in CLASSES}
         tokens = sum(r["tokens"] for r in attn) / steps  # the tokens the phase adds
         for c, value in energy.items():
