@@ -8,4 +8,4 @@ of ``shared/DESIGN.md``. ``python -m bench`` runs them, merges the metrics into
 
 #: Benchmark modules in the order they run; ``python -m bench --only NAME`` picks some.
 MODULES = ["tensor_core", "vector_unit", "golden", "accuracy", "attention", "noc", "chip",
-           "moe", "long_context", "reliability"]
+           "moe", "long_context", "reliability", "serve"]

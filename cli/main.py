@@ -4,6 +4,8 @@
                              prefill and decode, checked against golden: the report
     serrano agent [options]  an agent loop on the chip: KV cache kept vs recomputed
     serrano sweep [options]  one decode step over design points: JSON, Pareto plots
+    serrano serve [options]  requests served over a concurrency sweep: latencies,
+                             throughput per energy, Pareto fronts, matched comparisons
     serrano tile [options]   attention prefill + decode on one tile (every head on it)
     serrano gemm [options]   one GEMM on the tensor core alone
 
@@ -21,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from cli import options, report
+from cli.serve import add_parser as add_serve_parser
 from cli.sweep import add_parser as add_sweep_parser
 from sim.processes import stop_descendants
 from sim.runner import SimulationFailed
@@ -464,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_sim_parser(commands)
     _add_agent_parser(commands)
     add_sweep_parser(commands)
+    add_serve_parser(commands)
     _add_tile_parser(commands)
     _add_gemm_parser(commands)
 

@@ -266,7 +266,9 @@ def _round_record(rnd, run, flits: int) -> dict:
             "tokens": rnd.tokens * len(rnd.contexts),
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",
-                                                       "executed_over_sparse", "tokens")}
+                                                       "executed_over_sparse", "tokens",
+                                                       "expert_load")
+                if key in rnd.summaries[0]}
                if rnd.phase.endswith("moe") else {})}
 
 

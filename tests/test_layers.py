@@ -21,8 +21,8 @@ def test_contracts_catch_an_upward_import(tmp_path):
     """The check can fail: a golden module importing the simulator breaks the layers."""
     import shutil
 
-    for package in ("spec", "golden", "rtl", "compiler", "synth", "sim", "tb", "bench",
-                    "fpga", "formal", "verif", "cli"):
+    for package in ("spec", "golden", "rtl", "compiler", "synth", "sim", "serve", "tb",
+                    "bench", "fpga", "formal", "verif", "cli"):
         shutil.copytree(ROOT / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")

@@ -1,0 +1,86 @@
+"""Serving on the default chip (gpt-oss, 2 x 2, N = 8, 36 layers at the assumed 1 GHz;
+docs/serving.md): the cost models' error and InferenceX-style matched comparisons.
+
+- ``serve__cost_model_error_p95_{cycles,energy}``: the local design point's cost model
+  on the RTL runs left out of its fit (p95 over their steps of |predicted - measured| /
+  measured); ``serve__striped__cost_model_error_p95_*`` the striped one's.
+- ``serve__c{1,8}__{ttft_p50_s,tpot_p99_s,interactivity,tokens_per_j}``: the fixed trace
+  (24 requests, 256 input / 64 output tokens nominal) at concurrency 1 and at the
+  highest the chip holds (8), local placement, phase rounds.
+- ``serve__matched_{lo,hi}__local_over_striped__throughput_per_energy``: local
+  placement's tokens per joule over striped's at 25 % and 75 % of the interactivity
+  range both fronts cover (concurrency 1, 2, 3, 4, 6, 8); the same for
+  ``chunked_over_rounds`` (chunked prefill against phase rounds, local);
+  ``serve__matched_{lo,hi}__local_over_striped__e2e_speedup``: striped's end-to-end p50
+  over local's at 25 % and 75 % of the throughput range both cover.
+- ``serve__agent__e2e_p90_hit_over_miss``: agent conversations (8 of 4 turns, 256-token
+  prompts, 64-token tool results, 32-token answers, 0.5 s tool calls, concurrency 8),
+  p90 of a task's end to end with the prefix cache over without (< 1: kept caches
+  finish tasks sooner); ``serve__agent__kv_hit_rate`` the share of prefix tokens reused.
+"""
+
+from __future__ import annotations
+
+from serve.design import Design, prepare
+from serve.metrics import front, matched, summarise
+from serve.scheduler import serve
+from serve.trace import agent_trace, fixed_trace
+
+CLOCK_HZ = 1e9
+CONCURRENCY = (1, 2, 3, 4, 6, 8)
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "serve__cost_model_error_p95_cycles": ("<=", 0.05),
+}
+
+
+def _sweep(prepared, requests, policy: str = "rounds") -> list[dict]:
+    return [{"concurrency": c, **summarise(serve(
+        requests, prepared.model, prepared.capacity, concurrency=c,
+        windows=prepared.windows, clock_hz=CLOCK_HZ, policy=policy))}
+        for c in CONCURRENCY if c <= prepared.capacity.max_sequences]
+
+
+def _fronts(runs: list[dict]) -> tuple[list, list]:
+    return (front([(r["interactivity"], r["tokens_per_j"]) for r in runs]),
+            front([(r["tokens_per_s"], -r["e2e_p50_s"]) for r in runs]))
+
+
+def run(quick: bool = False) -> dict:
+    out: dict = {}
+    local = prepare(Design())
+    striped = prepare(Design(placement="striped"))
+    for name, p in (("", local), ("striped__", striped)):
+        for kind in ("cycles", "energy"):
+            out[f"serve__{name}cost_model_error_p95_{kind}"] = \
+                p.model.calibration[f"error_p95_{kind}"]
+    requests = fixed_trace(256, 64, 8 if quick else 24)
+    runs = {"local": _sweep(local, requests), "striped": _sweep(striped, requests),
+            "chunked": _sweep(local, requests, "chunked")}
+    for r in (runs["local"][0], runs["local"][-1]):
+        c = r["concurrency"]
+        out[f"serve__c{c}__ttft_p50_s"] = round(r["ttft_p50_s"], 4)
+        out[f"serve__c{c}__tpot_p99_s"] = round(r["tpot_p99_s"], 5)
+        out[f"serve__c{c}__interactivity"] = round(r["interactivity"], 2)
+        out[f"serve__c{c}__tokens_per_j"] = round(r["tokens_per_j"])
+    fronts = {name: _fronts(r) for name, r in runs.items()}
+    for other, base, label in (("local", "striped", "local_over_striped"),
+                               ("chunked", "local", "chunked_over_rounds")):
+        energy = matched(fronts[other][0], fronts[base][0])
+        latency = matched(fronts[base][1], fronts[other][1])
+        for (_, ratio), (_, speedup), where in zip(energy or [(0, None)] * 2,
+                                                   latency or [(0, None)] * 2,
+                                                   ("lo", "hi"), strict=True):
+            out[f"serve__matched_{where}__{label}__throughput_per_energy"] = \
+                None if ratio is None else round(ratio, 3)
+            out[f"serve__matched_{where}__{label}__e2e_speedup"] = \
+                None if speedup is None else round(speedup, 3)
+    agents = agent_trace(8, 4, prompt=256, tool=64, answer=32, tool_wait=0.5)
+    figures = {cache: summarise(serve(agents, local.model, local.capacity, concurrency=8,
+                                      windows=local.windows, clock_hz=CLOCK_HZ,
+                                      prefix_cache=cache))
+               for cache in (True, False)}
+    out["serve__agent__e2e_p90_hit_over_miss"] = round(
+        figures[True]["task_e2e_p90_s"] / figures[False]["task_e2e_p90_s"], 3)
+    out["serve__agent__kv_hit_rate"] = round(figures[True]["kv_hit_rate"], 3)
+    return out

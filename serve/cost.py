@@ -1,0 +1,325 @@
+"""The cost of a chip step, fitted to rounds the RTL ran (docs/serving.md#cost-model).
+
+A serving run takes thousands of decoder steps over many layers: too many to simulate
+cycle by cycle. Each step is priced from the rounds of :func:`compiler.chip.layer_rounds`
+it would run, each round by a linear model fitted to rounds the cycle-accurate chip ran
+(:func:`calibrate`):
+
+- an **attention round** (one job per tile: a sequence's KV head) by the job with the
+  most work — its new tokens ``t`` and ``t`` x its context, the tiles working in parallel —
+  for cycles, and by the sums over its jobs for energy;
+- a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens
+  (whose weights it streams), the most of them on one tile (expert ``e`` on tile
+  ``e mod tiles``) and behind one memory channel, and the most token-expert pairs on
+  one tile. A serving step does not
+  know its routing: it is priced at these features' means over uniform top-k routings
+  (:meth:`Shape.expected_routing`), which over a model's tens of layers is what a step
+  costs on average.
+
+A step's jobs are placed as the compiler places them (job ``j`` = sequence ``j // kv``,
+KV head ``j % kv``, on tile ``j mod tiles``, in rounds of ``tiles`` jobs), its tokens
+split into MoE rounds of the chip's size. Energies are the access model's
+(:func:`sim.chip_run.round_energy`). The fit is measured on runs left out of it, each
+MoE round priced at the routing the run had: p95 over their steps of |predicted -
+measured| / measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CostModel", "Plan", "calibrate", "calibration_plan", "fit_runs"]
+
+ATTENTION_CYCLES = ("round", "tokens", "token_context")
+ATTENTION_ENERGY = ("round", "tokens", "token_context", "jobs")
+MOE_FEATURES = ("round", "tokens", "experts", "experts_per_tile", "experts_per_channel",
+                "pairs_per_tile")
+#: The source packages whose change can change a round's cycles or energy: saved
+#: calibration runs are reused only while their files are the same.
+SOURCES = ("spec", "golden", "rtl", "compiler", "sim", "tb")
+#: Uniform routings drawn to price a MoE round of a given size.
+ROUTING_DRAWS = 256
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What pricing a step needs to know of the chip and the model layer."""
+    tiles: int
+    kv_heads: int
+    experts: int
+    top_k: int
+    moe_tokens: int
+    moe: bool = True
+    #: Each tile's memory channel (the nearest), whose bandwidth its expert weights
+    #: share; empty on a chip without channels.
+    channels: tuple[int, ...] = ()
+
+    def attention_rounds(self, jobs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Jobs (new tokens, context after them) in rounds of one job per tile."""
+        return [jobs[i:i + self.tiles] for i in range(0, len(jobs), self.tiles)]
+
+    def moe_rounds(self, tokens: int) -> list[int]:
+        """Tokens of each MoE round of a step that adds ``tokens`` tokens."""
+        if not self.moe:
+            return []
+        full, last = divmod(tokens, self.moe_tokens)
+        return [self.moe_tokens] * full + ([last] if last else [])
+
+    def routing_features(self, load: list[int]) -> list[float]:
+        """A MoE round's features (:data:`MOE_FEATURES`) from its routing: tokens per
+        routed expert, expert ``e`` on tile ``e mod tiles``."""
+        load = np.asarray(load)
+        on_tile = np.arange(len(load)) % self.tiles
+        used = load > 0
+        per_tile = np.bincount(on_tile, weights=used, minlength=self.tiles)
+        per_channel = (np.bincount(self.channels, weights=per_tile) if self.channels
+                       else per_tile)
+        return [1.0, float(load.sum()) / self.top_k, float(used.sum()), float(per_tile.max()),
+                float(per_channel.max()),
+                float(np.bincount(on_tile, weights=load, minlength=self.tiles).max())]
+
+    def expected_routing(self, tokens: int) -> list[float]:
+        """The mean of :meth:`routing_features` over uniform top-k routings of
+        ``tokens`` tokens (seeded: the same every call)."""
+        return list(_expected_routing(self, tokens))
+
+
+@cache
+def _expected_routing(shape: Shape, tokens: int) -> tuple[float, ...]:
+    rng = np.random.default_rng(tokens)
+    draws = np.argsort(rng.random((ROUTING_DRAWS, tokens, shape.experts)), axis=2)
+    chosen = draws[:, :, :shape.top_k].reshape(ROUTING_DRAWS, -1)
+    loads = [np.bincount(c, minlength=shape.experts) for c in chosen]
+    return tuple(np.mean([shape.routing_features(load) for load in loads], axis=0))
+
+
+def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
+    """A round's features for cycles (its largest job) and for energy (sums)."""
+    biggest = max(jobs, key=lambda job: (job[0] * job[1], job[0]))
+    cycles = [1.0, biggest[0], biggest[0] * biggest[1]]
+    energy = [1.0, sum(t for t, _ in jobs), sum(t * c for t, c in jobs), len(jobs)]
+    return cycles, energy
+
+
+@dataclass
+class CostModel:
+    """Linear models of a round's cycles and energy (pJ), by kind; :meth:`step` prices
+    one decoder layer's step."""
+    shape: Shape
+    coefficients: dict[str, list[float]]
+    #: How the fit was made: the runs' points and the error on the held-out runs.
+    calibration: dict = field(default_factory=dict)
+
+    def step(self, sequences: list[tuple[int, int]], window: int | None = None
+             ) -> tuple[float, float]:
+        """Cycles and energy (pJ) of one layer's step over ``sequences`` (new tokens,
+        context after them) whose attention layer has ``window`` (None: full), its MoE
+        rounds at their expected routing."""
+        jobs = [(t, c if window is None else min(c, window)) for t, c in sequences
+                for _ in range(self.shape.kv_heads) if t]
+        cycles, energy = self.attention(jobs)
+        for tokens in self.shape.moe_rounds(sum(t for t, _ in sequences)):
+            c, e = self.moe(self.shape.expected_routing(tokens))
+            cycles, energy = cycles + c, energy + e
+        return cycles, energy
+
+    def attention(self, jobs: list[tuple[int, int]]) -> tuple[float, float]:
+        """Cycles and energy of a step's attention rounds over ``jobs``."""
+        cycles = energy = 0.0
+        for rnd in self.shape.attention_rounds(jobs):
+            fc, fe = attention_features(rnd)
+            cycles += self._apply("attention_cycles", fc)
+            energy += self._apply("attention_energy", fe)
+        return cycles, energy
+
+    def moe(self, features: list[float]) -> tuple[float, float]:
+        """Cycles and energy of a MoE round with these routing features."""
+        return self._apply("moe_cycles", features), self._apply("moe_energy", features)
+
+    def _apply(self, name: str, features: list[float]) -> float:
+        return max(float(np.dot(self.coefficients[name], features)), 0.0)
+
+
+def kept(record: dict, energy_pj: float) -> dict:
+    """What a calibration keeps of a round record (``tb.chip_tb``)."""
+    keys = ("phase", "contexts", "tokens", "cycles", "expert_load")
+    return {**{k: record[k] for k in keys if k in record}, "energy_pj": round(energy_pj)}
+
+
+def _jobs(shape: Shape, record: dict) -> list[tuple[int, int]]:
+    """An attention record's step's jobs (new tokens, context after them)."""
+    contexts = record["contexts"]
+    per_sequence = record["tokens"] // len(contexts)
+    return [(per_sequence, contexts[j // shape.kv_heads])
+            for j in range(len(contexts) * shape.kv_heads)]
+
+
+def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
+    """The fit's samples from a run's kept rounds: per round its kind, features for
+    cycles and for energy, measured cycles and energy."""
+    out, slot, previous = [], 0, None
+    for record in rounds:
+        if record["phase"].endswith("moe"):
+            f = shape.routing_features(record["expert_load"])
+            out.append(("moe", f, f, record["cycles"], record["energy_pj"]))
+            previous = None
+            continue
+        key = (record["phase"], tuple(record["contexts"]))
+        slot = slot + 1 if key == previous else 0
+        previous = key
+        fc, fe = attention_features(shape.attention_rounds(_jobs(shape, record))[slot])
+        out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
+    return out
+
+
+def fit(shape: Shape, samples: list) -> CostModel:
+    """Least-squares coefficients of each model from :func:`round_samples`."""
+    coefficients = {}
+    for kind, width in (("attention", None), ("moe", len(MOE_FEATURES))):
+        rows = [s for s in samples if s[0] == kind]
+        if not rows:
+            if kind == "moe" and shape.moe:
+                raise ValueError("no MoE rounds to fit the MoE model to")
+            coefficients[f"{kind}_cycles"] = [0.0] * width
+            coefficients[f"{kind}_energy"] = [0.0] * width
+            continue
+        for target, features, index in (("cycles", 1, 3), ("energy", 2, 4)):
+            x = np.array([s[features] for s in rows], dtype=float)
+            y = np.array([s[index] for s in rows], dtype=float)
+            # Scaled columns: features span 1 to ~10^6.
+            scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+            solution = np.linalg.lstsq(x / scale, y, rcond=None)[0] / scale
+            coefficients[f"{kind}_{target}"] = [float(c) for c in solution]
+    return CostModel(shape, coefficients)
+
+
+def step_totals(model: CostModel, rounds: list[dict], routing: bool = True
+                ) -> list[tuple[float, float, float, float]]:
+    """Per step of a run (a phase step's attention rounds and the MoE rounds after
+    them), measured and predicted cycles and energy, (cycles, predicted, energy,
+    predicted); each MoE round predicted at the routing it had (``routing``) or at the
+    expected routing of its size."""
+    steps: list[list[dict]] = []
+    previous = None
+    for record in rounds:
+        if not record["phase"].endswith("moe"):
+            key = (record["phase"], tuple(record["contexts"]))
+            if key != previous:
+                steps.append([])
+            previous = key
+        steps[-1].append(record)
+    out = []
+    for step in steps:
+        cycles, pj = model.attention(_jobs(model.shape, step[0]))
+        for record in step:
+            if record["phase"].endswith("moe"):
+                shape = model.shape
+                c, e = model.moe(shape.routing_features(record["expert_load"]) if routing
+                                 else shape.expected_routing(record["tokens"]))
+                cycles, pj = cycles + c, pj + e
+        out.append((sum(r["cycles"] for r in step), cycles,
+                    sum(r["energy_pj"] for r in step), pj))
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One calibration run: a phase step of ``batch`` sequences (``tokens`` prompt tokens
+    for a prefill, else one decode step at ``context``); ``held_out`` runs measure the
+    fit's error and are not fitted."""
+    phase: str
+    batch: int
+    tokens: int
+    held_out: bool = False
+
+
+def calibration_plan(max_sequences: int, max_context: Callable[[int], int]) -> list[Plan]:
+    """Runs that span the batches and contexts a serving run reaches on the chip:
+    ``max_context(batch)``, the longest context each batch holds."""
+    def decode(batch: int, share: float, held_out: bool = False) -> Plan:
+        return Plan("decode", batch, max(16, int(share * max_context(batch))), held_out)
+    big = max_sequences
+    plans = [decode(1, 0.1), decode(2, 0.8), decode(min(4, big), 0.4), decode(big, 0.9),
+             decode(big, 0.15), Plan("prefill", 1, 96), Plan("prefill", min(2, big), 64),
+             decode(min(3, big), 0.6, True), decode(max(1, big * 3 // 4), 0.3, True),
+             Plan("prefill", min(3, big), 32, True)]
+    return list(dict.fromkeys(plans))
+
+
+def calibrate(plans: list[Plan], run: Callable[[Plan], list[dict]],
+              progress: Callable[[str], None] = print) -> list[dict]:
+    """Run every plan on the chip (``run`` returns its rounds as :func:`kept` keeps
+    them); the runs, each its plan, wall time and rounds."""
+    runs = []
+    for i, plan in enumerate(plans, 1):
+        started = time.monotonic()
+        progress(f"calibration {i}/{len(plans)}: {plan.phase} of {plan.batch} sequence"
+                 f"{'s' * (plan.batch > 1)}, {plan.tokens} "
+                 f"{'prompt tokens' if plan.phase == 'prefill' else 'tokens of context'}"
+                 f"{' (held out)' if plan.held_out else ''}")
+        rounds = run(plan)
+        runs.append({**asdict(plan), "wall_s": round(time.monotonic() - started, 1),
+                     "rounds": rounds})
+    return runs
+
+
+def fit_runs(shape: Shape, runs: list[dict]) -> CostModel:
+    """The model fitted to the runs not held out, with its error on the held-out ones:
+    p95 over their steps of |predicted - measured| / measured, cycles and energy, each
+    MoE round priced at the routing it had (``error_p95_{cycles,energy}``: the model's
+    error) and at the expected routing of its size (``..._expected_routing``: what a
+    step priced as serving prices it differs from this one draw of the routing)."""
+    model = fit(shape, [s for r in runs if not r["held_out"]
+                        for s in round_samples(shape, r["rounds"])])
+    errors: dict[str, list[float]] = {}
+    for r in runs:
+        if r["held_out"]:
+            for routing, suffix in ((True, ""), (False, "_expected_routing")):
+                for cycles, p_cycles, pj, p_pj in step_totals(model, r["rounds"], routing):
+                    errors.setdefault(f"cycles{suffix}", []).append(
+                        abs(p_cycles - cycles) / cycles)
+                    errors.setdefault(f"energy{suffix}", []).append(abs(p_pj - pj) / pj)
+    model.calibration = {
+        "runs": [{k: v for k, v in r.items() if k != "rounds"}
+                 | {"cycles": sum(x["cycles"] for x in r["rounds"])} for r in runs],
+        **{f"error_p95_{kind}": round(float(np.percentile(values, 95)), 4)
+           for kind, values in errors.items()},
+        "held_out_steps": len(errors.get("cycles", []))}
+    return model
+
+
+def source_digest(root: Path) -> str:
+    """A digest of the Python sources of :data:`SOURCES` under ``root``."""
+    digest = hashlib.sha256()
+    for package in SOURCES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def load_or_calibrate(path: Path, key: dict, shape: Shape,
+                      make: Callable[[], list[dict]]) -> CostModel:
+    """The model fitted to the runs saved at ``path`` if they were made for ``key`` (the
+    design point and the sources' digest), else to ``make()``'s, saved there."""
+    runs = None
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+            if saved.get("key") == key:
+                runs = saved["runs"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # unreadable: calibrate again
+    if runs is None:
+        runs = make()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "runs": runs}) + "\n")
+    return fit_runs(shape, runs)

@@ -1,0 +1,124 @@
+"""A design point to serve on: the chip (workload, mesh, array, memory bandwidth, KV
+placement, MoE mapping and weights), its capacity, and its cost model, calibrated from
+runs of the cycle-accurate chip and saved under ``build/serve/`` (reused while the
+design point and the chip's sources are the same).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from serve.cost import (
+    CostModel,
+    Plan,
+    Shape,
+    calibrate,
+    calibration_plan,
+    kept,
+    load_or_calibrate,
+    source_digest,
+)
+from serve.scheduler import Capacity
+
+__all__ = ["MODEL_LAYERS", "Design", "prepare"]
+
+ROOT = Path(__file__).resolve().parent.parent
+CALIBRATIONS = ROOT / "build" / "serve"
+#: Decoder layers of the model each workload is shaped after (GPT-OSS-120B: 36;
+#: DeepSeek-R1 and Kimi-K2: 61); another workload defaults to its own attention layers.
+MODEL_LAYERS = {"gpt-oss": 36, "deepseek-r1": 61, "kimi-k2": 61}
+
+
+@dataclass(frozen=True)
+class Design:
+    """One design point of the chip, as ``serrano sim`` takes it."""
+    workload: str = "gpt-oss"
+    mesh: int = 2
+    array: int = 8
+    placement: str = "local"
+    memory_bandwidth: str | None = None
+    moe: str = "sparse"
+    weights: str | None = None
+
+    def label(self) -> str:
+        bandwidth = f" {self.memory_bandwidth} B/cycle" if self.memory_bandwidth else ""
+        return (f"{self.mesh}x{self.mesh} N={self.array}{bandwidth} {self.placement}"
+                f"{'' if self.moe == 'sparse' else f' moe {self.moe}'}"
+                f"{f' {self.weights}' if self.weights else ''}")
+
+
+@dataclass
+class Prepared:
+    """A design point ready to serve: its capacity, layers' windows and cost model."""
+    design: Design
+    capacity: Capacity
+    windows: list[int | None]
+    model: CostModel
+
+
+def prepare(design: Design, layers: int | None = None, recalibrate: bool = False,
+            progress: Callable[[str], None] = print, threads: int = 1) -> Prepared:
+    """The design point's capacity, the ``layers`` (default :data:`MODEL_LAYERS`) layers'
+    windows (the workload's attention layers in turn), and its cost model: saved, or
+    calibrated on the chip now (ValueError if the chip cannot be built or a calibration
+    run does not fit it)."""
+    from compiler.chip import MOE_TOKENS, PLACEMENTS, layer_rounds
+    from golden.workloads import get_workload
+    from sim.chip_run import chip_config, round_energy, simulate_layer
+    from spec.memory import nearest_channel
+
+    if design.placement == "far":
+        raise ValueError("--placement far is not served yet: its KV capacity is the memory "
+                         "channels' words, shared with the streamed weights, which the "
+                         "scheduler does not model; use local or striped")
+    cfg = get_workload(design.workload)
+    layers = layers or MODEL_LAYERS.get(cfg.name, len(cfg.windows))
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, not {layers}")
+    windows = [cfg.windows[i % len(cfg.windows)] for i in range(layers)]
+    config = chip_config(cfg, k=design.mesh, n=design.array, moe=design.moe,
+                         memory_bandwidth=design.memory_bandwidth)
+    tile = config.tile
+    capacity = Capacity(tiles=config.tiles, pages=tile.num_pages, page_size=tile.page_size,
+                        jobs_per_tile=tile.kv_sequences // 2, kv_heads=cfg.kv_heads,
+                        parts=PLACEMENTS[design.placement].parts_per_slot,
+                        max_tokens=tile.max_pages * tile.page_size)
+    if capacity.max_sequences < 1:
+        raise ValueError(f"a {design.mesh}x{design.mesh} chip cannot hold one sequence of "
+                         f"{cfg.name} ({cfg.kv_heads} KV heads)")
+    shape = Shape(tiles=config.tiles, kv_heads=cfg.kv_heads, experts=cfg.experts,
+                  top_k=cfg.top_k, moe_tokens=MOE_TOKENS, moe=design.moe != "off",
+                  channels=tuple(nearest_channel(config.memory_nodes, t % config.k,
+                                                 t // config.k)
+                                 for t in range(config.tiles)) if config.memory_nodes
+                  else ())
+    # The calibrated layer: a full-attention one (window layers are priced on it).
+    layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
+
+    def run(plan: Plan) -> list[dict]:
+        arguments = dict(batch=plan.batch, placement=design.placement, moe=design.moe,
+                         weights=design.weights, seed=1,
+                         **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
+                            else {"context": plan.tokens, "steps": 1}))
+        rounds = layer_rounds(config, cfg, layer, **arguments)
+        result = simulate_layer(config, cfg, layer, rounds=rounds, threads=threads,
+                                **arguments)
+        return [kept(r, sum(round_energy(r, config).values())) for r in result["rounds"]]
+
+    def make() -> list[dict]:
+        progress(f"calibrating the cost model of {design.label()} on the RTL "
+                 f"(saved as {path})")
+        return calibrate(calibration_plan(capacity.max_sequences, capacity.max_context),
+                         run, progress)
+
+    key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT)}
+    name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
+    path = CALIBRATIONS / f"{cfg.name}-{name[:12]}.json"
+    if recalibrate:
+        path.unlink(missing_ok=True)
+    model = load_or_calibrate(path, key, shape, make)
+    return Prepared(design, capacity, windows, model)

@@ -1,0 +1,356 @@
+"""serve: traces (format, refusals with line numbers, generators), the cost model's fit,
+the continuous-batching scheduler (times by hand, concurrency, capacity, KV hits and
+evictions, policies), the metrics and matched comparisons, and ``serrano serve --merge``."""
+
+import json
+
+import numpy as np
+import pytest
+
+from serve.cost import (
+    CostModel,
+    Shape,
+    attention_features,
+    calibration_plan,
+    fit,
+    fit_runs,
+    round_samples,
+    step_totals,
+)
+from serve.metrics import front, interpolate, matched, summarise
+from serve.scheduler import Capacity, serve
+from serve.trace import Request, TraceError, agent_trace, fixed_trace, read_trace, write_trace
+
+SHAPE = Shape(tiles=4, kv_heads=2, experts=8, top_k=2, moe_tokens=4, channels=(0, 0, 1, 1))
+ROOMY = Capacity(tiles=4, pages=400, page_size=16, jobs_per_tile=4, kv_heads=2)
+
+
+def linear_model(attention=(1000.0, 10.0, 0.0), moe=(0.0,) * 6) -> CostModel:
+    """Cycles: a round's 1000 + 10 x its biggest job's tokens; energy 1 pJ a token."""
+    return CostModel(SHAPE, {"attention_cycles": list(attention),
+                             "attention_energy": [0.0, 1.0, 0.0, 0.0],
+                             "moe_cycles": list(moe), "moe_energy": [0.0] * 6})
+
+
+# Traces -------------------------------------------------------------------------------
+
+def test_trace_round_trip(tmp_path):
+    requests = agent_trace(3, 3, prompt=40, tool=10, answer=5, tool_wait=0.25, seed=4)
+    path = tmp_path / "t.jsonl"
+    write_trace(path, requests)
+    assert read_trace(path) == requests
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("{", "not JSON"),
+    ("[1]", "a JSON object"),
+    ('{"id": "a", "arrival": 0, "input": 4}', "missing field 'output'"),
+    ('{"id": "a", "arrival": 0, "input": 4, "output": 1, "colour": 1}', "unknown field"),
+    ('{"id": "a", "arrival": 0, "input": 0, "output": 1}', "input must be >= 1"),
+    ('{"id": "a", "arrival": -1, "input": 4, "output": 1}', "arrival must be"),
+    ('{"id": "a", "arrival": 0, "input": "4", "output": 1}', "input must be a number"),
+    ('{"id": "a", "arrival": 0, "input": 4, "output": true}', "output must be a number"),
+    ('{"id": "a", "arrival": 0, "input": 4, "output": 1, "prefix": 4, "conversation": "c"}',
+     "prefix must be in 0..input - 1"),
+    ('{"id": "a", "arrival": 0, "input": 4, "output": 1, "prefix": 2}', "needs the conv"),
+    ('{"id": "r0", "arrival": 0, "input": 4, "output": 1}', "repeats an earlier"),
+    ('{"id": "a", "arrival": 0, "input": 9, "output": 1, "prefix": 8, "conversation": "c"}',
+     "longer than conversation 'c'"),
+])
+def test_malformed_trace_lines_are_refused_with_their_line_number(tmp_path, line, reason):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "r0", "arrival": 0, "input": 4, "output": 1}\n\n' + line + "\n")
+    with pytest.raises(TraceError, match=rf"bad.jsonl:3: .*{reason}"):
+        read_trace(path)
+
+
+def test_empty_trace_is_refused(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(TraceError, match="no requests"):
+        read_trace(path)
+
+
+def test_generated_lengths_and_prefixes(seed):
+    fixed = fixed_trace(100, 50, 200, seed=seed)
+    inputs = [r.input for r in fixed]
+    assert min(inputs) >= 80 and max(inputs) <= 100 and len(set(inputs)) > 5
+    assert all(40 <= r.output <= 50 for r in fixed)
+    agents = agent_trace(2, 3, prompt=40, tool=10, answer=5, tool_wait=1.0, burst=1,
+                         gap=2.0, seed=seed)
+    for first, second in zip(agents, agents[1:], strict=False):
+        if first.conversation == second.conversation:
+            assert second.prefix == first.input + first.output
+            assert second.tool_wait == 1.0
+    assert [r.arrival for r in agents] == [0.0] * 3 + [2.0] * 3
+
+
+# The cost model -----------------------------------------------------------------------
+
+def test_fit_recovers_linear_rounds(seed):
+    rng = np.random.default_rng(seed)
+    truth = linear_model(attention=(500.0, 7.0, 0.25), moe=(300.0, 20.0, 900.0, 50.0, 700.0, 4.0))
+    truth.coefficients["moe_energy"] = [10.0, 2.0, 50.0, 0.0, 3.0, 1.0]
+    truth.coefficients["attention_energy"] = [30.0, 2.0, 0.5, 9.0]
+    records = []
+    for _ in range(16):
+        batch = int(rng.integers(1, 5))
+        contexts = [int(c) for c in rng.integers(20, 400, batch)]
+        tokens = int(rng.choice([1, 8, 16]))
+        jobs = [(tokens, contexts[j // 2]) for j in range(2 * batch)]
+        for rnd in SHAPE.attention_rounds(jobs):
+            fc, fe = attention_features(rnd)
+            records.append({"phase": "extend", "contexts": contexts, "tokens": tokens * batch,
+                            "cycles": np.dot(truth.coefficients["attention_cycles"], fc),
+                            "energy_pj": np.dot(truth.coefficients["attention_energy"], fe)})
+        for t in SHAPE.moe_rounds(tokens * batch):
+            chosen = [rng.choice(SHAPE.experts, SHAPE.top_k, replace=False) for _ in range(t)]
+            load = np.bincount(np.ravel(chosen), minlength=SHAPE.experts).tolist()
+            f = SHAPE.routing_features(load)
+            records.append({"phase": "extend-moe", "tokens": t, "contexts": contexts,
+                            "expert_load": load,
+                            "cycles": np.dot(truth.coefficients["moe_cycles"], f),
+                            "energy_pj": np.dot(truth.coefficients["moe_energy"], f)})
+    model = fit(SHAPE, round_samples(SHAPE, records))
+    for cycles, predicted, pj, p_pj in step_totals(model, records):
+        assert predicted == pytest.approx(cycles, rel=1e-6)
+        assert p_pj == pytest.approx(pj, rel=1e-6)
+    runs = [{"phase": "decode", "batch": 1, "tokens": 1, "held_out": held, "wall_s": 0,
+             "rounds": records} for held in (False, True)]
+    fitted = fit_runs(SHAPE, runs)
+    assert fitted.calibration["error_p95_cycles"] == pytest.approx(0, abs=1e-6)
+    assert fitted.calibration["held_out_steps"] == len(step_totals(model, records))
+
+
+def test_step_places_jobs_like_the_compiler():
+    """Six sequences x 2 KV heads = 12 jobs: 3 rounds of 4 tiles; a window caps context."""
+    model = linear_model(attention=(1000.0, 0.0, 1.0))
+    cycles, pj = model.step([(1, 100)] * 5 + [(1, 300)])
+    # Rounds: jobs 0-3 (seq 0, 1), 4-7 (seq 2, 3), 8-11 (seq 4 and the 300-token seq 5).
+    assert cycles == 3 * 1000 + 100 + 100 + 300
+    assert pj == 12  # 1 pJ per job-token
+    assert model.step([(1, 100)] * 5 + [(1, 300)], window=128)[0] == 3000 + 100 + 100 + 128
+
+
+def test_moe_rounds_and_routing_features():
+    assert SHAPE.moe_rounds(9) == [4, 4, 1]
+    assert Shape(4, 2, 8, 2, 4, moe=False).moe_rounds(9) == []
+    # Experts 0, 4 (tile 0) and 1 (tile 1), both tiles on channel 0: 3 tokens of top-2.
+    assert SHAPE.routing_features([2, 1, 0, 0, 3, 0, 0, 0]) == [1.0, 3.0, 3.0, 2.0, 3.0, 5.0]
+    # Without channels the busiest tile stands for the busiest channel.
+    alone = Shape(4, 2, 8, 2, 4)
+    assert alone.routing_features([2, 1, 0, 0, 3, 0, 0, 0])[4] == 2.0
+    one = SHAPE.expected_routing(1)
+    assert one[:3] == pytest.approx([1.0, 1.0, 2.0])  # one token: its two experts
+    many = SHAPE.expected_routing(64)
+    assert many[2:5] == pytest.approx([8.0, 2.0, 4.0])
+    assert SHAPE.expected_routing(5) == SHAPE.expected_routing(5)  # seeded
+
+
+def test_calibration_plan_holds_held_out_runs_within_capacity():
+    plans = calibration_plan(ROOMY.max_sequences, ROOMY.max_context)
+    assert any(p.held_out for p in plans) and any(not p.held_out for p in plans)
+    for p in plans:
+        assert 1 <= p.batch <= ROOMY.max_sequences
+        if p.phase == "decode":
+            assert p.tokens + 1 <= ROOMY.max_context(p.batch)
+
+
+# The scheduler ------------------------------------------------------------------------
+
+def test_one_request_by_hand():
+    """40 prompt tokens in chunks of 32 and 8, then 2 decode steps; 2 layers at 1 kHz."""
+    model = linear_model()
+    [o] = serve([Request("a", 0.0, 40, 3)], model, ROOMY, concurrency=1,
+                windows=[None, None], clock_hz=1000.0)
+    # A step of one sequence: 2 jobs, one round of 1000 + 10 t cycles, x 2 layers.
+    prefill = 2 * (1320 + 1080)
+    decode = 2 * 1010
+    assert o.first == pytest.approx(prefill / 1000)
+    assert o.done == pytest.approx((prefill + 2 * decode) / 1000)
+    assert o.energy_j == pytest.approx(2 * 2 * (40 + 2) * 1e-12)  # 2 jobs x 2 layers
+
+
+def test_concurrency_paces_the_client():
+    model = linear_model()
+    requests = [Request(f"r{i}", 0.0, 16, 4) for i in range(4)]
+    one = serve(requests, model, ROOMY, concurrency=1, windows=[None], clock_hz=1e3)
+    four = serve(requests, model, ROOMY, concurrency=4, windows=[None], clock_hz=1e3)
+    for before, after in zip(one, one[1:], strict=False):
+        assert after.sent == pytest.approx(before.done)
+    assert all(o.sent == 0.0 for o in four)
+    assert max(o.done for o in four) < max(o.done for o in one)
+    summary = summarise(four)
+    assert summary["completed"] == 4 and summary["failed"] == 0
+
+
+def test_a_request_the_chip_cannot_hold_fails_and_the_rest_complete():
+    small = Capacity(tiles=4, pages=8, page_size=16, jobs_per_tile=1, kv_heads=2)
+    requests = [Request("ok", 0.0, 30, 2), Request("huge", 0.0, 200, 2), Request("ok2", 0.0, 30, 2)]
+    outcomes = serve(requests, linear_model(), small, concurrency=3, windows=[None],
+                     clock_hz=1e3)
+    assert [o.failed is None for o in outcomes] == [True, False, True]
+    assert "a sequence holds at most 64" in outcomes[1].failed
+    summary = summarise(outcomes)
+    assert summary["failed"] == 1 and summary["completed"] == 2
+    # Two sequences fit the 4 tiles' single slots at once: both ran, none left waiting.
+    assert all(o.done is not None for o in outcomes)
+
+
+def test_capacity_follows_the_compiler_sizes():
+    """The default chip's gpt-oss: 383 pages a tile, 4 row pairs, 2 KV heads."""
+    local = Capacity(tiles=4, pages=383, page_size=16, jobs_per_tile=4, kv_heads=2,
+                     max_tokens=4096)
+    assert local.max_sequences == 8
+    assert local.max_context(1) == 191 * 16 and local.max_context(8) == 47 * 16
+    striped = Capacity(tiles=4, pages=383, page_size=16, jobs_per_tile=4, kv_heads=2,
+                       parts=2, max_tokens=4096)
+    assert striped.max_context(2) == 95 * 16  # half a tile's pages for its own jobs
+    capped = Capacity(tiles=4, pages=383, page_size=16, jobs_per_tile=4, kv_heads=2,
+                      max_tokens=1024)
+    assert capped.max_context(1) == 1024
+
+
+def test_kv_kept_is_a_hit_and_evicted_is_a_miss():
+    model = linear_model()
+    trace = agent_trace(4, 3, prompt=40, tool=8, answer=4, tool_wait=0.01, seed=2)
+    roomy = serve(trace, model, ROOMY, concurrency=4, windows=[None], clock_hz=1e3)
+    # Every prefix but each previous answer's last token, which no step has fed yet.
+    hit = summarise(roomy)["kv_hit_rate"]
+    prefixes = [r.prefix for r in trace if r.prefix]
+    assert hit == pytest.approx(1 - len(prefixes) / sum(prefixes))
+    # Room for two conversations' caches: the others evict them between turns.
+    tight = Capacity(tiles=4, pages=28, page_size=16, jobs_per_tile=1, kv_heads=2)
+    missed = serve(trace, model, tight, concurrency=4, windows=[None], clock_hz=1e3)
+    figures = summarise(missed)
+    assert figures["completed"] == len(trace)
+    assert 0 <= figures["kv_hit_rate"] < 1
+    assert figures["energy_j"] > summarise(roomy)["energy_j"]  # misses prefill again
+    assert figures["tasks"] == 4 and figures["agent_interactivity"] > 0
+    never = summarise(serve(trace, model, ROOMY, concurrency=4, windows=[None],
+                            clock_hz=1e3, prefix_cache=False))
+    assert never["kv_hit_rate"] == 0 and never["task_e2e_p90_s"] > summarise(roomy)[
+        "task_e2e_p90_s"]
+
+
+def test_chunked_prefill_keeps_decoding_while_a_prompt_arrives():
+    model = linear_model()
+    requests = [Request("long", 0.0, 8, 40), Request("late", 0.05, 256, 2)]
+    rounds = serve(requests, model, ROOMY, concurrency=2, windows=[None], clock_hz=1e5,
+                   policy="rounds")
+    chunked = serve(requests, model, ROOMY, concurrency=2, windows=[None], clock_hz=1e5,
+                    policy="chunked")
+    # Phase rounds stall the decoding sequence for the whole prompt; chunked does not.
+    assert chunked[0].done < rounds[0].done
+    assert {o.failed for o in rounds + chunked} == {None}
+
+
+def test_bad_scheduler_arguments_are_refused():
+    with pytest.raises(ValueError, match="policy"):
+        serve([Request("a", 0, 4, 1)], linear_model(), ROOMY, concurrency=1, windows=[None],
+              clock_hz=1.0, policy="spatial")
+    with pytest.raises(ValueError, match="concurrency"):
+        serve([Request("a", 0, 4, 1)], linear_model(), ROOMY, concurrency=0, windows=[None],
+              clock_hz=1.0)
+
+
+# Metrics ------------------------------------------------------------------------------
+
+def test_front_interpolation_and_matched_ratio():
+    points = [(1.0, 10.0), (2.0, 8.0), (1.5, 5.0), (4.0, 2.0)]
+    assert front(points) == [(1.0, 10.0), (2.0, 8.0), (4.0, 2.0)]
+    f = front(points)
+    assert interpolate(f, 3.0) == pytest.approx(5.0)
+    assert interpolate(f, 5.0) is None
+    doubled = [(x, 2 * y) for x, y in f]
+    assert [r for _, r in matched(doubled, f)] == pytest.approx([2.0, 2.0])
+    assert matched(f, [(10.0, 1.0), (11.0, 0.5)]) == []
+
+
+def test_serve_merge_rebuilds_comparisons(tmp_path, capsys):
+    from cli.main import main
+
+    def run(label, c, inter, per_j, tps, e2e):
+        return {"label": label, "concurrency": c, "completed": 4, "failed": 0,
+                "failures": [], "requests": 4, "interactivity": inter, "tokens_per_j": per_j,
+                "tokens_per_s": tps, "e2e_p50_s": e2e, "e2e_p99_s": e2e, "ttft_p50_s": 0.1,
+                "tpot_p50_s": 1 / inter, "kv_hit_rate": None}
+    head = {"workload": "gpt-oss", "clock_hz": 1e9, "layers": 36, "requests": 4}
+    shards = []
+    for i, (label, scale) in enumerate((("A", 1.0), ("B", 1.5))):
+        runs = [run(label, c, 100 / c, 1000 * c ** 0.5 * scale, 50 * c, 0.5 * c / scale)
+                for c in (1, 2, 4, 8)]
+        path = tmp_path / f"shard{i}.json"
+        path.write_text(json.dumps({**head, "calibration": {label: {}}, "runs": runs}))
+        shards.append(path)
+    out = tmp_path / "merged.json"
+    assert main(["serve", "--merge", *map(str, shards), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    [comparison] = merged["comparisons"]
+    assert [item["ratio"] for item in comparison["throughput_per_energy"]] == \
+        pytest.approx([1.5, 1.5])
+    assert [item["ratio"] for item in comparison["e2e_latency_speedup"]] == \
+        pytest.approx([1.5, 1.5])
+    assert "B against A" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["serve", "--merge", str(tmp_path / "bad.json")]) == 2
+
+
+def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
+    from cli.main import main
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"id": "a", "arrival": 0, "input": 4, "output": 1}\n{"id": "a"}\n')
+    assert main(["serve", "--trace", str(path)]) == 2
+    assert "t.jsonl:2: missing field" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--placement", "far"], "--placement far is not served yet"),
+    (["--tool-wait", "-1"], "--tool-wait must be >= 0"),
+    (["--clock", "fpgaa"], None),
+    (["--shard", "2/2"], None),
+])
+def test_serve_refuses_bad_options(args, reason, capsys):
+    from cli.main import main
+
+    if reason is None:  # refused by the option's type: argparse's usage error
+        with pytest.raises(SystemExit) as stopped:
+            main(["serve", *args])
+        assert stopped.value.code == 2
+        assert "serrano serve: error" in capsys.readouterr().err
+        return
+    assert main(["serve", *args]) == 2
+    assert reason in capsys.readouterr().err
+
+
+def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
+    """tiny on the RTL: a short calibration (two fitted runs, one held out), the sweep
+    served on its fit; the second run reuses the saved runs without simulating."""
+    import serve.design
+    import sim.chip_run
+    from cli.main import main
+    from serve.cost import Plan
+
+    monkeypatch.setattr(serve.design, "CALIBRATIONS", tmp_path / "serve")
+    monkeypatch.setattr(serve.design, "calibration_plan", lambda *_: [
+        Plan("decode", 1, 20), Plan("decode", 2, 9), Plan("prefill", 1, 10),
+        Plan("decode", 2, 30, held_out=True)])
+    out = tmp_path / "serve.json"
+    args = ["serve", "--workload", "tiny", "--concurrency", "1,2", "--requests", "4",
+            "--isl", "12", "--osl", "3", "--layers", "2", "--json", str(out)]
+    assert main(args) == 0
+    document = json.loads(out.read_text())
+    [calibration] = document["calibration"].values()
+    assert calibration["held_out_steps"] == 1
+    assert 0 <= calibration["error_p95_cycles"] < 1
+    assert [r["completed"] for r in document["runs"]] == [4, 4]
+    one, two = document["runs"]
+    assert 0 < one["ttft_p50_s"] < one["e2e_p50_s"]
+    assert two["tokens_per_s"] > one["tokens_per_s"]  # two sequences share each step
+
+    def no_simulation(*_, **__):
+        raise AssertionError("the saved calibration was not reused")
+    monkeypatch.setattr(sim.chip_run, "simulate_layer", no_simulation)
+    assert main(args) == 0
+    assert json.loads(out.read_text())["runs"] == document["runs"]
