@@ -256,6 +256,7 @@ def _row(r: dict) -> str:
             f"{s(r['e2e_p99_s']):>8} {n(r['interactivity'], '.1f'):>10} "
             f"{n(r['tokens_per_s'], ',.0f'):>8} {n(r['tokens_per_j'], ',.0f'):>8} "
             f"{n(r['kv_hit_rate'], '.2f'):>5}"
+            + (f"  {r['timeouts']} over the SLO" if r.get("timeouts") else "")
             + (f"  {r['failed']} failed: {r['failures'][0]}" if r["failed"] else ""))
 
 

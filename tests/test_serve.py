@@ -173,7 +173,7 @@ def test_one_request_by_hand():
 
 def test_concurrency_paces_the_client():
     model = linear_model()
-    requests = [Request(f"r{i}", 0.0, 16, 4) for i in range(4)]
+    requests = [Request(f"r{i}", 0.0, 16 * (i + 1), 4) for i in range(4)]
     one = serve(requests, model, ROOMY, concurrency=1, windows=[None], clock_hz=1e3)
     four = serve(requests, model, ROOMY, concurrency=4, windows=[None], clock_hz=1e3)
     for before, after in zip(one, one[1:], strict=False):
@@ -182,6 +182,9 @@ def test_concurrency_paces_the_client():
     assert max(o.done for o in four) < max(o.done for o in one)
     summary = summarise(four)
     assert summary["completed"] == 4 and summary["failed"] == 0
+    e2e = sorted(o.done - o.sent for o in one)
+    assert summarise(one, slo_s=(e2e[0] + e2e[1]) / 2)["timeouts"] == 3
+    assert summarise(one)["timeouts"] is None
 
 
 def test_a_request_the_chip_cannot_hold_fails_and_the_rest_complete():
