@@ -176,7 +176,12 @@ def serve(args: argparse.Namespace) -> int:
         print(f"serrano serve: {error}", file=sys.stderr)
         return 2
     if args.write_trace:
-        write_trace(args.write_trace, requests)
+        try:
+            write_trace(args.write_trace, requests)
+        except OSError as error:
+            print(f"serrano serve: --write-trace {args.write_trace}: {error.strerror or error}",
+                  file=sys.stderr)
+            return 2
     clock_hz, clock_text = _clock(args)
     if clock_hz is None:
         print(f"serrano serve: --clock fpga: {clock_text}", file=sys.stderr)
@@ -352,7 +357,8 @@ def _merge(args: argparse.Namespace) -> int:
         return 2
     runs = [r for d in documents for r in d["runs"]]
     merged = {**documents[0], "runs": runs,
-              "calibration": {k: v for d in documents for k, v in d["calibration"].items()}}
+              "calibration": {k: v for d in documents
+                              for k, v in d.get("calibration", {}).items()}}
     print(_HEADER)
     for r in runs:
         print(_row(r))

@@ -183,14 +183,13 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
 def fit(shape: Shape, samples: list) -> CostModel:
     """Least-squares coefficients of each model from :func:`round_samples`."""
     coefficients = {}
-    for kind, width in (("attention", None), ("moe", len(MOE_FEATURES))):
+    for kind in ("attention", "moe"):
         rows = [s for s in samples if s[0] == kind]
-        if not rows:
-            if kind == "moe" and shape.moe:
-                raise ValueError("no MoE rounds to fit the MoE model to")
-            coefficients[f"{kind}_cycles"] = [0.0] * width
-            coefficients[f"{kind}_energy"] = [0.0] * width
+        if kind == "moe" and not shape.moe:
+            coefficients["moe_cycles"] = coefficients["moe_energy"] = [0.0] * len(MOE_FEATURES)
             continue
+        if not rows:
+            raise ValueError(f"no {kind} rounds to fit the {kind} model to")
         for target, features, index in (("cycles", 1, 3), ("energy", 2, 4)):
             x = np.array([s[features] for s in rows], dtype=float)
             y = np.array([s[index] for s in rows], dtype=float)

@@ -310,6 +310,7 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, reason", [
     (["--placement", "far"], "--placement far is not served yet"),
+    (["--write-trace", "/proc/serrano/t.jsonl"], "--write-trace /proc/serrano/t.jsonl"),
     (["--tool-wait", "-1"], "--tool-wait must be >= 0"),
     (["--clock", "fpgaa"], None),
     (["--shard", "2/2"], None),
@@ -341,8 +342,10 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
         Plan("decode", 2, 30, held_out=True)])
     out = tmp_path / "serve.json"
     args = ["serve", "--workload", "tiny", "--concurrency", "1,2", "--requests", "4",
-            "--isl", "12", "--osl", "3", "--layers", "2", "--json", str(out)]
+            "--isl", "12", "--osl", "3", "--layers", "2", "--json", str(out),
+            "--write-trace", str(tmp_path / "served.jsonl")]
     assert main(args) == 0
+    assert read_trace(tmp_path / "served.jsonl") == fixed_trace(12, 3, 4)
     document = json.loads(out.read_text())
     [calibration] = document["calibration"].values()
     assert calibration["held_out_steps"] == 1
