@@ -1,20 +1,22 @@
-"""Serving on the default chip (gpt-oss, 2 x 2, N = 8, 36 layers at the assumed 1 GHz;
-docs/serving.md): the cost models' error and InferenceX-style matched comparisons.
+"""Serving on the default chip with 32 block-table rows a tile (``serve.design``: gpt-oss,
+2 x 2, N = 8, 36 layers at the assumed 1 GHz; docs/serving.md): the cost models' error
+and InferenceX-style matched comparisons.
 
 - ``serve__cost_model_error_p95_{cycles,energy}``: the local design point's cost model
   on the RTL runs left out of its fit (p95 over their steps of |predicted - measured| /
   measured); ``serve__striped__cost_model_error_p95_*`` the striped one's.
-- ``serve__c{1,8}__{ttft_p50_s,tpot_p99_s,interactivity,tokens_per_j}``: the fixed trace
-  (24 requests, 256 input / 64 output tokens nominal) at concurrency 1 and at the
-  highest the chip holds (8), local placement, phase rounds.
+- ``serve__c{1,32}__{ttft_p50_s,tpot_p99_s,interactivity,tokens_per_j}``: the fixed
+  trace (64 requests, 256 input / 64 output tokens nominal) at concurrency 1 and at the
+  most sequences the chip holds (32), local placement, phase rounds.
 - ``serve__matched_{lo,hi}__local_over_striped__throughput_per_energy``: local
   placement's tokens per joule over striped's at 25 % and 75 % of the interactivity
-  range both fronts cover (concurrency 1, 2, 3, 4, 6, 8); the same for
+  range both fronts cover (concurrency 1, 2, 4, 8, 16, 32); the same for
   ``chunked_over_rounds`` (chunked prefill against phase rounds, local);
   ``serve__matched_{lo,hi}__local_over_striped__e2e_speedup``: striped's end-to-end p50
   over local's at 25 % and 75 % of the throughput range both cover.
-- ``serve__agent__e2e_p90_hit_over_miss``: agent conversations (8 of 4 turns, 256-token
-  prompts, 64-token tool results, 32-token answers, 0.5 s tool calls, concurrency 8),
+- ``serve__agent__e2e_p90_hit_over_miss``: agent conversations (16 of 4 turns,
+  256-token prompts, 64-token tool results, 32-token answers, 0.5 s tool calls,
+  concurrency 16: more context than the KV pages hold, so some caches are evicted),
   p90 of a task's end to end with the prefix cache over without (< 1: kept caches
   finish tasks sooner); ``serve__agent__kv_hit_rate`` the share of prefix tokens reused.
 """
@@ -27,7 +29,7 @@ from serve.scheduler import serve
 from serve.trace import agent_trace, fixed_trace
 
 CLOCK_HZ = 1e9
-CONCURRENCY = (1, 2, 3, 4, 6, 8)
+CONCURRENCY = (1, 2, 4, 8, 16, 32)
 
 TARGETS: dict[str, tuple[str, float]] = {
     "serve__cost_model_error_p95_cycles": ("<=", 0.05),
@@ -54,7 +56,7 @@ def run(quick: bool = False) -> dict:
         for kind in ("cycles", "energy"):
             out[f"serve__{name}cost_model_error_p95_{kind}"] = \
                 p.model.calibration[f"error_p95_{kind}"]
-    requests = fixed_trace(256, 64, 8 if quick else 24)
+    requests = fixed_trace(256, 64, 16 if quick else 64)
     runs = {"local": _sweep(local, requests), "striped": _sweep(striped, requests),
             "chunked": _sweep(local, requests, "chunked")}
     for r in (runs["local"][0], runs["local"][-1]):
@@ -75,8 +77,8 @@ def run(quick: bool = False) -> dict:
                 None if ratio is None else round(ratio, 3)
             out[f"serve__matched_{where}__{label}__e2e_speedup"] = \
                 None if speedup is None else round(speedup, 3)
-    agents = agent_trace(8, 4, prompt=256, tool=64, answer=32, tool_wait=0.5)
-    figures = {cache: summarise(serve(agents, local.model, local.capacity, concurrency=8,
+    agents = agent_trace(16, 4, prompt=256, tool=64, answer=32, tool_wait=0.5)
+    figures = {cache: summarise(serve(agents, local.model, local.capacity, concurrency=16,
                                       windows=local.windows, clock_hz=CLOCK_HZ,
                                       prefix_cache=cache))
                for cache in (True, False)}

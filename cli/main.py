@@ -195,7 +195,7 @@ def _compile_layer(args: argparse.Namespace):
                          f"0..{len(cfg.windows) - 1}, not {args.layer}")
     config = chip_config(cfg, k=args.mesh, n=args.array, max_context=args.max_context,
                          moe=args.moe, moe_tokens=args.moe_tokens,
-                         memory_bandwidth=args.memory_bandwidth)
+                         memory_bandwidth=args.memory_bandwidth, kv_rows=args.kv_rows)
     rounds = layer_rounds(config, cfg, args.layer, batch=args.batch, prefill=args.prefill,
                           context=args.context, steps=args.steps, placement=args.placement,
                           seed=args.seed, moe=args.moe, prefill_chunk=args.prefill_chunk,
@@ -527,6 +527,7 @@ def _add_sim_parser(commands) -> None:
                              "sequence (default 4096, or 64 when the workload's pages "
                              "are smaller than N, e.g. tiny at N = 8, at most what the "
                              "block table maps; one build per size)")
+    options.add_kv_rows_option(parser)
     for name, what in options.SHAPE_OPTIONS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=options.dimension, default=None,
                                 help=f"custom shape: {what} (default: the workload's)")

@@ -247,6 +247,28 @@ def add_memory_bandwidth_option(parser: argparse.ArgumentParser, *, many: bool =
                                                          "points" if many else ""))
 
 
+def kv_rows(text: str) -> int:
+    """Block-table rows of a tile: a power of two >= 2 (each job a K and a V row)."""
+    value = int(text)
+    if value < 2 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"a power of two >= 2 is needed, not {text}")
+    return value
+
+
+def add_kv_rows_option(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """``--kv-rows R``: block-table rows per tile (one build each); ``default``: the
+    command's, else ``sim.chip_run.KV_ROWS``."""
+    from sim.chip_run import KV_ROWS
+
+    default = default or KV_ROWS
+    parser.add_argument("--kv-rows", type=kv_rows, default=default, metavar="R",
+                        help="block-table rows of each tile's KV cache: R / 2 jobs (a "
+                             "sequence's KV head) a tile, so R / 2 x tiles / KV heads "
+                             "sequences at once; the table's 2048 entries then map "
+                             f"2048 / R pages per row (default {default}; one build per "
+                             "value)")
+
+
 def add_prefill_chunk_option(parser: argparse.ArgumentParser) -> None:
     """``--prefill-chunk C``: prompt tokens per prefill step (chunked prefill)."""
     from compiler.chip import PREFILL_CHUNK

@@ -50,6 +50,7 @@ def shard(text: str) -> tuple[int, int]:
 
 def add_parser(commands) -> argparse.ArgumentParser:
     """Register ``serrano serve``."""
+    from serve.design import SERVE_KV_ROWS
     from serve.scheduler import POLICIES
 
     parser = commands.add_parser(
@@ -71,6 +72,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--array", type=options.tile_array_size, default=8, metavar="N",
                         help="tensor core size (default 8)")
     options.add_memory_bandwidth_option(parser)
+    options.add_kv_rows_option(parser, SERVE_KV_ROWS)
     parser.add_argument("--placement", type=options.list_of(options.placement),
                         default=["local"], metavar="P[,P]",
                         help="KV placements, a design point each (default local)")
@@ -82,8 +84,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         help="prompt tokens per prefill chunk (default 32)")
     parser.add_argument("--concurrency", type=options.list_of(options.positive),
                         default=None, metavar="C[,C]",
-                        help="requests in flight at once (default 1,2,3,4,6,8 up to the "
-                             "sequences the chip holds)")
+                        help="requests in flight at once (default 1, 2, 3, 4, 6, 8, 12, 16, "
+                             "24, 32, up to the sequences the chip holds)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", type=Path, help="a JSONL trace (docs/serving.md#traces)")
     source.add_argument("--agent", action="store_true",
@@ -93,8 +95,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         help="nominal input tokens of the fixed trace (default 256)")
     parser.add_argument("--osl", type=options.positive, default=64,
                         help="nominal output tokens of the fixed trace (default 64)")
-    parser.add_argument("--requests", type=options.positive, default=24,
-                        help="requests of the fixed trace (default 24)")
+    parser.add_argument("--requests", type=options.positive, default=64,
+                        help="requests of the fixed trace (default 64)")
     parser.add_argument("--conversations", type=options.positive, default=8,
                         help="agent conversations (default 8)")
     parser.add_argument("--turns", type=options.positive, default=4,
@@ -187,7 +189,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"serrano serve: --clock fpga: {clock_text}", file=sys.stderr)
         return 2
     designs = [(Design(args.workload, args.mesh, args.array, placement,
-                       args.memory_bandwidth), policy)
+                       args.memory_bandwidth, kv_rows=args.kv_rows), policy)
                for placement in args.placement for policy in args.policy]
     prepared = {}
     try:
@@ -208,7 +210,8 @@ def serve(args: argparse.Namespace) -> int:
         runs = runs[i::k]
     tokens = sum(r.input + r.output for r in requests)
     print(f"serrano serve: {len(requests)} requests ({tokens:,} tokens), {args.workload} of "
-          f"{len(first.windows)} layers at {clock_text}; the chip holds {limit} sequences; "
+          f"{len(first.windows)} layers at {clock_text}; the chip holds {limit} sequences "
+          f"({args.kv_rows} block-table rows a tile); "
           f"{len(runs)} runs", flush=True)
     for p in prepared.values():
         cal = p.model.calibration

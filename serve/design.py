@@ -24,10 +24,14 @@ from serve.cost import (
 )
 from serve.scheduler import Capacity
 
-__all__ = ["MODEL_LAYERS", "Design", "prepare"]
+__all__ = ["MODEL_LAYERS", "SERVE_KV_ROWS", "Design", "prepare"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATIONS = ROOT / "build" / "serve"
+#: Block-table rows of a tile of a serving design point unless said otherwise: the
+#: table's 2,048 entries as 32 rows of 64 pages, so the 2 x 2 chip holds 32 gpt-oss
+#: sequences of up to 1,024 tokens (``serrano sim``'s 8 rows hold 8 of 4,096).
+SERVE_KV_ROWS = 32
 #: Decoder layers of the model each workload is shaped after (GPT-OSS-120B: 36;
 #: DeepSeek-R1 and Kimi-K2: 61); another workload defaults to its own attention layers.
 MODEL_LAYERS = {"gpt-oss": 36, "deepseek-r1": 61, "kimi-k2": 61}
@@ -43,10 +47,12 @@ class Design:
     memory_bandwidth: str | None = None
     moe: str = "sparse"
     weights: str | None = None
+    kv_rows: int = SERVE_KV_ROWS
 
     def label(self) -> str:
         bandwidth = f" {self.memory_bandwidth} B/cycle" if self.memory_bandwidth else ""
-        return (f"{self.mesh}x{self.mesh} N={self.array}{bandwidth} {self.placement}"
+        rows = f" {self.kv_rows} rows" if self.kv_rows != SERVE_KV_ROWS else ""
+        return (f"{self.mesh}x{self.mesh} N={self.array}{bandwidth}{rows} {self.placement}"
                 f"{'' if self.moe == 'sparse' else f' moe {self.moe}'}"
                 f"{f' {self.weights}' if self.weights else ''}")
 
@@ -81,7 +87,7 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
         raise ValueError(f"layers must be >= 1, not {layers}")
     windows = [cfg.windows[i % len(cfg.windows)] for i in range(layers)]
     config = chip_config(cfg, k=design.mesh, n=design.array, moe=design.moe,
-                         memory_bandwidth=design.memory_bandwidth)
+                         memory_bandwidth=design.memory_bandwidth, kv_rows=design.kv_rows)
     tile = config.tile
     capacity = Capacity(tiles=config.tiles, pages=tile.num_pages, page_size=tile.page_size,
                         jobs_per_tile=tile.kv_sequences // 2, kv_heads=cfg.kv_heads,

@@ -24,6 +24,9 @@ from spec.config import ChipConfig, TileConfig
 from spec.energy import CLASSES
 from spec.noc import NocConfig
 
+#: Block-table rows of a tile by default: 4 jobs (a K and a V row each).
+KV_ROWS = 8
+
 MODULE = "tb.chip_tb"
 #: Words of the memory image one harness run writes (a larger image takes several).
 MEMORY_DEPTH = 8192
@@ -171,12 +174,12 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
 
 def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = None,
                 vcs: int = 2, moe: str = "sparse", moe_tokens: int = MOE_TOKENS,
-                memory_bandwidth=None) -> ChipConfig:
+                memory_bandwidth=None, kv_rows: int = KV_ROWS) -> ChipConfig:
     """The default design point for a workload: a ``k`` x ``k`` chip of N = ``n`` tiles
     with a 64 Ki-word scratchpad each (at most what the workload needs): working space
     for the MoE layer (:func:`compiler.chip.moe_words`, weights of the tile's experts,
     tokens) or attention, whichever is larger, and the rest for KV pages, reached through
-    8 block-table rows (4 jobs per tile under ``local`` placement, 2 under ``striped``) of
+    ``kv_rows`` block-table rows (default 8: 4 jobs per tile, each a K and a V row) of
     ``max_context`` tokens (default 4096 with pages of at least N tokens, else 64, at
     most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
@@ -196,7 +199,9 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
 
     cfg = workload if isinstance(workload, WorkloadConfig) else get_workload(workload)
     moe_tokens = check_moe_tokens(moe_tokens)
-    rows = 8
+    if type(kv_rows) is not int or kv_rows < 2 or kv_rows & (kv_rows - 1):
+        raise ValueError(f"--kv-rows {kv_rows!r}: a power of two >= 2 (a job's K and V rows)")
+    rows = kv_rows
     max_context = kv_context(rows, cfg.page_size, max_context,
                              4096 if cfg.page_size >= n else 64)
     working = WORKING_WORDS

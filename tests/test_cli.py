@@ -227,6 +227,8 @@ def test_sim_with_a_double_bit_fault_stops_with_a_named_error(tmp_path, capsys):
         (["--workload", "tiny", "--context", "200"], "does not fit the KV cache"),
         (["--workload", "tiny", "--batch", "40", "--context", "8"],
          "use a larger mesh or a smaller batch"),
+        # 24 jobs: 6 a tile need 12 block-table rows, and a tile has 8 unless --kv-rows.
+        (["--workload", "tiny", "--batch", "12", "--context", "8"], "kv_sequences = 8"),
         (["--workload", "tiny", "--heads", "5"], "not a multiple of 2"),
         (["--workload", "tiny", "--layer", "2"], "layers 0..1"),
         (["--workload", "tiny", "--max-context", "16", "--context", "40"],
