@@ -339,8 +339,9 @@ def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> 
 
 
 #: How the report names the roofline's bounds (``sim.chip_run.round_bounds``).
-_BOUND_NAMES = {"compute": "compute", "memory": "memory (busiest channel)",
-                "streaming": "scratchpad streaming", "injection": "memory-node injection"}
+_BOUND_NAMES = {"compute": "compute", "tile_compute": "busiest tile's compute",
+                "memory": "memory (busiest channel)", "streaming": "scratchpad streaming",
+                "injection": "memory-node injection", "network": "busiest router's links"}
 
 
 def _roofline_line(phase: str, metrics: dict) -> str:

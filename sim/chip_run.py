@@ -230,24 +230,38 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
 
 
 #: The roofline's bounds, in the order the report names them.
-BOUNDS = ("compute", "memory", "streaming", "injection")
+BOUNDS = ("compute", "tile_compute", "memory", "streaming", "injection", "network")
+
+
+def mesh_links(k: int) -> list[int]:
+    """Links from each router of a ``k`` x ``k`` mesh to its neighbours, router
+    ``x + k·y`` at (x, y)."""
+    return [(x > 0) + (x < k - 1) + (y > 0) + (y < k - 1) for y in range(k) for x in range(k)]
 
 
 def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
     """Lower bounds on one round's cycles (the roofline, docs/chip.md#roofline), from what
     the round did: ``compute``, its useful MACs (a MoE round's sparse-dispatch MACs) at
-    the chip's peak of tiles x N² a cycle; ``memory``, the busiest channel's bytes at its
-    share of the channels' bandwidth; ``streaming``, the busiest tile's tensor-core
-    operand beats, one a cycle from its scratchpad; ``injection``, the busiest memory
-    node's words into the mesh, one flit a cycle."""
+    the chip's peak of tiles x N² a cycle; ``tile_compute``, the busiest tile's MACs at
+    its N² a cycle; ``memory``, the busiest channel's bytes at its share of the
+    channels' bandwidth; ``streaming``, the busiest tile's tensor-core operand beats,
+    one a cycle from its scratchpad; ``injection``, the busiest memory node's words into
+    the mesh, one flit a cycle; ``network``, the busiest router's flits to its
+    neighbours, one a cycle on each of its links."""
     n = config.tile.n
     reads = record.get("channel_reads") or [0]
     per_channel = config.memory_bytes_per_cycle / max(len(config.memory_nodes), 1)
+    sent = record.get("router_link_flits") or [0]
     return {"compute": math.ceil(record.get("macs_sparse", record["macs"])
                                  / (config.tiles * n * n)),
+            "tile_compute": math.ceil(max(c["macs"] for c in record["tiles"].values())
+                                      / (n * n)),
             "memory": math.ceil(max(reads) * n / per_channel),
             "streaming": max(c["tc_beats"] for c in record["tiles"].values()),
-            "injection": max(reads)}
+            "injection": max(reads),
+            "network": max((math.ceil(f / links) for f, links
+                            in zip(sent, mesh_links(config.k), strict=False) if links),
+                           default=0)}
 
 
 def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:

@@ -211,7 +211,8 @@ async def chip_layer(dut):
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
         flits = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
-        links = sum(a["links"] - b["links"] for a, b in zip(after, before, strict=True))
+        router_links = [(a["links"] - b["links"]) % (1 << 32)
+                        for a, b in zip(after, before, strict=True)]
         assert sum(a["dropped_in"] + a["dropped_out"] for a in after) == 0, after
         channels = [{name: a[name] - b[name] for name in ("reads", "writes", "dropped")}
                     for a, b in zip(driver.memory_counters(), memory_before, strict=True)]
@@ -220,7 +221,8 @@ async def chip_layer(dut):
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words")
         out.append(_round_record(rnd, run, flits) | {
-            "link_flits": links % (1 << 32), "memory_words": memory["reads"],
+            "link_flits": sum(router_links), "router_link_flits": router_links,
+            "memory_words": memory["reads"],
             "channel_reads": [c["reads"] for c in channels]})
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "

@@ -21,13 +21,24 @@ def test_round_bounds_are_the_rounds_work_at_each_resources_rate():
     config = chip_config("gpt-oss", k=2, n=8)  # 2 channels, 7/8 byte a cycle in all
     record = _record("decode", 10_000, macs=4 * 64 * 100, beats=[10, 700, 3, 0],
                      reads=[70, 35])
+    record["tiles"][2]["macs"] = 64 * 90 + 1
+    record["router_link_flits"] = [5, 301, 0, 12]  # 2 links each on 2 x 2
     assert round_bounds(record, config) == {
         "compute": 100,             # 25,600 MACs at 4 x 64 a cycle
+        "tile_compute": 91,         # the busiest tile's MACs at 64 a cycle
         "memory": 70 * 8 * 16 // 7,  # the busiest channel's bytes at 7/16 byte a cycle
-        "streaming": 700, "injection": 70}
+        "streaming": 700, "injection": 70,
+        "network": 151}             # 301 flits over a router's 2 links
     # A MoE round's useful work is its sparse-dispatch MACs, not what was executed.
     moe = _record("decode-moe", 10_000, macs=4 * 64 * 100, beats=[1], reads=[0], tokens=2)
     assert round_bounds(moe, config)["compute"] == 50
+
+
+def test_mesh_links_count_each_routers_neighbours():
+    from sim.chip_run import mesh_links
+
+    assert mesh_links(1) == [0]
+    assert mesh_links(3) == [2, 3, 2, 3, 4, 3, 2, 3, 2]
 
 
 def test_phase_bounds_add_over_rounds_and_the_ratio_takes_the_largest():

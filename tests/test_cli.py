@@ -10,6 +10,7 @@ import pytest
 
 from cli.main import main
 from rtl.tensor_core import TensorCore
+from sim.chip_run import BOUNDS
 from sim.gemm_run import simulate_gemm
 from sim.harness import StreamHarness
 
@@ -81,9 +82,12 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
     for run in (streamed, resident):
         for phase, name in (("prefill", "cycles"), ("decode", "cycles_per_token")):
             cycles = run[f"chip__{phase}__{name}"]
-            for bound in ("compute", "memory", "streaming", "injection"):
+            for bound in BOUNDS:
                 assert 0 <= run[f"chip__{phase}__{bound}_bound_cycles"] <= cycles, bound
             assert run[f"chip__{phase}__memory_bound_ratio"] >= 1
+            # Every tile computes, and the MoE layer's dispatch crosses the mesh.
+            assert run[f"chip__{phase}__tile_compute_bound_cycles"] > 0
+            assert run[f"chip__{phase}__network_bound_cycles"] > 0
     assert streamed["chip__decode__largest_bound"] == "memory"
     assert resident["chip__decode__memory_bound_cycles"] == 0
     # The access model: the streamed bytes cost memory energy, resident weights none;
