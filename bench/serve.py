@@ -14,6 +14,10 @@ and InferenceX-style matched comparisons.
   ``chunked_over_rounds`` (chunked prefill against phase rounds, local);
   ``serve__matched_{lo,hi}__local_over_striped__e2e_speedup``: striped's end-to-end p50
   over local's at 25 % and 75 % of the throughput range both cover.
+- ``serve__agent_loop__cost_model_error_{cycles,energy}``: the local cost model on
+  ``bench/chip.py``'s agent loop run on the chip (KV kept and evicted; a schedule of
+  prefill, extend and decode steps it was not fitted to): |predicted - measured| /
+  measured over the whole loop, the larger of the two.
 - ``serve__agent__e2e_p90_hit_over_miss``: agent conversations (16 of 4 turns,
   256-token prompts, 64-token tool results, 32-token answers, 0.5 s tool calls,
   concurrency 16: more context than the KV pages hold, so some caches are evicted),
@@ -23,6 +27,8 @@ and InferenceX-style matched comparisons.
 
 from __future__ import annotations
 
+from compiler.chip import agent_schedule
+from serve.cost import step_totals
 from serve.design import Design, prepare
 from serve.metrics import front, matched, summarise
 from serve.scheduler import serve
@@ -46,6 +52,22 @@ def _sweep(prepared, requests, policy: str = "rounds") -> list[dict]:
 def _fronts(runs: list[dict]) -> tuple[list, list]:
     return (front([(r["interactivity"], r["tokens_per_j"]) for r in runs]),
             front([(r["tokens_per_s"], -r["e2e_p50_s"]) for r in runs]))
+
+
+def _agent_loop(prepared) -> dict:
+    """``bench/chip.py``'s agent loop (3 turns after a 32-token prompt, tool results of 8
+    tokens, answers of 2), KV kept and evicted, run on the chip and priced by the cost
+    model round by round (each MoE round at the routing it had): the model's error on
+    a schedule it was not fitted to, extend steps over a kept cache included."""
+    errors: dict[str, list[float]] = {"cycles": [], "energy": []}
+    for cache in ("hit", "miss"):
+        totals = step_totals(prepared.model, prepared.simulate(
+            schedule=agent_schedule(3, 32, 8, 2, cache)))
+        for kind, (measured, predicted) in (("cycles", (0, 1)), ("energy", (2, 3))):
+            m, p = (sum(t[i] for t in totals) for i in (measured, predicted))
+            errors[kind].append(abs(p - m) / m)
+    return {f"serve__agent_loop__cost_model_error_{kind}": round(max(values), 4)
+            for kind, values in errors.items()}
 
 
 def run(quick: bool = False) -> dict:
@@ -85,4 +107,6 @@ def run(quick: bool = False) -> dict:
     out["serve__agent__e2e_p90_hit_over_miss"] = round(
         figures[True]["task_e2e_p90_s"] / figures[False]["task_e2e_p90_s"], 3)
     out["serve__agent__kv_hit_rate"] = round(figures[True]["kv_hit_rate"], 3)
+    if not quick:
+        out.update(_agent_loop(local))
     return out

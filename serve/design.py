@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from golden.workloads import WorkloadConfig
 from serve.cost import (
     CostModel,
-    Plan,
     Shape,
     calibrate,
     calibration_plan,
@@ -23,6 +23,7 @@ from serve.cost import (
     source_digest,
 )
 from serve.scheduler import Capacity
+from spec.config import ChipConfig
 
 __all__ = ["MODEL_LAYERS", "SERVE_KV_ROWS", "Design", "prepare"]
 
@@ -59,11 +60,33 @@ class Design:
 
 @dataclass
 class Prepared:
-    """A design point ready to serve: its capacity, layers' windows and cost model."""
+    """A design point ready to serve: its capacity, layers' windows and cost model, and
+    the chip it was calibrated on (``config``, ``workload``, the full-attention
+    ``layer``)."""
     design: Design
     capacity: Capacity
     windows: list[int | None]
     model: CostModel
+    config: ChipConfig
+    workload: WorkloadConfig
+    layer: int
+    threads: int = 1
+
+    def simulate(self, **arguments) -> list[dict]:
+        """The calibrated layer on the chip (``compiler.chip.layer_rounds``'s arguments
+        besides the design point's placement, MoE mapping and weights; every output
+        checked against golden): its rounds as :func:`serve.cost.kept` keeps them."""
+        from compiler.chip import layer_rounds
+        from sim.chip_run import round_energy, simulate_layer
+
+        d = self.design
+        arguments = {"placement": d.placement, "moe": d.moe, "weights": d.weights,
+                     "seed": 1, **arguments}
+        rounds = layer_rounds(self.config, self.workload, self.layer, **arguments)
+        result = simulate_layer(self.config, self.workload, self.layer, rounds=rounds,
+                                threads=self.threads, **arguments)
+        return [kept(r, sum(round_energy(r, self.config).values()))
+                for r in result["rounds"]]
 
 
 def prepare(design: Design, layers: int | None = None, recalibrate: bool = False,
@@ -72,9 +95,9 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     windows (the workload's attention layers in turn), and its cost model: saved, or
     calibrated on the chip now (ValueError if the chip cannot be built or a calibration
     run does not fit it)."""
-    from compiler.chip import MOE_TOKENS, PLACEMENTS, layer_rounds
+    from compiler.chip import MOE_TOKENS, PLACEMENTS
     from golden.workloads import get_workload
-    from sim.chip_run import chip_config, round_energy, simulate_layer
+    from sim.chip_run import chip_config
     from spec.memory import nearest_channel
 
     if design.placement == "far":
@@ -105,26 +128,22 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     # The calibrated layer: a full-attention one (window layers are priced on it).
     layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
 
-    def run(plan: Plan) -> list[dict]:
-        arguments = dict(batch=plan.batch, placement=design.placement, moe=design.moe,
-                         weights=design.weights, seed=1,
-                         **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
-                            else {"context": plan.tokens, "steps": 1}))
-        rounds = layer_rounds(config, cfg, layer, **arguments)
-        result = simulate_layer(config, cfg, layer, rounds=rounds, threads=threads,
-                                **arguments)
-        return [kept(r, sum(round_energy(r, config).values())) for r in result["rounds"]]
-
     def make() -> list[dict]:
         progress(f"calibrating the cost model of {design.label()} on the RTL "
                  f"(saved as {path})")
         return calibrate(calibration_plan(capacity.max_sequences, capacity.max_context),
-                         run, progress)
+                         lambda plan: ready.simulate(
+                             batch=plan.batch,
+                             **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
+                                else {"context": plan.tokens, "steps": 1})),
+                         progress)
 
     key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT)}
     name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
     path = CALIBRATIONS / f"{cfg.name}-{name[:12]}.json"
     if recalibrate:
         path.unlink(missing_ok=True)
-    model = load_or_calibrate(path, key, shape, make)
-    return Prepared(design, capacity, windows, model)
+    ready = Prepared(design, capacity, windows, CostModel(shape, {}), config, cfg, layer,
+                     threads)
+    ready.model = load_or_calibrate(path, key, shape, make)
+    return ready
