@@ -323,6 +323,8 @@ def _finish(args: argparse.Namespace, document: dict) -> int:
                   f"{_ratio(item['ratio'])} this one's")
         if not c["throughput_per_energy"]:
             print("  the fronts cover no common interactivity")
+        if not c["e2e_latency_speedup"]:
+            print("  the fronts cover no common throughput")
     try:
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
