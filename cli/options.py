@@ -309,6 +309,16 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "choice, with --moe dense)")
 
 
+def policy(text: str) -> str:
+    """A prefill/decode policy of ``serrano serve`` (``serve.scheduler.POLICIES``)."""
+    from serve.scheduler import POLICIES
+
+    if text not in POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: "
+                                         f"{', '.join(POLICIES)}")
+    return text
+
+
 def placement(text: str) -> str:
     from compiler.chip import PLACEMENTS
 

@@ -76,7 +76,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--placement", type=options.list_of(options.placement),
                         default=["local"], metavar="P[,P]",
                         help="KV placements, a design point each (default local)")
-    parser.add_argument("--policy", type=options.list_of(_policy), default=["rounds"],
+    parser.add_argument("--policy", type=options.list_of(options.policy), default=["rounds"],
                         metavar="P[,P]",
                         help=f"prefill/decode policies ({', '.join(POLICIES)}), a design "
                              "point each (default rounds)")
@@ -137,15 +137,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
     options.add_threads_option(parser)
     parser.set_defaults(handler=serve, sim="verilator")
     return parser
-
-
-def _policy(text: str) -> str:
-    from serve.scheduler import POLICIES
-
-    if text not in POLICIES:
-        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: "
-                                         f"{', '.join(POLICIES)}")
-    return text
 
 
 def _trace(args: argparse.Namespace):

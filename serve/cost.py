@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CostModel", "Plan", "calibrate", "calibration_plan", "fit_runs"]
+__all__ = ["CostModel", "Plan", "Shape", "attention_features", "calibrate",
+           "calibration_plan", "fit", "fit_runs", "kept", "load_or_calibrate",
+           "round_samples", "source_digest", "step_totals"]
 
-ATTENTION_CYCLES = ("round", "tokens", "token_context")
-ATTENTION_ENERGY = ("round", "tokens", "token_context", "jobs")
 MOE_FEATURES = ("round", "tokens", "experts", "experts_per_tile", "experts_per_channel",
                 "pairs_per_tile")
 #: The MoE cycle model's features: the busiest tile's experts and token-expert pairs
@@ -106,7 +106,8 @@ def _expected_routing(shape: Shape, tokens: int) -> tuple[float, ...]:
 
 
 def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
-    """A round's features for cycles (its largest job) and for energy (sums)."""
+    """A round's features for cycles, (1, t, t x context) of its largest job, and for
+    energy, (1, Σ t, Σ t x context, jobs) over its jobs."""
     biggest = max(jobs, key=lambda job: (job[0] * job[1], job[0]))
     cycles = [1.0, biggest[0], biggest[0] * biggest[1]]
     energy = [1.0, sum(t for t, _ in jobs), sum(t * c for t, c in jobs), len(jobs)]

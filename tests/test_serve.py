@@ -316,6 +316,8 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
     (["--tool-wait", "-1"], "--tool-wait must be >= 0"),
     (["--clock", "fpgaa"], None),
     (["--shard", "2/2"], None),
+    (["--policy", "rounds,spatial"], None),
+    (["--kv-rows", "24"], None),
 ])
 def test_serve_refuses_bad_options(args, reason, capsys):
     from cli.main import main
