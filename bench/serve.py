@@ -30,7 +30,7 @@ from __future__ import annotations
 from compiler.chip import agent_schedule
 from serve.cost import step_totals
 from serve.design import Design, prepare
-from serve.metrics import front, matched, summarise
+from serve.metrics import compare, fronts, summarise
 from serve.scheduler import serve
 from serve.trace import agent_trace, fixed_trace
 
@@ -47,11 +47,6 @@ def _sweep(prepared, requests, policy: str = "rounds") -> list[dict]:
         requests, prepared.model, prepared.capacity, concurrency=c,
         windows=prepared.windows, clock_hz=CLOCK_HZ, policy=policy))}
         for c in CONCURRENCY if c <= prepared.capacity.max_sequences]
-
-
-def _fronts(runs: list[dict]) -> tuple[list, list]:
-    return (front([(r["interactivity"], r["tokens_per_j"]) for r in runs]),
-            front([(r["tokens_per_s"], -r["e2e_p50_s"]) for r in runs]))
 
 
 def _agent_loop(prepared) -> dict:
@@ -87,18 +82,16 @@ def run(quick: bool = False) -> dict:
         out[f"serve__c{c}__tpot_p99_s"] = round(r["tpot_p99_s"], 5)
         out[f"serve__c{c}__interactivity"] = round(r["interactivity"], 2)
         out[f"serve__c{c}__tokens_per_j"] = round(r["tokens_per_j"])
-    fronts = {name: _fronts(r) for name, r in runs.items()}
+    f = {name: fronts(r) for name, r in runs.items()}
     for other, base, label in (("local", "striped", "local_over_striped"),
                                ("chunked", "local", "chunked_over_rounds")):
-        energy = matched(fronts[other][0], fronts[base][0])
-        latency = matched(fronts[base][1], fronts[other][1])
-        for (_, ratio), (_, speedup), where in zip(energy or [(0, None)] * 2,
-                                                   latency or [(0, None)] * 2,
-                                                   ("lo", "hi"), strict=True):
-            out[f"serve__matched_{where}__{label}__throughput_per_energy"] = \
-                None if ratio is None else round(ratio, 3)
-            out[f"serve__matched_{where}__{label}__e2e_speedup"] = \
-                None if speedup is None else round(speedup, 3)
+        c = compare(f[base], f[other])
+        for kind, name in (("throughput_per_energy", "throughput_per_energy"),
+                           ("e2e_latency_speedup", "e2e_speedup")):
+            for (_, ratio), where in zip(c[kind] or [(0, None)] * 2, ("lo", "hi"),
+                                         strict=True):
+                out[f"serve__matched_{where}__{label}__{name}"] = \
+                    None if ratio is None else round(ratio, 3)
     agents = agent_trace(16, 4, prompt=256, tool=64, answer=32, tool_wait=0.5)
     figures = {cache: summarise(serve(agents, local.model, local.capacity, concurrency=16,
                                       windows=local.windows, clock_hz=CLOCK_HZ,

@@ -263,41 +263,21 @@ def _percent(value) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def fronts(runs: list[dict]) -> dict[str, dict[str, list]]:
-    """Per design (label): the fronts of throughput per energy over interactivity and of
-    end-to-end latency (p50, negated: larger is better) over throughput."""
-    from serve.metrics import front
-
-    out: dict[str, dict[str, list]] = {}
-    for label in dict.fromkeys(r["label"] for r in runs):
-        mine = [r for r in runs if r["label"] == label and r["completed"]
-                and r["interactivity"] and r["tokens_per_j"]]
-        out[label] = {
-            "energy": front([(r["interactivity"], r["tokens_per_j"]) for r in mine]),
-            "latency": front([(r["tokens_per_s"], -r["e2e_p50_s"]) for r in mine])}
-    return out
-
-
 def comparisons(runs: list[dict]) -> list[dict]:
-    """Every design against the first: throughput per energy at 25 % and 75 % of the
-    interactivity range both cover, end-to-end latency at 25 % and 75 % of the
-    throughput range both cover (ratios > 1: the other design does more per joule, is
-    faster)."""
-    from serve.metrics import matched
+    """Every design point (label) against the first (:func:`serve.metrics.compare`), at
+    25 % and 75 % of the interactivity and throughput ranges both fronts cover."""
+    from serve.metrics import compare, fronts
 
-    f = fronts(runs)
-    labels = list(f)
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    f = {label: fronts([r for r in runs if r["label"] == label]) for label in labels}
     out = []
     for label in labels[1:]:
-        base, other = f[labels[0]], f[label]
-        energy = matched(other["energy"], base["energy"])
-        latency = matched(base["latency"], other["latency"])
+        c = compare(f[labels[0]], f[label])
         out.append({"design": label, "against": labels[0],
                     "throughput_per_energy": [{"interactivity": x, "ratio": ratio}
-                                              for x, ratio in energy],
-                    # -base / -other: the base's latency over the other's.
+                                              for x, ratio in c["throughput_per_energy"]],
                     "e2e_latency_speedup": [{"tokens_per_s": x, "ratio": ratio}
-                                            for x, ratio in latency]})
+                                            for x, ratio in c["e2e_latency_speedup"]]})
     return out
 
 

@@ -167,21 +167,34 @@ def _jobs(shape: Shape, record: dict) -> list[tuple[int, int]]:
             for j in range(len(contexts) * shape.kv_heads)]
 
 
+def _steps(rounds: list[dict]) -> list[list[dict]]:
+    """A run's rounds by phase step: a step's attention rounds (one per job slot, the
+    same phase and contexts) and the MoE rounds after them."""
+    steps: list[list[dict]] = []
+    previous = None
+    for record in rounds:
+        if not record["phase"].endswith("moe"):
+            key = (record["phase"], tuple(record["contexts"]))
+            if key != previous:
+                steps.append([])
+            previous = key
+        steps[-1].append(record)
+    return steps
+
+
 def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
     """The fit's samples from a run's kept rounds: per round its kind, features for
     cycles and for energy, measured cycles and energy."""
-    out, slot, previous = [], 0, None
-    for record in rounds:
-        if record["phase"].endswith("moe"):
+    out = []
+    for step in _steps(rounds):
+        slots = shape.attention_rounds(_jobs(shape, step[0]))
+        attention = [r for r in step if not r["phase"].endswith("moe")]
+        for record, jobs in zip(attention, slots, strict=True):
+            fc, fe = attention_features(jobs)
+            out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
+        for record in step[len(attention):]:
             f = shape.routing_features(record["expert_load"])
             out.append(("moe", f, f, record["cycles"], record["energy_pj"]))
-            previous = None
-            continue
-        key = (record["phase"], tuple(record["contexts"]))
-        slot = slot + 1 if key == previous else 0
-        previous = key
-        fc, fe = attention_features(shape.attention_rounds(_jobs(shape, record))[slot])
-        out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
     return out
 
 
@@ -214,21 +227,12 @@ def step_totals(model: CostModel, rounds: list[dict], routing: bool = True
     them), measured and predicted cycles and energy, (cycles, predicted, energy,
     predicted); each MoE round predicted at the routing it had (``routing``) or at the
     expected routing of its size."""
-    steps: list[list[dict]] = []
-    previous = None
-    for record in rounds:
-        if not record["phase"].endswith("moe"):
-            key = (record["phase"], tuple(record["contexts"]))
-            if key != previous:
-                steps.append([])
-            previous = key
-        steps[-1].append(record)
+    shape = model.shape
     out = []
-    for step in steps:
-        cycles, pj = model.attention(_jobs(model.shape, step[0]))
+    for step in _steps(rounds):
+        cycles, pj = model.attention(_jobs(shape, step[0]))
         for record in step:
             if record["phase"].endswith("moe"):
-                shape = model.shape
                 c, e = model.moe(shape.routing_features(record["expert_load"]) if routing
                                  else shape.expected_routing(record["tokens"]))
                 cycles, pj = cycles + c, pj + e

@@ -15,7 +15,7 @@ import numpy as np
 
 from serve.scheduler import Outcome
 
-__all__ = ["PERCENTILES", "front", "interpolate", "matched", "summarise"]
+__all__ = ["PERCENTILES", "compare", "front", "fronts", "interpolate", "matched", "summarise"]
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -105,3 +105,20 @@ def matched(a: list[tuple[float, float]], b: list[tuple[float, float]],
         ya, yb = interpolate(a, x), interpolate(b, x)
         out.append((x, ya / yb if ya is not None and yb else None))
     return out
+
+
+def fronts(runs: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """One design point's fronts over its runs (:func:`summarise`'s figures): throughput
+    per energy over interactivity (``energy``) and end-to-end p50 latency, negated so
+    that larger is better, over throughput (``latency``)."""
+    done = [r for r in runs if r["completed"] and r["interactivity"] and r["tokens_per_j"]]
+    return {"energy": front([(r["interactivity"], r["tokens_per_j"]) for r in done]),
+            "latency": front([(r["tokens_per_s"], -r["e2e_p50_s"]) for r in done])}
+
+
+def compare(base: dict, other: dict) -> dict[str, list[tuple[float, float | None]]]:
+    """``other``'s :func:`fronts` against ``base``'s: its throughput per energy over the
+    base's at matched interactivity, and the base's end-to-end latency over its own at
+    matched throughput (ratios > 1: ``other`` does more per joule, is faster)."""
+    return {"throughput_per_energy": matched(other["energy"], base["energy"]),
+            "e2e_latency_speedup": matched(base["latency"], other["latency"])}
