@@ -352,7 +352,7 @@ def _roofline_line(phase: str, metrics: dict) -> str:
     line = (f"roofline: {bounds} cycles; {metrics[f'chip__{phase}__memory_bound_ratio']:.2f}x "
             f"the largest ({largest})")
     if phase == "prefill" and "chip__prefill__crossover_tokens" in metrics:
-        line += (f"; with the same weights streamed, MoE rounds of "
+        line += (f"; with the same weights streamed once a step, prefill steps of "
                  f"{metrics['chip__prefill__crossover_tokens']:,} tokens would be "
                  "compute-bound")
     return line

@@ -46,7 +46,7 @@ from spec.memory import nearest_channel
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
-           "ChipRound", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
+           "ChipRound", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
            "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
            "layer_rounds", "moe_round", "moe_words"]
 
@@ -676,6 +676,34 @@ def moe_memory_words(cfg: WorkloadConfig, k: int, n: int, nodes: tuple,
 
 
 @dataclass
+class MoeChain:
+    """A step's MoE rounds of equal size with streamed weights, run one after another on
+    tiles that keep their words: each round after the first loads only the routed
+    experts no earlier one loaded (``compiler.moe_sparse.StepRound``). ``rounds``: how
+    many; ``size``: their tokens. Keeps the chain's functional model between rounds."""
+
+    rounds: int
+    size: int
+    index: int = 0
+    loaded: frozenset[int] = frozenset()
+    model: object = None
+
+    def next_round(self, tokens: int):
+        """The next round's place in the chain (a round of ``tokens`` tokens)."""
+        from compiler.moe_sparse import StepRound
+
+        if tokens != self.size or self.index >= self.rounds:
+            raise ValueError(f"round {self.index + 1} of a chain of {self.rounds} rounds of "
+                             f"{self.size} tokens cannot take {tokens}")
+        return StepRound(self.index, self.index == self.rounds - 1, self.loaded)
+
+    def ran(self, model, load: np.ndarray) -> None:
+        """The round ran on ``model``; ``load``, its tokens per routed expert."""
+        self.model, self.index = model, self.index + 1
+        self.loaded |= {int(e) for e in np.flatnonzero(load)}
+
+
+@dataclass
 class _MoeOutput:
     """The MoE program as a job's program: output words on the home tile and a reader."""
 
@@ -686,7 +714,8 @@ class _MoeOutput:
 
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
               x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
-              dispatch: str = "sparse", weight_mode: str | None = None) -> ChipRound:
+              dispatch: str = "sparse", weight_mode: str | None = None,
+              chain: MoeChain | None = None) -> ChipRound:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
@@ -700,7 +729,10 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     (:func:`compiler.moe.build_moe`, static counts). ``weight_mode``: ``streamed``, the
     layer's weights in the chip's memory channels (the round's memory image), loaded
     by the programs (sparse dispatch only); ``resident``, written by the host into the
-    tiles with the rest; None, :func:`check_weights`'s default."""
+    tiles with the rest; None, :func:`check_weights`'s default. ``chain``: with streamed
+    weights, the step's chain of rounds this one continues (:class:`MoeChain`: its
+    programs load only the experts no earlier round of the chain loaded, and its
+    functional run starts from the tiles the chain's previous round left)."""
     from compiler.moe import (
         Projection,
         WeightMemory,
@@ -708,7 +740,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         executed_macs,
         run_on_chip_model,
     )
-    from compiler.moe_sparse import build_sparse_moe
+    from compiler.moe_sparse import StepRound, build_sparse_moe
     from golden.decoder import project_residual
     from golden.moe import moe_layer, moe_layer_float, router_logits
 
@@ -729,17 +761,25 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     else:
         memory = (WeightMemory(chip.memory_nodes, chip.memory_words)
                   if weight_mode == "streamed" else None)
+        if chain is not None and memory is None:
+            raise ValueError("a chain of MoE rounds shares streamed weights")
+        step = StepRound() if chain is None else chain.next_round(x.shape[0])
         program = build_sparse_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
-                                   projection, memory)
+                                   projection, memory, step)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
     s = program.summary
     if dispatch == "sparse":  # what the programs do at run time, on the functional model
-        functional, model = run_on_chip_model(program)
+        model = chain.model if chain is not None and step.index else None
+        issued = [len(t.issued) for t in model.tiles] if model else [0] * chip.tiles
+        sent = sum(model.words_sent) if model else 0
+        functional, model = run_on_chip_model(program, model)
         if not np.array_equal(functional, golden.out):
             raise AssertionError("the sparse MoE programs differ from golden.moe on the "
                                  "chip's functional model")
-        macs = executed_macs(model)
-        network_words = sum(model.words_sent)
+        if chain is not None:
+            chain.ran(model, golden.load)
+        macs = executed_macs(model, issued)
+        network_words = sum(model.words_sent) - sent
     else:
         macs, network_words = s["macs_executed"], s["network_words_sent"]
     # The float64 twin starts from the layer's int8 input (golden.decoder's output, within
@@ -753,7 +793,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
     loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [],
                          None if dispatch == "dense" else
-                         [(Opcode[name], f) for name, f in model.tiles[t].issued])
+                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]])
              for t, p in enumerate(program.tiles)}
     # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
@@ -829,10 +869,16 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
             heads = np.concatenate([job.expected for job in jobs], axis=1)
             attention.append(heads.reshape(heads.shape[0], -1))
         x, o = np.concatenate(residual), np.concatenate(attention)
+        # The step's full rounds share the weights they stream (one chain); a shorter
+        # last round has its own layout and loads what it needs.
+        full = x.shape[0] // moe_tokens
+        chain = (MoeChain(full, moe_tokens) if full > 1 and moe == "sparse"
+                 and check_weights(weights, moe, chip) == "streamed" else None)
         for offset in range(0, x.shape[0], moe_tokens):
-            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
-                                 x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
-                                 layer, moe, weights))
+            part = x[offset:offset + moe_tokens]
+            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts, part,
+                                 o[offset:offset + moe_tokens], layer, moe, weights,
+                                 chain if len(part) == moe_tokens else None))
         step = []
     # One layer's weights: every MoE round's image is the same, kept once, below the KV
     # pages a far placement keeps at the top of the channels.

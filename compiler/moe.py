@@ -973,11 +973,13 @@ def run_on_chip_model(program: MoeChipProgram, chip=None):
     return program.read_output(chip.tiles[program.home].spad), chip
 
 
-def executed_macs(chip) -> int:
+def executed_macs(chip, since: list[int] | None = None) -> int:
     """m·k·p of every GEMM the tiles of a ``golden.chip_model.ChipModel`` dispatched
-    (registers added): what their ``macs`` counters count on the RTL."""
-    return sum(f["m"] * f["k"] * f["p"] for tile in chip.tiles for op, f in tile.issued
-               if op == "GEMM")
+    (registers added; ``since``: from each tile's operation ``since[t]`` on): what
+    their ``macs`` counters count on the RTL."""
+    since = since or [0] * len(chip.tiles)
+    return sum(f["m"] * f["k"] * f["p"] for tile, first in zip(chip.tiles, since, strict=True)
+               for op, f in tile.issued[first:] if op == "GEMM")
 
 
 def check_chip_synchronisation(program: MoeChipProgram) -> None:

@@ -28,10 +28,20 @@ dispatch"):
 
 Expert e runs on tile ``e mod k²`` (round-robin, routed then shared). Semaphores: 0 GEMM,
 1 VEC, 2 DMA (local completions), 3 inputs arrived (counts and tables, shared experts'
-tokens), 4 results arrived (home), 5 + i the rows of a tile's i-th routed expert.
+tokens; at the end, the loaded-expert flags a chain's round wrote), 4 results arrived
+(home), 5 + i the rows of a tile's i-th routed expert.
+
+With streamed weights, the rounds of one step (a chain of rounds of equal size,
+:class:`StepRound`) load each expert's weights once: the chain's first round loads
+``W_o``, the router, the shared experts and the routed experts its tokens chose; a later
+round only the routed experts no round before it loaded, which it finds at run time in
+per-expert flags the tiles keep between rounds (two words an expert: one round reads
+what the one before wrote).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,7 +81,7 @@ from spec.isa import (
     tile_index,
 )
 
-__all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "build_sparse_moe"]
+__all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "StepRound", "build_sparse_moe"]
 
 #: Arrival semaphores (above the engines' 0, 1, 2): inputs of an expert tile, results on
 #: home, then one per routed expert of a tile for its rows; with streamed weights, the
@@ -84,9 +94,22 @@ SEM_WEIGHTS = SEMAPHORES - 1
 R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_YOFF = range(8)
 
 
+@dataclass(frozen=True)
+class StepRound:
+    """A MoE round's place in its step's chain of rounds (equal sizes, one layout, the
+    weights streamed): ``index`` (0: the first), ``last`` (none follows), and
+    ``loaded``, the routed experts the chain's earlier rounds loaded: what the summary
+    expects this round not to load (its programs find it at run time, in the flags)."""
+
+    index: int = 0
+    last: bool = True
+    loaded: frozenset[int] = frozenset()
+
+
 def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
                      top_k: int, x: np.ndarray, projection: Projection | None = None,
-                     memory: WeightMemory | None = None) -> MoeChipProgram:
+                     memory: WeightMemory | None = None,
+                     step: StepRound = StepRound()) -> MoeChipProgram:
     """Compile ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a ``k`` x ``k``
     chip of ``config`` tiles with sparse dispatch (module docstring); arguments and
     result as :func:`compiler.moe.build_moe`. The output is read from home's rows.
@@ -98,11 +121,18 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
     in the program's memory image: each tile loads its slice of ``W_o`` (home the router
     too) as it starts, and each expert tile the weights of its experts that have tokens
     once their counts are known, all at once, the first expert computing while the
-    others' arrive.
+    others' arrive; ``step`` places the round in its step's chain (module docstring): a
+    round after the first loads only the routed experts no earlier round of the chain
+    loaded, on a chip whose tiles kept the earlier rounds' words.
     ValueError before anything is built if the mesh, the tile, the memory or the shapes
     cannot run it."""
+    if step != StepRound() and memory is None:
+        raise ValueError("a chain of MoE rounds shares streamed weights: give the memory")
+    if step.index < 0 or (step.index == 0 and step.loaded):
+        raise ValueError(f"a chain's round {step.index} with experts loaded before it "
+                         f"{sorted(step.loaded)}")
     build = _SparseBuild(config, k, MoeLayer.from_golden(weights, scales, top_k), weights,
-                         top_k, np.asarray(x), projection, memory)
+                         top_k, np.asarray(x), projection, memory, step=step)
     build.place()
     build.emit_home_inputs()
     build.emit_gating()
@@ -115,8 +145,9 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
 class _SparseBuild(_ExpertTiles):
     """The stages of :func:`build_sparse_moe` and the state they share."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, step: StepRound):
         super().__init__(*args)
+        self.step = step
         if self.memory is not None and FIRST_ROWS_SEM + max(
                 len(self.routed_on(t)) for t in range(self.tiles)) > SEM_WEIGHTS:
             raise ValueError("cannot stream the weights: semaphore "
@@ -192,6 +223,10 @@ class _SparseBuild(_ExpertTiles):
         self._place_home()
         self.recv, self.y_rows = {}, {}
         self.place_expert_tiles(self._expert_regions)
+        # Two flags a routed expert (its count when a round of a chain loaded it):
+        # a round reads one and writes the other.
+        self.flags = {ex: self.spad[i].take(2, f"expert{ex} loaded flags")
+                      for i in range(self.tiles) for ex in self.routed_on(i)}
         self.out_part = {}
         for i in self.slices:
             self.words[i].put(self.d_two, 2 * np.eye(n, dtype=np.int64))
@@ -333,7 +368,8 @@ class _SparseBuild(_ExpertTiles):
         home, n, plan = self.home, self.n, self.plans[self.home]
         e = self.emitters[home]
         for i in range(self.tiles):  # streamed: each tile's first weights on their way
-            self.emitters[i].ops.extend(self._loads(("front", i)))
+            if not self.step.index:  # (a later round of a chain finds them loaded)
+                self.emitters[i].ops.extend(self._loads(("front", i)))
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
         self.load_words(home, self.iota[home], plan["iota"], self.q_words)
 
@@ -577,6 +613,8 @@ class _SparseBuild(_ExpertTiles):
                 self._expert_loop(i, ex, source, scatter + once.get(ex, []))
                 scatter = self._send_results(i, ex)
             e.ops.extend(scatter)
+            if self.memory is not None and not self.step.last:  # the flags have landed
+                e.wait_arrivals(SEM_INPUTS, len(self.routed_on(i)))
 
     def _loads(self, key) -> list:
         """The memory DMAs of ``self.streams[key]`` (none with resident weights), each
@@ -588,27 +626,63 @@ class _SparseBuild(_ExpertTiles):
 
     def _wait_front(self, i: int) -> None:
         """Tile i's WAIT for its first weights (once; none if it loads none)."""
-        if ("front", i) in self.streams and i not in self.front_waited:
+        if ("front", i) in self.streams and i not in self.front_waited and not self.step.index:
             self.front_waited.add(i)
             self.emitters[i].wait_arrivals(SEM_WEIGHTS, len(self.streams[("front", i)]))
 
     def _load_weights(self, i: int, mine: list[int]) -> None:
         """Memory DMAs for the weights and tables of tile i's experts: every shared
         expert's, and a routed expert's when its count is not 0 (what its loop's WAIT on
-        :data:`SEM_WEIGHTS` expects)."""
+        :data:`SEM_WEIGHTS` expects) — in a later round of a chain only a routed
+        expert's whose flag says no earlier round loaded it. A chain's round that another
+        follows writes each routed expert's next flag: its count if it loads it now,
+        else the flag it read (a one-word DMA to this tile, counted on
+        :data:`SEM_INPUTS` before HALT)."""
         e, n = self.emitters[i], self.n
+        first, more = not self.step.index, not self.step.last
         e.drain()  # home: the counts are written
-        e.ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
+        ops = e.ops
+        ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
         for ex in mine:
-            skip = None
-            if ex < self.experts:
-                e.ops.append((Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex),
-                                            "lane": n - 1}))
-                skip = len(e.ops)
-                e.ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
-            e.ops.extend(self._loads(ex))
-            if skip is not None:
-                e.ops[skip][1]["target"] = len(e.ops)
+            if ex >= self.experts:  # a shared expert: the chain's first round loads it
+                if first:
+                    ops.extend(self._loads(ex))
+                continue
+            ops.append((Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex), "lane": n - 1}))
+            if first:
+                if more:
+                    ops.append(self._flag_copy(i, self._meta(ex), ex))
+                skip = len(ops)
+                ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
+                ops.extend(self._loads(ex))
+                ops[skip][1]["target"] = len(ops)
+                continue
+            previous = self._flag(ex, self.step.index - 1)
+            ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": previous, "lane": n - 1}))
+            idle = len(ops)  # no rows
+            ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
+            fresh = len(ops)  # rows, and no earlier round loaded it
+            ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_ROWS, "target": 0}))
+            ops[idle][1]["target"] = len(ops)
+            if more:
+                ops.append(self._flag_copy(i, previous, ex))
+            done = len(ops)
+            ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_N, "target": 0}))
+            ops[fresh][1]["target"] = len(ops)
+            ops.extend(self._loads(ex))
+            if more:
+                ops.append(self._flag_copy(i, self._meta(ex), ex))
+            ops[done][1]["target"] = len(ops)
+
+    def _flag(self, ex: int, index: int) -> int:
+        """Routed expert ex's flag that round ``index`` of a chain writes."""
+        return self.flags[ex] + index % 2
+
+    def _flag_copy(self, i: int, src: int, ex: int) -> tuple:
+        """The DMA that writes word ``src`` of tile i into expert ex's next flag there."""
+        return (Opcode.DMA, {"src": src, "dst": self._flag(ex, self.step.index), "length": 1,
+                             "tiles": self._mask([i]), "remote_signal": 1,
+                             "remote_semaphore": SEM_INPUTS})
 
     def _dispatch_slots(self) -> dict[int, list]:
         """The other tiles' experts' rows, as IDMAs issued while home's routed experts
@@ -648,7 +722,7 @@ class _SparseBuild(_ExpertTiles):
         skip_all = len(ops)  # no rows (R_IT is 0): not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
         if self.memory is not None:  # its weights and table have arrived
-            e.wait_arrivals(SEM_WEIGHTS, len(self.streams[ex]))
+            self._wait_weights(i, ex)
         body = len(ops)
         ops.append((Opcode.ADD, {"rd": R_ROWS, "ra": R_LEFT, "imm": 0}))
         short = len(ops)
@@ -713,6 +787,25 @@ class _SparseBuild(_ExpertTiles):
             ops[jump][1]["target"] = len(ops)
         else:
             ops[skip_all][1]["target"] = len(ops)
+
+    def _wait_weights(self, i: int, ex: int) -> None:
+        """The WAIT for expert ex's weights, if this round loads them: always in a
+        chain's first round; in a later one a routed expert's when its flag says no
+        earlier round did (R_IT is 0)."""
+        e = self.emitters[i]
+        if not self.step.index:
+            e.wait_arrivals(SEM_WEIGHTS, len(self.streams[ex]))
+        elif ex < self.experts:
+            ops = e.ops
+            ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": self._flag(ex, self.step.index - 1),
+                                      "lane": self.n - 1}))
+            fresh = len(ops)
+            ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_ROWS, "target": 0}))
+            loaded = len(ops)
+            ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_N, "target": 0}))
+            ops[fresh][1]["target"] = len(ops)
+            e.wait_arrivals(SEM_WEIGHTS, len(self.streams[ex]))
+            ops[loaded][1]["target"] = len(ops)
 
     def _send_results(self, i: int, ex: int) -> list:
         """A routed expert's result slices into each combining tile's slot buffer: IDMA
@@ -803,8 +896,13 @@ class _SparseBuild(_ExpertTiles):
         chosen = topk(router_logits(self.x, self.weights), self.top_k)
         load = np.bincount(chosen.ravel(), minlength=self.experts)
         per_token = 3 * self.hidden * self.ffn
+        # A chain's first round loads the front and the shared experts; every round the
+        # routed experts with tokens that no earlier round of the chain loaded.
         streamed = sum(count for key, loads in self.streams.items()
-                       if not isinstance(key, int) or key >= self.experts or load[key]
+                       if (not isinstance(key, int) or key >= self.experts)
+                       and not self.step.index
+                       or isinstance(key, int) and key < self.experts and load[key]
+                       and key not in self.step.loaded
                        for *_, count in loads)
         summary = {
             "tokens": t, "mesh": f"{k}x{k}", "home": home, "dispatch": "sparse",

@@ -8,13 +8,16 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
 - an **attention round** (one job per tile: a sequence's KV head) by the job with the
   most work — its new tokens ``t`` and ``t`` x its context, the tiles working in parallel —
   for cycles, and by the sums over its jobs for energy;
-- a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens
-  (whose weights it streams) and the most of them behind one memory channel (expert
-  ``e`` on tile ``e mod tiles``, a tile on its nearest channel) for cycles; for energy
-  also the most experts and token-expert pairs on one tile. A serving step does not
-  know its routing: it is priced at these features' means over uniform top-k routings
-  (:meth:`Shape.expected_routing`), which over a model's tens of layers is what a step
-  costs on average.
+- a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens,
+  whether it loads the layer's first weights (``W_o``, the router) and the most experts
+  it loads behind one memory channel (expert ``e`` on tile ``e mod tiles``, a tile on
+  its nearest channel) for cycles; for energy also the experts it loads and the most
+  experts and token-expert pairs on one tile. With streamed weights a step's full
+  rounds are a chain (``compiler.chip.MoeChain``): the first loads the first weights
+  and its experts, each later one only the experts no round before it loaded. A
+  serving step does not know its routing: it is priced at these features' means over
+  uniform top-k routings (:meth:`Shape.expected_step`), which over a model's tens of
+  layers is what a step costs on average.
 
 A step's jobs are placed as the compiler places them (job ``j`` = sequence ``j // kv``,
 KV head ``j % kv``, on tile ``j mod tiles``, in rounds of ``tiles`` jobs), its tokens
@@ -40,12 +43,12 @@ __all__ = ["CostModel", "Plan", "Shape", "attention_features", "calibrate",
            "calibration_plan", "fit", "fit_runs", "kept", "load_or_calibrate",
            "round_samples", "source_digest", "step_totals"]
 
-MOE_FEATURES = ("round", "tokens", "experts", "experts_per_tile", "experts_per_channel",
-                "pairs_per_tile")
+MOE_FEATURES = ("round", "first", "tokens", "experts", "loaded", "experts_per_tile",
+                "loaded_per_channel", "pairs_per_tile")
 #: The MoE cycle model's features: the busiest tile's experts and token-expert pairs
 #: left out, which over the few routings a calibration sees overfit (4 x 4 gpt-oss:
 #: 14.9 % held-out error with them, 1.9 % without; energy keeps every feature).
-MOE_CYCLE_FEATURES = ("round", "tokens", "experts", "experts_per_channel")
+MOE_CYCLE_FEATURES = ("round", "first", "tokens", "experts", "loaded_per_channel")
 #: The source packages whose change can change a round's cycles or energy: saved
 #: calibration runs are reused only while their files are the same.
 SOURCES = ("spec", "golden", "rtl", "compiler", "sim", "tb")
@@ -65,6 +68,8 @@ class Shape:
     #: Each tile's memory channel (the nearest), whose bandwidth its expert weights
     #: share; empty on a chip without channels.
     channels: tuple[int, ...] = ()
+    #: A step's full MoE rounds share the weights they stream (sparse, streamed).
+    chained: bool = False
 
     def attention_rounds(self, jobs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
         """Jobs (new tokens, context after them) in rounds of one job per tile."""
@@ -77,32 +82,73 @@ class Shape:
         full, last = divmod(tokens, self.moe_tokens)
         return [self.moe_tokens] * full + ([last] if last else [])
 
-    def routing_features(self, load: list[int]) -> list[float]:
-        """A MoE round's features (:data:`MOE_FEATURES`) from its routing: tokens per
-        routed expert, expert ``e`` on tile ``e mod tiles``."""
+    def chain(self, sizes: list[int]) -> int:
+        """How many of a step's MoE rounds (of ``sizes`` tokens) form its chain: its
+        full rounds when there are two or more (``compiler.chip.layer_rounds``)."""
+        full = sum(1 for t in sizes if t == self.moe_tokens)
+        return full if self.chained and full > 1 else 0
+
+    def routing_features(self, load: list[int], before: np.ndarray | None = None
+                         ) -> list[float]:
+        """A MoE round's features (:data:`MOE_FEATURES`) from its routing, tokens per
+        routed expert (expert ``e`` on tile ``e mod tiles``); ``before``: in a chain
+        after its first round, the experts the rounds before it loaded (a mask)."""
         load = np.asarray(load)
         on_tile = np.arange(len(load)) % self.tiles
         used = load > 0
+        loaded = used if before is None else used & ~before
         per_tile = np.bincount(on_tile, weights=used, minlength=self.tiles)
-        per_channel = (np.bincount(self.channels, weights=per_tile) if self.channels
-                       else per_tile)
-        return [1.0, float(load.sum()) / self.top_k, float(used.sum()), float(per_tile.max()),
-                float(per_channel.max()),
+        loading = np.bincount(on_tile, weights=loaded, minlength=self.tiles)
+        per_channel = (np.bincount(self.channels, weights=loading) if self.channels
+                       else loading)
+        return [1.0, float(before is None), float(load.sum()) / self.top_k, float(used.sum()),
+                float(loaded.sum()), float(per_tile.max()), float(per_channel.max()),
                 float(np.bincount(on_tile, weights=load, minlength=self.tiles).max())]
 
-    def expected_routing(self, tokens: int) -> list[float]:
-        """The mean of :meth:`routing_features` over uniform top-k routings of
-        ``tokens`` tokens (seeded: the same every call)."""
-        return list(_expected_routing(self, tokens))
+    def step_features(self, loads: list[list[int]]) -> list[list[float]]:
+        """The features of a step's MoE rounds from their routings, in order."""
+        chain = self.chain([int(np.sum(load)) // self.top_k for load in loads])
+        out, before = [], np.zeros(self.experts, dtype=bool)
+        for i, load in enumerate(loads):
+            out.append(self.routing_features(load, before if 0 < i < chain else None))
+            before = before | (np.asarray(load) > 0)
+        return out
+
+    def expected_step(self, tokens: int) -> list[list[float]]:
+        """The mean of :meth:`step_features` over uniform top-k routings of the MoE
+        rounds of a step adding ``tokens`` tokens (seeded: the same every call)."""
+        sizes = self.moe_rounds(tokens)
+        chain = self.chain(sizes)
+        out = []
+        if chain:
+            length = 1 << (chain - 1).bit_length()  # drawn once per power of two
+            out += [list(f) for f in _expected_chain(self, length)[:chain]]
+        out += [list(_expected_routing(self, t)) for t in sizes[chain:]]
+        return out
+
+
+def _draws(shape: Shape, tokens: int, seed: int) -> np.ndarray:
+    """:data:`ROUTING_DRAWS` uniform top-k routings of ``tokens`` tokens: per draw the
+    tokens per expert."""
+    rng = np.random.default_rng(seed)
+    draws = np.argsort(rng.random((ROUTING_DRAWS, tokens, shape.experts)), axis=2)
+    chosen = draws[:, :, :shape.top_k].reshape(ROUTING_DRAWS, -1)
+    return np.array([np.bincount(c, minlength=shape.experts) for c in chosen])
 
 
 @cache
 def _expected_routing(shape: Shape, tokens: int) -> tuple[float, ...]:
-    rng = np.random.default_rng(tokens)
-    draws = np.argsort(rng.random((ROUTING_DRAWS, tokens, shape.experts)), axis=2)
-    chosen = draws[:, :, :shape.top_k].reshape(ROUTING_DRAWS, -1)
-    loads = [np.bincount(c, minlength=shape.experts) for c in chosen]
+    loads = _draws(shape, tokens, tokens)
     return tuple(np.mean([shape.routing_features(load) for load in loads], axis=0))
+
+
+@cache
+def _expected_chain(shape: Shape, rounds: int) -> tuple[tuple[float, ...], ...]:
+    """Each round's mean features in a chain of ``rounds`` full rounds."""
+    loads = [_draws(shape, shape.moe_tokens, (shape.moe_tokens, r)) for r in range(rounds)]
+    per_draw = [shape.step_features([loads[r][d] for r in range(rounds)])
+                for d in range(ROUTING_DRAWS)]
+    return tuple(tuple(f) for f in np.mean(per_draw, axis=0))
 
 
 def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
@@ -131,8 +177,8 @@ class CostModel:
         jobs = [(t, c if window is None else min(c, window)) for t, c in sequences
                 for _ in range(self.shape.kv_heads) if t]
         cycles, energy = self.attention(jobs)
-        for tokens in self.shape.moe_rounds(sum(t for t, _ in sequences)):
-            c, e = self.moe(self.shape.expected_routing(tokens))
+        for features in self.shape.expected_step(sum(t for t, _ in sequences)):
+            c, e = self.moe(features)
             cycles, energy = cycles + c, energy + e
         return cycles, energy
 
@@ -192,8 +238,9 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
         for record, jobs in zip(attention, slots, strict=True):
             fc, fe = attention_features(jobs)
             out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
-        for record in step[len(attention):]:
-            f = shape.routing_features(record["expert_load"])
+        moe = step[len(attention):]
+        for record, f in zip(moe, shape.step_features([r["expert_load"] for r in moe]),
+                             strict=True):
             out.append(("moe", f, f, record["cycles"], record["energy_pj"]))
     return out
 
@@ -231,11 +278,11 @@ def step_totals(model: CostModel, rounds: list[dict], routing: bool = True
     out = []
     for step in _steps(rounds):
         cycles, pj = model.attention(_jobs(shape, step[0]))
-        for record in step:
-            if record["phase"].endswith("moe"):
-                c, e = model.moe(shape.routing_features(record["expert_load"]) if routing
-                                 else shape.expected_routing(record["tokens"]))
-                cycles, pj = cycles + c, pj + e
+        moe = [r for r in step if r["phase"].endswith("moe")]
+        for features in (shape.step_features([r["expert_load"] for r in moe]) if routing
+                         else shape.expected_step(sum(r["tokens"] for r in moe))):
+            c, e = model.moe(features)
+            cycles, pj = cycles + c, pj + e
         out.append((sum(r["cycles"] for r in step), cycles,
                     sum(r["energy_pj"] for r in step), pj))
     return out

@@ -95,7 +95,7 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     windows (the workload's attention layers in turn), and its cost model: saved, or
     calibrated on the chip now (ValueError if the chip cannot be built or a calibration
     run does not fit it)."""
-    from compiler.chip import MOE_TOKENS, PLACEMENTS
+    from compiler.chip import MOE_TOKENS, PLACEMENTS, check_weights
     from golden.workloads import get_workload
     from sim.chip_run import chip_config
     from spec.memory import nearest_channel
@@ -124,7 +124,9 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
                   channels=tuple(nearest_channel(config.memory_nodes, t % config.k,
                                                  t // config.k)
                                  for t in range(config.tiles)) if config.memory_nodes
-                  else ())
+                  else (),
+                  chained=design.moe == "sparse"
+                  and check_weights(design.weights, design.moe, config) == "streamed")
     # The calibrated layer: a full-attention one (window layers are priced on it).
     layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
 

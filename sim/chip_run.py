@@ -296,11 +296,11 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     network; bytes loaded from the memory channels; the roofline (:func:`round_bounds`
     summed over the phase's rounds, which run one after another) and the phase's cycles
     over its largest bound (``memory_bound_ratio``); for a prefill whose MoE rounds
-    stream weights, the tokens per MoE round at which their compute bound would reach
-    their memory bound (``crossover_tokens``: the same weights loaded, the MACs growing
-    with the tokens); the access-energy model's pJ by class (:func:`round_energy`) and
-    per token (decode: per sequence of the step; prefill: per prompt token); network
-    flits; simulation speed (cycles over the rounds' wall time)."""
+    stream weights, the tokens per prefill step at which its MoE rounds' compute bound
+    would reach their memory bound (``crossover_tokens``: the same weights loaded once
+    a step, the MACs growing with the tokens); the access-energy model's pJ by class
+    (:func:`round_energy`) and per token (decode: per sequence of the step; prefill:
+    per prompt token); network flits; simulation speed (cycles over the rounds' wall time)."""
     k, n = config.k, config.tile.n
     tiles = k * k
     rounds = result["rounds"]
@@ -345,11 +345,17 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         largest = max(BOUNDS, key=bounds.__getitem__)
         out[f"chip__{phase}__largest_bound"] = largest
         out[f"chip__{phase}__memory_bound_ratio"] = round(cycles / max(bounds[largest], 1), 3)
-        streamed = [(per_round[id(r)][0], r["tokens"]) for r in moe if r.get("memory_words")]
-        if phase == "prefill" and streamed:
-            out["chip__prefill__crossover_tokens"] = round(
-                sum(b["memory"] / max(b["compute"], 1) * tokens for b, tokens in streamed)
-                / len(streamed))
+        # Per step (its MoE rounds share the weights they stream): tokens x memory
+        # bound / compute bound, over the steps whose rounds streamed weights.
+        by_step: dict[tuple, list] = {}
+        for r in moe:
+            if r.get("memory_words"):
+                by_step.setdefault(tuple(r["contexts"]), []).append(r)
+        if phase == "prefill" and by_step:
+            out["chip__prefill__crossover_tokens"] = round(sum(
+                sum(per_round[id(r)][0]["memory"] for r in step)
+                / max(sum(per_round[id(r)][0]["compute"] for r in step), 1)
+                * sum(r["tokens"] for r in step) for step in by_step.values()) / len(by_step))
         energy = {c: sum(per_round[id(r)][1][c] for r in attn + moe) / steps
                   for c in CLASSES}
         tokens = sum(r["tokens"] for r in attn) / steps  # the tokens the phase adds

@@ -242,6 +242,26 @@ def test_moe_rounds_take_moe_tokens_each():
             chip_config("tiny", k=2, moe_tokens=bad)
 
 
+def test_a_steps_full_moe_rounds_stream_each_expert_once():
+    """gpt-oss 2 x 2, weights streamed: a prefill step of two sequences x 32 tokens runs
+    two MoE rounds, and the second loads only the experts (3,104 words each) the first
+    did not (a chain); three sequences of 16 make a full round and a shorter one, which
+    loads what it needs, the first weights too; resident weights load nothing."""
+    config = chip_config("gpt-oss", k=2)
+
+    def moe(batch, prefill, weights=None):
+        rounds = layer_rounds(config, "gpt-oss", 1, batch=batch, prefill=prefill,
+                              steps=0, weights=weights)
+        return [(r.memory_words, set(np.flatnonzero(r.summaries[0]["expert_load"])))
+                for r in rounds if r.phase.endswith("moe")]
+
+    (first, chosen), (second, more) = moe(2, 32)
+    assert second == 3104 * len(more - chosen) < first / 8
+    (first, chosen), (last, alone) = moe(3, 16)
+    assert last - 3104 * len(alone) == first - 3104 * len(chosen) > 0
+    assert [words for words, _ in moe(2, 32, "resident")] == [0, 0]
+
+
 def test_the_default_kv_cache_stays_within_the_block_table():
     """tiny at N = 4: 4096 tokens of 4-token pages would need 1024 entries per row; the
     default is what 8 rows of the 2048-entry table map, and asking more is refused."""

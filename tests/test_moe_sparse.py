@@ -18,7 +18,7 @@ from compiler.moe import (
     moe_tile_config,
     run_on_chip_model,
 )
-from compiler.moe_sparse import build_sparse_moe
+from compiler.moe_sparse import StepRound, build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
 from golden.workloads import generate
 from spec.isa import DmaTarget
@@ -190,6 +190,42 @@ def test_streamed_weights_on_tiny_with_a_shared_expert(tiny):
     out, golden, program, chip = _streamed(tiny, tiny.tensors["moe.x"])
     np.testing.assert_array_equal(out, golden.out)
     assert sum(w for tile in _loaded(chip) for *_, w in tile) == program.summary["memory_words"]
+
+
+def test_a_chain_of_rounds_loads_each_expert_once(gpt_oss):
+    """Three rounds of one step on one chip, each finding the words the one before
+    left: the first loads the router and its experts (0, 4, 8, 12: tile 0), the second
+    only 1, 2 and 3 of its 0..3, the third only 5 of 1, 2, 3, 5 (flags written and read
+    at run time); each bit-exact, each loading what its summary says."""
+    rounds = [[0, 4, 8, 12], [0, 1, 2, 3], [1, 2, 3, 5]]
+    chosen = [experts for experts in rounds for _ in range(8)]
+    x, weights = _routed(gpt_oss, chosen)
+    scales, loaded, chip, seen = gpt_oss.moe_scales(), [], None, frozenset()
+    for index, experts in enumerate(rounds):
+        part = x[8 * index:8 * index + 8]
+        step = StepRound(index, index == len(rounds) - 1, seen)
+        program = build_sparse_moe(moe_tile_config(), 2, weights, scales, 4, part, None,
+                                   WEST, step)
+        before = [len(tile.issued) for tile in chip.tiles] if chip else [0] * 4
+        out, chip = run_on_chip_model(program, chip)
+        np.testing.assert_array_equal(out, moe_layer(part, weights, scales, 4).out)
+        words = sum(f["length"] for tile, first in zip(chip.tiles, before, strict=True)
+                    for op, f in tile.issued[first:]
+                    if op == "DMA" and f["target"] == DmaTarget.LOAD)
+        assert words == program.summary["memory_words"]
+        loaded.append(words)
+        seen |= set(experts)
+    assert loaded == [4 * 3104 + 512, 3 * 3104, 3104]
+
+
+def test_a_chain_round_needs_streamed_weights(gpt_oss):
+    x = gpt_oss.tensors["moe.x"][:4]
+    w, s = gpt_oss.moe_weights(), gpt_oss.moe_scales()
+    with pytest.raises(ValueError, match="shares streamed weights"):
+        build_sparse_moe(moe_tile_config(), 2, w, s, 4, x, None, None, StepRound(1, True))
+    with pytest.raises(ValueError, match="with experts loaded before it"):
+        build_sparse_moe(moe_tile_config(), 2, w, s, 4, x, None, WEST,
+                         StepRound(0, False, frozenset({1})))
 
 
 def test_streamed_weights_that_do_not_fit_are_refused(gpt_oss):

@@ -3,6 +3,7 @@ the continuous-batching scheduler (times by hand, concurrency, capacity, KV hits
 evictions, policies), the metrics and matched comparisons, and ``serrano serve --merge``."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,11 +26,11 @@ SHAPE = Shape(tiles=4, kv_heads=2, experts=8, top_k=2, moe_tokens=4, channels=(0
 ROOMY = Capacity(tiles=4, pages=400, page_size=16, jobs_per_tile=4, kv_heads=2)
 
 
-def linear_model(attention=(1000.0, 10.0, 0.0), moe=(0.0,) * 6) -> CostModel:
+def linear_model(attention=(1000.0, 10.0, 0.0), moe=(0.0,) * 8, shape=SHAPE) -> CostModel:
     """Cycles: a round's 1000 + 10 x its biggest job's tokens; energy 1 pJ a token."""
-    return CostModel(SHAPE, {"attention_cycles": list(attention),
+    return CostModel(shape, {"attention_cycles": list(attention),
                              "attention_energy": [0.0, 1.0, 0.0, 0.0],
-                             "moe_cycles": list(moe), "moe_energy": [0.0] * 6})
+                             "moe_cycles": list(moe), "moe_energy": [0.0] * 8})
 
 
 # Traces -------------------------------------------------------------------------------
@@ -88,9 +89,13 @@ def test_generated_lengths_and_prefixes(seed):
 # The cost model -----------------------------------------------------------------------
 
 def test_fit_recovers_linear_rounds(seed):
+    """Steps of 1 to 64 tokens: lone MoE rounds and chains of rounds that share the
+    weights they stream; the fit finds the coefficients that made them."""
     rng = np.random.default_rng(seed)
-    truth = linear_model(attention=(500.0, 7.0, 0.25), moe=(300.0, 20.0, 900.0, 0.0, 700.0, 0.0))
-    truth.coefficients["moe_energy"] = [10.0, 2.0, 50.0, 0.0, 3.0, 1.0]
+    shape = replace(SHAPE, chained=True)
+    truth = linear_model(attention=(500.0, 7.0, 0.25),
+                         moe=(300.0, 150.0, 20.0, 900.0, 0.0, 0.0, 700.0, 0.0), shape=shape)
+    truth.coefficients["moe_energy"] = [10.0, 40.0, 2.0, 50.0, 30.0, 0.0, 3.0, 1.0]
     truth.coefficients["attention_energy"] = [30.0, 2.0, 0.5, 9.0]
     records = []
     for _ in range(16):
@@ -103,23 +108,24 @@ def test_fit_recovers_linear_rounds(seed):
             records.append({"phase": "extend", "contexts": contexts, "tokens": tokens * batch,
                             "cycles": np.dot(truth.coefficients["attention_cycles"], fc),
                             "energy_pj": np.dot(truth.coefficients["attention_energy"], fe)})
-        for t in SHAPE.moe_rounds(tokens * batch):
-            chosen = [rng.choice(SHAPE.experts, SHAPE.top_k, replace=False) for _ in range(t)]
-            load = np.bincount(np.ravel(chosen), minlength=SHAPE.experts).tolist()
-            f = SHAPE.routing_features(load)
-            records.append({"phase": "extend-moe", "tokens": t, "contexts": contexts,
-                            "expert_load": load,
+        loads = []
+        for t in shape.moe_rounds(tokens * batch):
+            chosen = [rng.choice(shape.experts, shape.top_k, replace=False) for _ in range(t)]
+            loads.append(np.bincount(np.ravel(chosen), minlength=shape.experts).tolist())
+        for load, f in zip(loads, shape.step_features(loads), strict=True):
+            records.append({"phase": "extend-moe", "tokens": sum(load) // shape.top_k,
+                            "contexts": contexts, "expert_load": load,
                             "cycles": np.dot(truth.coefficients["moe_cycles"], f),
                             "energy_pj": np.dot(truth.coefficients["moe_energy"], f)})
-    model = fit(SHAPE, round_samples(SHAPE, records))
-    # The cycle model leaves out the busiest tile's experts and pairs.
-    assert model.coefficients["moe_cycles"][3] == model.coefficients["moe_cycles"][5] == 0
+    model = fit(shape, round_samples(shape, records))
+    # The cycle model leaves out the experts loaded and the busiest tile's experts and pairs.
+    assert [model.coefficients["moe_cycles"][i] for i in (4, 5, 7)] == [0, 0, 0]
     for cycles, predicted, pj, p_pj in step_totals(model, records):
         assert predicted == pytest.approx(cycles, rel=1e-6)
         assert p_pj == pytest.approx(pj, rel=1e-6)
     runs = [{"phase": "decode", "batch": 1, "tokens": 1, "held_out": held, "wall_s": 0,
              "rounds": records} for held in (False, True)]
-    fitted = fit_runs(SHAPE, runs)
+    fitted = fit_runs(shape, runs)
     assert fitted.calibration["error_p95_cycles"] == pytest.approx(0, abs=1e-6)
     assert fitted.calibration["held_out_steps"] == len(step_totals(model, records))
 
@@ -138,15 +144,34 @@ def test_moe_rounds_and_routing_features():
     assert SHAPE.moe_rounds(9) == [4, 4, 1]
     assert Shape(4, 2, 8, 2, 4, moe=False).moe_rounds(9) == []
     # Experts 0, 4 (tile 0) and 1 (tile 1), both tiles on channel 0: 3 tokens of top-2.
-    assert SHAPE.routing_features([2, 1, 0, 0, 3, 0, 0, 0]) == [1.0, 3.0, 3.0, 2.0, 3.0, 5.0]
+    assert SHAPE.routing_features([2, 1, 0, 0, 3, 0, 0, 0]) == [
+        1.0, 1.0, 3.0, 3.0, 3.0, 2.0, 3.0, 5.0]
     # Without channels the busiest tile stands for the busiest channel.
     alone = Shape(4, 2, 8, 2, 4)
-    assert alone.routing_features([2, 1, 0, 0, 3, 0, 0, 0])[4] == 2.0
-    one = SHAPE.expected_routing(1)
-    assert one[:3] == pytest.approx([1.0, 1.0, 2.0])  # one token: its two experts
-    many = SHAPE.expected_routing(64)
-    assert many[2:5] == pytest.approx([8.0, 2.0, 4.0])
-    assert SHAPE.expected_routing(5) == SHAPE.expected_routing(5)  # seeded
+    assert alone.routing_features([2, 1, 0, 0, 3, 0, 0, 0])[6] == 2.0
+    [one] = SHAPE.expected_step(1)
+    assert one[:5] == pytest.approx([1.0, 1.0, 1.0, 2.0, 2.0])  # one token: its two experts
+    [many] = replace(SHAPE, moe_tokens=64).expected_step(64)
+    assert many[3:7] == pytest.approx([8.0, 8.0, 2.0, 4.0])
+    assert SHAPE.expected_step(5) == SHAPE.expected_step(5)  # seeded
+
+
+def test_a_chain_of_rounds_loads_each_expert_once():
+    """With streamed weights a step's full rounds share what they load: a later round
+    of the chain loads only experts no round before it did, and not the first weights;
+    a shorter last round stands alone (its own layout) and loads what it needs."""
+    shape = replace(SHAPE, chained=True)
+    rounds = [[1, 1, 2, 0, 0, 0, 0, 4], [2, 0, 2, 4, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0]]
+    first, second, last = shape.step_features(rounds)
+    assert (first[1], first[4]) == (1.0, 4.0)  # experts 0, 1, 2, 7
+    assert (second[1], second[3], second[4]) == (0.0, 3.0, 1.0)  # of 0, 2, 3 only 3
+    assert (last[1], last[4]) == (1.0, 2.0)  # 1 token: a lone round
+    assert SHAPE.step_features(rounds)[1][1:5] == [1.0, 4.0, 3.0, 3.0]  # not chained
+    expected = shape.expected_step(12)  # a chain of three rounds of 4
+    assert [f[1] for f in expected] == [1.0, 0.0, 0.0]
+    assert expected[0][4] > expected[1][4] > expected[2][4] > 0
+    assert [f[1] for f in shape.expected_step(10)] == [1.0, 0.0, 1.0]
+    assert shape.expected_step(12)[:2] == shape.expected_step(9)[:2]
 
 
 def test_calibration_plan_holds_held_out_runs_within_capacity():
