@@ -40,7 +40,7 @@ from golden.gemm import Saturation
 from golden.kv_cache import build_cache
 from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
 from rtl.scratchpad import KvOp
-from spec.config import ChipConfig
+from spec.config import ChipConfig, ceil_div
 from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
 from spec.memory import nearest_channel
 
@@ -677,24 +677,22 @@ def moe_memory_words(cfg: WorkloadConfig, k: int, n: int, nodes: tuple,
 
 @dataclass
 class MoeChain:
-    """A step's MoE rounds of equal size with streamed weights, run one after another on
-    tiles that keep their words: each round after the first loads only the routed
-    experts no earlier one loaded (``compiler.moe_sparse.StepRound``). ``rounds``: how
-    many; ``size``: their tokens. Keeps the chain's functional model between rounds."""
+    """A step's MoE rounds with streamed weights, run one after another on tiles that
+    keep their words: each round after the first loads only the routed experts no
+    earlier one loaded (``compiler.moe_sparse.StepRound``); ``rounds``: how many. Keeps
+    the chain's functional model between rounds."""
 
     rounds: int
-    size: int
     index: int = 0
     loaded: frozenset[int] = frozenset()
     model: object = None
 
-    def next_round(self, tokens: int):
-        """The next round's place in the chain (a round of ``tokens`` tokens)."""
+    def next_round(self):
+        """The next round's place in the chain."""
         from compiler.moe_sparse import StepRound
 
-        if tokens != self.size or self.index >= self.rounds:
-            raise ValueError(f"round {self.index + 1} of a chain of {self.rounds} rounds of "
-                             f"{self.size} tokens cannot take {tokens}")
+        if self.index >= self.rounds:
+            raise ValueError(f"a chain of {self.rounds} rounds has no round {self.index + 1}")
         return StepRound(self.index, self.index == self.rounds - 1, self.loaded)
 
     def ran(self, model, load: np.ndarray) -> None:
@@ -763,7 +761,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                   if weight_mode == "streamed" else None)
         if chain is not None and memory is None:
             raise ValueError("a chain of MoE rounds shares streamed weights")
-        step = StepRound() if chain is None else chain.next_round(x.shape[0])
+        step = StepRound() if chain is None else chain.next_round()
         program = build_sparse_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
                                    projection, memory, step)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
@@ -869,16 +867,14 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
             heads = np.concatenate([job.expected for job in jobs], axis=1)
             attention.append(heads.reshape(heads.shape[0], -1))
         x, o = np.concatenate(residual), np.concatenate(attention)
-        # The step's full rounds share the weights they stream (one chain); a shorter
-        # last round has its own layout and loads what it needs.
-        full = x.shape[0] // moe_tokens
-        chain = (MoeChain(full, moe_tokens) if full > 1 and moe == "sparse"
+        # The step's rounds share the weights they stream (one chain).
+        rounds_ = ceil_div(x.shape[0], moe_tokens)
+        chain = (MoeChain(rounds_) if rounds_ > 1 and moe == "sparse"
                  and check_weights(weights, moe, chip) == "streamed" else None)
         for offset in range(0, x.shape[0], moe_tokens):
-            part = x[offset:offset + moe_tokens]
-            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts, part,
-                                 o[offset:offset + moe_tokens], layer, moe, weights,
-                                 chain if len(part) == moe_tokens else None))
+            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
+                                 x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
+                                 layer, moe, weights, chain))
         step = []
     # One layer's weights: every MoE round's image is the same, kept once, below the KV
     # pages a far placement keeps at the top of the channels.

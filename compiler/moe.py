@@ -454,26 +454,14 @@ class _ExpertTiles:
     def experts_on(self, t: int) -> list[int]:
         return [e for e in range(self.layer.total) if self.expert_tile[e] == t]
 
-    def place_expert_tiles(self, per_expert=None) -> None:
-        """Per busy tile (and home): identity, table-index constants, SwiGLU activations;
-        per expert its three weight matrices, its SiLU table, and ``per_expert(tile,
-        regions, expert)``'s regions."""
-        n, a_bank, b_bank, q_words = self.n, self.a_bank, self.b_bank, self.q_words
-        self.ident, self.iota, self.w_addr, self.tbl_addr, self.h_addr = {}, {}, {}, {}, {}
-        iota_rows = np.zeros((q_words, n), np.int64)
-        for q in range(self.q_entries):
-            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
-            iota_rows[q, :len(values)] = _int8(values)
+    def place_expert_weights(self, regions: list) -> None:
+        """Per expert, in ``regions[tile]`` of its tile, its three weight matrices and
+        its SiLU table (their words written by the host, or streamed)."""
+        n, b_bank, q_words = self.n, self.b_bank, self.q_words
+        self.w_addr, self.tbl_addr = {}, {}
         for t in range(self.tiles):
-            spad, words, mine = self.spad[t], self.words[t], self.experts_on(t)
-            if not mine and t != self.home:
-                continue
-            self.ident[t] = spad.take(n, "identity", a_bank)
-            words.put(self.ident[t], np.eye(n, dtype=np.int64))
-            self.iota[t] = spad.take(q_words, "table-index constants", b_bank)
-            words.put(self.iota[t], iota_rows)
-            self.h_addr[t] = spad.take(self.fc * n, "SwiGLU activations", a_bank)
-            for e in mine:
+            spad = regions[t]
+            for e in self.experts_on(t):
                 wg = spad.take(self.fc * self.hidden, f"expert{e} gate weights", b_bank)
                 wu = spad.take(self.fc * self.hidden, f"expert{e} up weights", b_bank)
                 wd = spad.take(self.hc * self.ffn, f"expert{e} down weights", b_bank)
@@ -488,7 +476,28 @@ class _ExpertTiles:
                     (wu, _column_layout(self.weights.w_up[e], n)),
                     (wd, _column_layout(self.weights.w_down[e], n)),
                     (self.tbl_addr[e], table)])
-                if per_expert is not None:
+
+    def place_expert_tiles(self, per_expert=None) -> None:
+        """Per busy tile (and home): identity, table-index constants, SwiGLU activations;
+        per expert ``per_expert(tile, regions, expert)``'s regions (the weights are
+        :meth:`place_expert_weights`')."""
+        n, a_bank, b_bank, q_words = self.n, self.a_bank, self.b_bank, self.q_words
+        self.ident, self.iota, self.h_addr = {}, {}, {}
+        iota_rows = np.zeros((q_words, n), np.int64)
+        for q in range(self.q_entries):
+            values = np.arange(q * self.r_load, min((q + 1) * self.r_load, SILU_ENTRIES))
+            iota_rows[q, :len(values)] = _int8(values)
+        for t in range(self.tiles):
+            spad, words, mine = self.spad[t], self.words[t], self.experts_on(t)
+            if not mine and t != self.home:
+                continue
+            self.ident[t] = spad.take(n, "identity", a_bank)
+            words.put(self.ident[t], np.eye(n, dtype=np.int64))
+            self.iota[t] = spad.take(q_words, "table-index constants", b_bank)
+            words.put(self.iota[t], iota_rows)
+            self.h_addr[t] = spad.take(self.fc * n, "SwiGLU activations", a_bank)
+            if per_expert is not None:
+                for e in mine:
                     per_expert(t, spad, e)
 
     def check_memory(self) -> None:
@@ -626,6 +635,7 @@ class _MoeBuild(_ExpertTiles):
             self.words[home].put(self.x_addr, _token_layout(self.x, n))
         else:
             self._place_projection()
+        self.place_expert_weights(self.spad)
         self.place_expert_tiles()
         self._place_router()
         self.plans = [self._acc_plan(t) for t in range(self.tiles)]

@@ -31,8 +31,9 @@ Expert e runs on tile ``e mod k²`` (round-robin, routed then shared). Semaphore
 tokens; at the end, the loaded-expert flags a chain's round wrote), 4 results arrived
 (home), 5 + i the rows of a tile's i-th routed expert.
 
-With streamed weights, the rounds of one step (a chain of rounds of equal size,
-:class:`StepRound`) load each expert's weights once: the chain's first round loads
+With streamed weights, the rounds of one step (a chain, :class:`StepRound`) load each
+expert's weights once — the weights sit from each tile's word 0, where no round's size
+moves them: the chain's first round loads
 ``W_o``, the router, the shared experts and the routed experts its tokens chose; a later
 round only the routed experts no round before it loaded, which it finds at run time in
 per-expert flags the tiles keep between rounds (two words an expert: one round reads
@@ -96,8 +97,9 @@ R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_YOFF = range(8)
 
 @dataclass(frozen=True)
 class StepRound:
-    """A MoE round's place in its step's chain of rounds (equal sizes, one layout, the
-    weights streamed): ``index`` (0: the first), ``last`` (none follows), and
+    """A MoE round's place in its step's chain of rounds (the weights streamed, at
+    addresses no round's size moves): ``index`` (0: the first), ``last`` (none
+    follows), and
     ``loaded``, the routed experts the chain's earlier rounds loaded: what the summary
     expects this round not to load (its programs find it at run time, in the flags)."""
 
@@ -196,18 +198,42 @@ class _SparseBuild(_ExpertTiles):
     # -- scratchpad and accumulator ------------------------------------------------------
 
     def place(self) -> None:
-        config, n, t, hc = self.config, self.n, self.tokens, self.hc
-        glob = _bump(0, config.kv_start, "scratchpad", EVERY_TILE, config.banks)
+        config, n, t, hc, home = self.config, self.n, self.tokens, self.hc, self.home
         self.a_bank, self.b_bank = config.banks // 2, 0
         a, b = self.a_bank, self.b_bank
-        self.xr = glob.take(t * hc, "token rows", a)
-        self.meta = glob.take(self.experts * self.meta_words, "counts and result tables")
         # Home and every expert tile combine (and project) a slice of the channels, w
         # words of each row; what they exchange sits at the same address on each.
-        doers = sorted({self.home} | set(self.expert_tile))
+        doers = sorted({home} | set(self.expert_tile))
         self.w = w = ceil_div(hc, len(doers))
         self.slices = {i: (j * w, min(hc, (j + 1) * w)) for j, i in enumerate(doers)
                        if j * w < hc}
+        self.words = [_Words(n) for _ in range(self.tiles)]
+        # The weights first, from each tile's word 0, where no round's token count moves
+        # them: the rounds of a step, whatever their sizes, share them (a chain).
+        held = [_bump(0, config.kv_start, "scratchpad",
+                      f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
+                for i in range(self.tiles)]
+        self.router_addr = held[home].take(self.ec * self.hidden, "router weights", b)
+        self._weight_words(home, ("front", home), [
+            (self.router_addr, _column_layout(self.weights.router[:, self.lanes], n))])
+        if self.projection is not None:
+            self.channels = self.attn_out.shape[1]
+            self.wo_addr = {}
+            for i, (c0, c1) in self.slices.items():
+                cols = slice(c0 * n, min(c1 * n, self.hidden))
+                self.wo_addr[i] = held[i].take((c1 - c0) * self.channels,
+                                               "output projection", b)
+                self._weight_words(i, ("front", i), [
+                    (self.wo_addr[i], _column_layout(self.w_o[:, cols], n))])
+        self.place_expert_weights(held)
+        # Two flags a routed expert (its count when a round of a chain loaded it):
+        # a round reads one and writes the other.
+        self.flags = {ex: held[i].take(2, f"expert{ex} loaded flags")
+                      for i in range(self.tiles) for ex in self.routed_on(i)}
+        glob = _bump(max(r.end for r in held), config.kv_start, "scratchpad", EVERY_TILE,
+                     config.banks)
+        self.xr = glob.take(t * hc, "token rows", a)
+        self.meta = glob.take(self.experts * self.meta_words, "counts and result tables")
         self.slot_rows = glob.take(self.top_k * t * w, "result slices by top-k slot", b)
         shared = range(self.experts, self.layer.total)
         self.shared_rows = {s: glob.take(t * w, f"expert{s} result slices", b) for s in shared}
@@ -219,18 +245,13 @@ class _SparseBuild(_ExpertTiles):
         self.spad = [_bump(glob.end, config.kv_start, "scratchpad",
                            f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
                      for i in range(self.tiles)]
-        self.words = [_Words(n) for _ in range(self.tiles)]
         self._place_home()
         self.recv, self.y_rows = {}, {}
         self.place_expert_tiles(self._expert_regions)
-        # Two flags a routed expert (its count when a round of a chain loaded it):
-        # a round reads one and writes the other.
-        self.flags = {ex: self.spad[i].take(2, f"expert{ex} loaded flags")
-                      for i in range(self.tiles) for ex in self.routed_on(i)}
         self.out_part = {}
         for i in self.slices:
             self.words[i].put(self.d_two, 2 * np.eye(n, dtype=np.int64))
-            if i != self.home:
+            if i != home:
                 self.out_part[i] = self.spad[i].take(t * self.w, "output slices")
         if self.projection is not None:
             self._place_projection()
@@ -242,9 +263,6 @@ class _SparseBuild(_ExpertTiles):
         spad, words, a, b = self.spad[home], self.words[home], self.a_bank, self.b_bank
         if self.projection is None:
             words.put(self.xr, _row_layout(self.x, n))
-        self.router_addr = spad.take(ec * self.hidden, "router weights", b)
-        self._weight_words(home, ("front", home), [
-            (self.router_addr, _column_layout(self.weights.router[:, self.lanes], n))])
         a2, b2, self.cb = _encoding(self.experts, t)
         self.enc_a = spad.take(self.tb * 2, "encoding constants", a)
         words.put(self.enc_a, _token_layout(a2, n))
@@ -286,18 +304,15 @@ class _SparseBuild(_ExpertTiles):
 
     def _place_projection(self) -> None:
         """Each tile with an identity (home and the expert tiles) projects a slice of the
-        channels: the attention outputs, its columns of ``W_o`` and of the residual."""
+        channels: the attention outputs and its columns of the residual (its columns of
+        ``W_o`` are with the weights)."""
         n, t, a, b = self.n, self.tokens, self.a_bank, self.b_bank
-        self.channels = self.attn_out.shape[1]
-        self.o_addr, self.res_addr, self.wo_addr = {}, {}, {}
+        self.o_addr, self.res_addr = {}, {}
         for i, (c0, c1) in self.slices.items():
             spad, words, w = self.spad[i], self.words[i], c1 - c0
             cols = slice(c0 * n, min(c1 * n, self.hidden))
             self.o_addr[i] = spad.take(self.tb * self.channels, "attention outputs", a)
             words.put(self.o_addr[i], _token_layout(self.attn_out, n))
-            self.wo_addr[i] = spad.take(w * self.channels, "output projection", b)
-            self._weight_words(i, ("front", i), [
-                (self.wo_addr[i], _column_layout(self.w_o[:, cols], n))])
             self.res_addr[i] = spad.take(t * w, "residual rows", b)
             words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 

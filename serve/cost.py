@@ -12,9 +12,9 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
   whether it loads the layer's first weights (``W_o``, the router) and the most experts
   it loads behind one memory channel (expert ``e`` on tile ``e mod tiles``, a tile on
   its nearest channel) for cycles; for energy also the experts it loads and the most
-  experts and token-expert pairs on one tile. With streamed weights a step's full
-  rounds are a chain (``compiler.chip.MoeChain``): the first loads the first weights
-  and its experts, each later one only the experts no round before it loaded. A
+  experts and token-expert pairs on one tile. With streamed weights a step's rounds
+  are a chain (``compiler.chip.MoeChain``): the first loads the first weights and its
+  experts, each later one only the experts no round before it loaded. A
   serving step does not know its routing: it is priced at these features' means over
   uniform top-k routings (:meth:`Shape.expected_step`), which over a model's tens of
   layers is what a step costs on average.
@@ -82,35 +82,40 @@ class Shape:
         full, last = divmod(tokens, self.moe_tokens)
         return [self.moe_tokens] * full + ([last] if last else [])
 
-    def chain(self, sizes: list[int]) -> int:
-        """How many of a step's MoE rounds (of ``sizes`` tokens) form its chain: its
-        full rounds when there are two or more (``compiler.chip.layer_rounds``)."""
-        full = sum(1 for t in sizes if t == self.moe_tokens)
-        return full if self.chained and full > 1 else 0
+    def chain(self, rounds: int) -> bool:
+        """Whether a step's ``rounds`` MoE rounds form a chain (two or more, the weights
+        streamed: ``compiler.chip.layer_rounds``)."""
+        return self.chained and rounds > 1
 
     def routing_features(self, load: list[int], before: np.ndarray | None = None
                          ) -> list[float]:
         """A MoE round's features (:data:`MOE_FEATURES`) from its routing, tokens per
         routed expert (expert ``e`` on tile ``e mod tiles``); ``before``: in a chain
         after its first round, the experts the rounds before it loaded (a mask)."""
-        load = np.asarray(load)
-        on_tile = np.arange(len(load)) % self.tiles
-        used = load > 0
+        return self.features(np.asarray(load)[None],
+                             None if before is None else before[None])[0].tolist()
+
+    def features(self, loads: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+        """:meth:`routing_features` of many routings at once: ``loads`` (routings,
+        experts), ``before`` None or a mask of the same shape."""
+        used = loads > 0
         loaded = used if before is None else used & ~before
-        per_tile = np.bincount(on_tile, weights=used, minlength=self.tiles)
-        loading = np.bincount(on_tile, weights=loaded, minlength=self.tiles)
-        per_channel = (np.bincount(self.channels, weights=loading) if self.channels
-                       else loading)
-        return [1.0, float(before is None), float(load.sum()) / self.top_k, float(used.sum()),
-                float(loaded.sum()), float(per_tile.max()), float(per_channel.max()),
-                float(np.bincount(on_tile, weights=load, minlength=self.tiles).max())]
+        on_tile = np.eye(self.tiles)[np.arange(self.experts) % self.tiles]  # experts x tiles
+        loading = loaded @ on_tile
+        per_channel = (loading @ np.eye(max(self.channels) + 1)[list(self.channels)]
+                       if self.channels else loading)
+        ones = np.ones(len(loads))
+        return np.column_stack([
+            ones, ones * (before is None), loads.sum(axis=1) / self.top_k, used.sum(axis=1),
+            loaded.sum(axis=1), (used @ on_tile).max(axis=1), per_channel.max(axis=1),
+            (loads @ on_tile).max(axis=1)])
 
     def step_features(self, loads: list[list[int]]) -> list[list[float]]:
         """The features of a step's MoE rounds from their routings, in order."""
-        chain = self.chain([int(np.sum(load)) // self.top_k for load in loads])
+        chain = self.chain(len(loads))
         out, before = [], np.zeros(self.experts, dtype=bool)
         for i, load in enumerate(loads):
-            out.append(self.routing_features(load, before if 0 < i < chain else None))
+            out.append(self.routing_features(load, before if chain and i else None))
             before = before | (np.asarray(load) > 0)
         return out
 
@@ -118,18 +123,15 @@ class Shape:
         """The mean of :meth:`step_features` over uniform top-k routings of the MoE
         rounds of a step adding ``tokens`` tokens (seeded: the same every call)."""
         sizes = self.moe_rounds(tokens)
-        chain = self.chain(sizes)
-        out = []
-        if chain:
-            length = 1 << (chain - 1).bit_length()  # drawn once per power of two
-            out += [list(f) for f in _expected_chain(self, length)[:chain]]
-        out += [list(_expected_routing(self, t)) for t in sizes[chain:]]
-        return out
+        if not self.chain(len(sizes)):
+            return [list(_expected_routing(self, t)) for t in sizes]
+        return [list(f) for f in _expected_chain(self, tuple(sizes))]
 
 
-def _draws(shape: Shape, tokens: int, seed: int) -> np.ndarray:
-    """:data:`ROUTING_DRAWS` uniform top-k routings of ``tokens`` tokens: per draw the
-    tokens per expert."""
+@cache
+def _draws(shape: Shape, tokens: int, seed) -> np.ndarray:
+    """:data:`ROUTING_DRAWS` uniform top-k routings of ``tokens`` tokens (seeded by
+    ``seed``): per draw the tokens per expert."""
     rng = np.random.default_rng(seed)
     draws = np.argsort(rng.random((ROUTING_DRAWS, tokens, shape.experts)), axis=2)
     chosen = draws[:, :, :shape.top_k].reshape(ROUTING_DRAWS, -1)
@@ -138,17 +140,19 @@ def _draws(shape: Shape, tokens: int, seed: int) -> np.ndarray:
 
 @cache
 def _expected_routing(shape: Shape, tokens: int) -> tuple[float, ...]:
-    loads = _draws(shape, tokens, tokens)
-    return tuple(np.mean([shape.routing_features(load) for load in loads], axis=0))
+    return tuple(shape.features(_draws(shape, tokens, tokens), None).mean(axis=0))
 
 
 @cache
-def _expected_chain(shape: Shape, rounds: int) -> tuple[tuple[float, ...], ...]:
-    """Each round's mean features in a chain of ``rounds`` full rounds."""
-    loads = [_draws(shape, shape.moe_tokens, (shape.moe_tokens, r)) for r in range(rounds)]
-    per_draw = [shape.step_features([loads[r][d] for r in range(rounds)])
-                for d in range(ROUTING_DRAWS)]
-    return tuple(tuple(f) for f in np.mean(per_draw, axis=0))
+def _expected_chain(shape: Shape, sizes: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+    """Each round's mean features in a chain of rounds of ``sizes`` tokens (round r's
+    draws seeded by (its size, r): the same whatever follows it)."""
+    out, before = [], None
+    for r, size in enumerate(sizes):
+        loads = _draws(shape, size, (size, r))
+        out.append(tuple(shape.features(loads, before).mean(axis=0)))
+        before = (loads > 0) if before is None else before | (loads > 0)
+    return tuple(out)
 
 
 def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:

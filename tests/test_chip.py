@@ -106,24 +106,22 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
 
 
 def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):
-    """Rounds of 4 tokens: the prefill's 15 tokens take a chain of three full rounds
-    and a shorter one. On the RTL (the channels' counters, equal to the compiler's in
-    tb.chip_tb, every output bit-exact) the chain's first round reads the first weights
+    """Rounds of 4 tokens: the prefill's 15 tokens take a chain of four rounds (4, 4,
+    4 and 3 tokens). On the RTL (the channels' counters, equal to the compiler's in
+    tb.chip_tb, every output bit-exact) the first round reads the first weights
     (``W_o``, the router, the shared expert: 544 words of tiny) and its routed experts
     (224 words each), each later one only the experts no round before it loaded (flags
-    the tiles keep between rounds), the shorter round all it needs."""
+    the tiles keep between rounds)."""
     first, expert = 544, 224
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
                             moe_tokens=4, seed=seed + 1)
     rounds = [r for r in result["rounds"] if r["phase"] == "prefill-moe"]
     chosen = [{e for e, n in enumerate(r["expert_load"]) if n} for r in rounds]
     assert [r["tokens"] for r in rounds] == [4, 4, 4, 3]
-    loaded = set().union(*chosen[:3])
     expected = [first + expert * len(chosen[0]),
-                *(expert * len(chosen[i] - set().union(*chosen[:i])) for i in (1, 2)),
-                first + expert * len(chosen[3])]
+                *(expert * len(chosen[i] - set().union(*chosen[:i])) for i in (1, 2, 3))]
     assert [r["memory_words"] for r in rounds] == expected
-    assert sum(expected[:3]) == first + expert * len(loaded)
+    assert sum(expected) == first + expert * len(set().union(*chosen))
 
 
 @pytest.mark.parametrize(

@@ -157,21 +157,22 @@ def test_moe_rounds_and_routing_features():
 
 
 def test_a_chain_of_rounds_loads_each_expert_once():
-    """With streamed weights a step's full rounds share what they load: a later round
-    of the chain loads only experts no round before it did, and not the first weights;
-    a shorter last round stands alone (its own layout) and loads what it needs."""
+    """With streamed weights a step's rounds share what they load: a later round of
+    the chain loads only experts no round before it did, and not the first weights."""
     shape = replace(SHAPE, chained=True)
     rounds = [[1, 1, 2, 0, 0, 0, 0, 4], [2, 0, 2, 4, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0]]
     first, second, last = shape.step_features(rounds)
     assert (first[1], first[4]) == (1.0, 4.0)  # experts 0, 1, 2, 7
     assert (second[1], second[3], second[4]) == (0.0, 3.0, 1.0)  # of 0, 2, 3 only 3
-    assert (last[1], last[4]) == (1.0, 2.0)  # 1 token: a lone round
+    assert (last[1], last[4]) == (0.0, 1.0)  # of 1 and 4 only 4
     assert SHAPE.step_features(rounds)[1][1:5] == [1.0, 4.0, 3.0, 3.0]  # not chained
     expected = shape.expected_step(12)  # a chain of three rounds of 4
     assert [f[1] for f in expected] == [1.0, 0.0, 0.0]
     assert expected[0][4] > expected[1][4] > expected[2][4] > 0
-    assert [f[1] for f in shape.expected_step(10)] == [1.0, 0.0, 1.0]
+    assert [f[1] for f in shape.expected_step(10)] == [1.0, 0.0, 0.0]
     assert shape.expected_step(12)[:2] == shape.expected_step(9)[:2]
+    assert shape.features(np.array(rounds), None).tolist() == [
+        SHAPE.routing_features(load) for load in rounds]
 
 
 def test_calibration_plan_holds_held_out_runs_within_capacity():
@@ -228,7 +229,7 @@ def test_a_request_the_chip_cannot_hold_fails_and_the_rest_complete():
 
 
 def test_capacity_follows_the_compiler_sizes():
-    """The default chip's gpt-oss: 383 pages a tile, 4 row pairs, 2 KV heads."""
+    """gpt-oss on a chip of 383 pages a tile, 4 row pairs, 2 KV heads."""
     local = Capacity(tiles=4, pages=383, page_size=16, jobs_per_tile=4, kv_heads=2,
                      max_tokens=4096)
     assert local.max_sequences == 8
