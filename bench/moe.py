@@ -33,8 +33,8 @@ default). Figures:
   ``moe__streamed__{prefill,decode}__memory_bound_ratio``, the phase's cycles over its
   largest roofline bound (docs/chip.md#roofline: with the weights streamed, the busiest
   memory channel's bytes at its 7/16 byte per cycle);
-  ``moe__streamed__prefill__crossover_tokens``, the MoE round size at which the
-  prefill's rounds would turn compute-bound;
+  ``moe__streamed__prefill__crossover_tokens``, the prefill step size (its MoE rounds
+  loading the weights once) at which they would turn compute-bound;
   ``moe__{streamed,resident}__decode__{energy_per_token_pj,memory_energy_share}``, the
   access model's energy of a decode step per token and the memory channels' share
   (docs/energy.md).
