@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -249,6 +250,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                     "MoE words (tokens, expert outputs)"),
         ("memory", _memory_line(config, args, metrics)),
+        ("host", _host_line(config, metrics)),
         ("clock", fmax_text),
         ("energy", report.access_energy_line(metrics)),
         ("", report.energy_line(result.get("energy"), args.batch * (args.prefill + args.steps))),
@@ -294,6 +296,29 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
                        "round (docs/chip.md)")
     return line + ("not used by these programs: weights, tokens and KV pages are written by "
                    "the host before their round, outside the cycle count (docs/chip.md)")
+
+
+def _host_line(config, metrics: dict) -> str:
+    """What the host wrote into the tiles before the rounds, outside the cycle count:
+    bytes per phase by kind, and what they would take at the memory channels'
+    bandwidth."""
+    parts, cycles = [], []
+    for phase, label in (("prefill", "prefill"), ("decode", "per decode step")):
+        if f"chip__{phase}__host_bytes" not in metrics:
+            continue
+        kinds = ", ".join(f"{metrics[f'chip__{phase}__host_{kind}_bytes']:,} {name}"
+                          for kind, name in (("program", "programs"),
+                                             ("scratchpad", "tokens, constants, weights"),
+                                             ("kv", "KV appends")))
+        total = metrics[f"chip__{phase}__host_bytes"]
+        parts.append(f"{label} {total:,} B ({kinds})")
+        if config.memory_nodes:
+            cycles.append(f"{math.ceil(total / config.memory_bytes_per_cycle):,}")
+    line = "written into the tiles before each round, not counted: " + "; ".join(parts)
+    if cycles:
+        line += (f" (at the memory channels' {config.memory_bytes_per_cycle} byte/cycle: "
+                 f"{' and '.join(cycles)} cycles)")
+    return line
 
 
 def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:

@@ -22,6 +22,7 @@ from sim.tile_run import HOST_DEPTH, KV_DEPTH, config_json
 from spec import energy as per_access
 from spec.config import ChipConfig, TileConfig
 from spec.energy import CLASSES
+from spec.isa import INSTRUCTION_BITS
 from spec.noc import NocConfig
 
 #: Block-table rows of a tile by default: 4 jobs (a K and a V row each).
@@ -293,8 +294,10 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     rounds run one after another); utilisation = useful MACs (the attention programs'
     GEMMs, the MoE rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares
     summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
-    network; bytes loaded from the memory channels; the roofline (:func:`round_bounds`
-    summed over the phase's rounds, which run one after another) and the phase's cycles
+    network; bytes loaded from the memory channels; bytes the host wrote into the tiles
+    before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``: outside
+    the cycle count); the roofline (:func:`round_bounds` summed over the phase's
+    rounds, which run one after another) and the phase's cycles
     over its largest bound (``memory_bound_ratio``); for a prefill whose MoE rounds
     stream weights, the tokens per prefill step at which its MoE rounds' compute bound
     would reach their memory bound (``crossover_tokens``: the same weights loaded once
@@ -335,6 +338,14 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
         memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
+        # Bytes the host wrote into the tiles before the phase's rounds, not counted:
+        # program words, scratchpad words (tokens, constants, resident weights) and
+        # words appended to KV pages.
+        for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n), ("kv", n)):
+            out[f"chip__{phase}__host_{kind}_bytes"] = sum(
+                r.get("host_words", {}).get(kind, 0) for r in attn + moe) * size // steps
+        out[f"chip__{phase}__host_bytes"] = sum(
+            out[f"chip__{phase}__host_{kind}_bytes"] for kind in ("program", "scratchpad", "kv"))
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
         per_round = {id(r): (round_bounds(r, config), round_energy(r, config))
                      for r in attn + moe}

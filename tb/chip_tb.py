@@ -10,6 +10,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
+from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
 from sim.chip_driver import ChipDriver
@@ -267,6 +268,12 @@ def _round_record(rnd, run, flits: int) -> dict:
             "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
             "tokens": rnd.tokens * len(rnd.contexts),
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
+            # What the host wrote into the tiles before the round, outside its cycles.
+            "host_words": {
+                "program": sum(len(ld.instructions) for ld in rnd.loads.values()),
+                "scratchpad": sum(len(ld.spad_writes) for ld in rnd.loads.values()),
+                "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
+                          for r in ld.kv_requests)},
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",
                                                        "executed_over_sparse", "tokens",
                                                        "expert_load")

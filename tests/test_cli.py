@@ -40,6 +40,16 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert "and the tokens, constants, KV pages the host writes" in text
     assert all(r["memory_words"] > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
     assert metrics["chip__decode__memory_bytes_per_token"] > 0
+    # What the host wrote before the rounds, outside the count: every round's program
+    # (32 bytes an instruction), its tokens and constants; decode appends each
+    # sequence's K and V (2 KV heads x 4 words of a 32-channel head, each).
+    assert "written into the tiles before each round, not counted: prefill " in text
+    for phase in ("prefill", "decode"):
+        assert metrics[f"chip__{phase}__host_program_bytes"] % 32 == 0
+        assert metrics[f"chip__{phase}__host_scratchpad_bytes"] > 0
+        assert metrics[f"chip__{phase}__host_bytes"] == sum(
+            metrics[f"chip__{phase}__host_{kind}_bytes"] for kind in ("program", "scratchpad",
+                                                                    "kv"))
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text
     assert "decode-moe:" in text and "none of " in text
