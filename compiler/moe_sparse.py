@@ -33,11 +33,10 @@ tokens; at the end, the loaded-expert flags a chain's round wrote), 4 results ar
 
 With streamed weights, the rounds of one step (a chain, :class:`StepRound`) load each
 expert's weights once — the weights sit from each tile's word 0, where no round's size
-moves them: the chain's first round loads
-``W_o``, the router, the shared experts and the routed experts its tokens chose; a later
-round only the routed experts no round before it loaded, which it finds at run time in
-per-expert flags the tiles keep between rounds (two words an expert: one round reads
-what the one before wrote).
+moves them: the chain's first round loads ``W_o``, the router, the shared experts and
+the routed experts its tokens chose; a later round only the routed experts no round
+before it loaded, which it finds at run time in per-expert flags the tiles keep between
+rounds (two words an expert: one round reads what the one before wrote).
 """
 
 from __future__ import annotations
@@ -99,9 +98,9 @@ R_LEFT, R_ROWS, R_OFF, R_N, R_NM1, R_IT, R_LIM, R_YOFF = range(8)
 class StepRound:
     """A MoE round's place in its step's chain of rounds (the weights streamed, at
     addresses no round's size moves): ``index`` (0: the first), ``last`` (none
-    follows), and
-    ``loaded``, the routed experts the chain's earlier rounds loaded: what the summary
-    expects this round not to load (its programs find it at run time, in the flags)."""
+    follows), and ``loaded``, the routed experts the chain's earlier rounds loaded: what
+    the summary expects this round not to load (its programs find it at run time, in
+    the flags)."""
 
     index: int = 0
     last: bool = True
