@@ -306,9 +306,9 @@ def _host_line(config, metrics: dict) -> str:
     for phase, label in (("prefill", "prefill"), ("decode", "per decode step")):
         if f"chip__{phase}__host_bytes" not in metrics:
             continue
-        kinds = ", ".join(f"{metrics[f'chip__{phase}__host_{kind}_bytes']:,} {name}"
+        kinds = ", ".join(f"{name} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}"
                           for kind, name in (("program", "programs"),
-                                             ("scratchpad", "tokens, constants, weights"),
+                                             ("scratchpad", "scratchpad words"),
                                              ("kv", "KV appends")))
         total = metrics[f"chip__{phase}__host_bytes"]
         parts.append(f"{label} {total:,} B ({kinds})")
