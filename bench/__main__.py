@@ -33,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=BENCH_JSON, help="where to merge the metrics")
     args = parser.parse_args(argv)
 
-    metrics: dict = json.loads(args.json.read_text()) if args.json.exists() else {}
     modules = {name: importlib.import_module(f"bench.{name}") for name in MODULES}
     targets: dict = {}
     for module in modules.values():  # every target, also of metrics kept from earlier runs
@@ -44,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         measured.update(modules[name].run(quick=args.quick))
         print(f"[bench] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+    # Read now, not at the start: what another bench run wrote meanwhile is kept.
+    metrics: dict = json.loads(args.json.read_text()) if args.json.exists() else {}
     metrics.update(measured)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
