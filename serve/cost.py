@@ -14,10 +14,10 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
   its nearest channel) for cycles; for energy also the experts it loads and the most
   experts and token-expert pairs on one tile. With streamed weights a step's rounds
   are a chain (``compiler.chip.MoeChain``): the first loads the first weights and its
-  experts, each later one only the experts no round before it loaded. A
-  serving step does not know its routing: it is priced at these features' means over
-  uniform top-k routings (:meth:`Shape.expected_step`), which over a model's tens of
-  layers is what a step costs on average.
+  experts, each later one only the experts no round before it loaded. A serving step
+  does not know its routing: it is priced at these features' means over uniform top-k
+  routings (:meth:`Shape.expected_step`), which over a model's tens of layers is what a
+  step costs on average.
 
 A step's jobs are placed as the compiler places them (job ``j`` = sequence ``j // kv``,
 KV head ``j % kv``, on tile ``j mod tiles``, in rounds of ``tiles`` jobs), its tokens
@@ -68,7 +68,7 @@ class Shape:
     #: Each tile's memory channel (the nearest), whose bandwidth its expert weights
     #: share; empty on a chip without channels.
     channels: tuple[int, ...] = ()
-    #: A step's full MoE rounds share the weights they stream (sparse, streamed).
+    #: A step's MoE rounds share the weights they stream (sparse, streamed).
     chained: bool = False
 
     def attention_rounds(self, jobs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
