@@ -196,8 +196,10 @@ class CostModel:
         return cycles, energy
 
     def moe(self, features: list[float]) -> tuple[float, float]:
-        """Cycles and energy of a MoE round with these routing features."""
-        return self._apply("moe_cycles", features), self._apply("moe_energy", features)
+        """Cycles and energy of a MoE round with these routing features: by the model
+        of rounds that load the first weights, or of a chain's later rounds."""
+        kind = "moe" if features[1] else "moe_later"
+        return self._apply(f"{kind}_cycles", features), self._apply(f"{kind}_energy", features)
 
     def _apply(self, name: str, features: list[float]) -> float:
         return max(float(np.dot(self.coefficients[name], features)), 0.0)
@@ -245,25 +247,35 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
         moe = step[len(attention):]
         for record, f in zip(moe, shape.step_features([r["expert_load"] for r in moe]),
                              strict=True):
-            out.append(("moe", f, f, record["cycles"], record["energy_pj"]))
+            kind = "moe" if f[1] else "moe_later"
+            out.append((kind, f, f, record["cycles"], record["energy_pj"]))
     return out
 
 
 def fit(shape: Shape, samples: list) -> CostModel:
-    """Least-squares coefficients of each model from :func:`round_samples`."""
+    """Least-squares coefficients of each model from :func:`round_samples`: attention
+    rounds; MoE rounds that load the first weights (lone ones, a chain's first); a
+    chain's later rounds, which load few experts and are bound by their compute where
+    the others wait on memory (without such samples, the first model prices them)."""
     coefficients = {}
-    for kind in ("attention", "moe"):
+    for kind in ("attention", "moe", "moe_later"):
         rows = [s for s in samples if s[0] == kind]
-        if kind == "moe" and not shape.moe:
-            coefficients["moe_cycles"] = coefficients["moe_energy"] = [0.0] * len(MOE_FEATURES)
+        if kind != "attention" and not shape.moe:
+            coefficients[f"{kind}_cycles"] = coefficients[f"{kind}_energy"] = [
+                0.0] * len(MOE_FEATURES)
+            continue
+        if kind == "moe_later" and not rows:
+            coefficients["moe_later_cycles"] = coefficients["moe_cycles"]
+            coefficients["moe_later_energy"] = coefficients["moe_energy"]
             continue
         if not rows:
             raise ValueError(f"no {kind} rounds to fit the {kind} model to")
         for target, features, index in (("cycles", 1, 3), ("energy", 2, 4)):
             x = np.array([s[features] for s in rows], dtype=float)
             y = np.array([s[index] for s in rows], dtype=float)
-            used = (np.isin(MOE_FEATURES, MOE_CYCLE_FEATURES) if (kind, target) ==
-                    ("moe", "cycles") else np.ones(x.shape[1], dtype=bool))
+            used = (np.isin(MOE_FEATURES, MOE_CYCLE_FEATURES)
+                    if kind != "attention" and target == "cycles"
+                    else np.ones(x.shape[1], dtype=bool))
             # Scaled columns: features span 1 to ~10^6.
             scale = np.maximum(np.abs(x[:, used]).max(axis=0), 1e-12)
             solution = np.zeros(x.shape[1])

@@ -30,7 +30,8 @@ def linear_model(attention=(1000.0, 10.0, 0.0), moe=(0.0,) * 8, shape=SHAPE) -> 
     """Cycles: a round's 1000 + 10 x its biggest job's tokens; energy 1 pJ a token."""
     return CostModel(shape, {"attention_cycles": list(attention),
                              "attention_energy": [0.0, 1.0, 0.0, 0.0],
-                             "moe_cycles": list(moe), "moe_energy": [0.0] * 8})
+                             "moe_cycles": list(moe), "moe_energy": [0.0] * 8,
+                             "moe_later_cycles": list(moe), "moe_later_energy": [0.0] * 8})
 
 
 # Traces -------------------------------------------------------------------------------
@@ -96,6 +97,9 @@ def test_fit_recovers_linear_rounds(seed):
     truth = linear_model(attention=(500.0, 7.0, 0.25),
                          moe=(300.0, 150.0, 20.0, 900.0, 0.0, 0.0, 700.0, 0.0), shape=shape)
     truth.coefficients["moe_energy"] = [10.0, 40.0, 2.0, 50.0, 30.0, 0.0, 3.0, 1.0]
+    # A chain's later rounds have a model of their own (bound by compute, not memory).
+    truth.coefficients["moe_later_cycles"] = [200.0, 0.0, 90.0, 100.0, 0.0, 0.0, 500.0, 0.0]
+    truth.coefficients["moe_later_energy"] = [5.0, 0.0, 4.0, 20.0, 60.0, 0.0, 1.0, 2.0]
     truth.coefficients["attention_energy"] = [30.0, 2.0, 0.5, 9.0]
     records = []
     for _ in range(16):
@@ -113,13 +117,17 @@ def test_fit_recovers_linear_rounds(seed):
             chosen = [rng.choice(shape.experts, shape.top_k, replace=False) for _ in range(t)]
             loads.append(np.bincount(np.ravel(chosen), minlength=shape.experts).tolist())
         for load, f in zip(loads, shape.step_features(loads), strict=True):
+            cycles, energy = truth.moe(f)
             records.append({"phase": "extend-moe", "tokens": sum(load) // shape.top_k,
                             "contexts": contexts, "expert_load": load,
-                            "cycles": np.dot(truth.coefficients["moe_cycles"], f),
-                            "energy_pj": np.dot(truth.coefficients["moe_energy"], f)})
+                            "cycles": cycles, "energy_pj": energy})
     model = fit(shape, round_samples(shape, records))
-    # The cycle model leaves out the experts loaded and the busiest tile's experts and pairs.
-    assert [model.coefficients["moe_cycles"][i] for i in (4, 5, 7)] == [0, 0, 0]
+    # The cycle models leave out the experts loaded and the busiest tile's experts and pairs.
+    for kind in ("moe", "moe_later"):
+        assert [model.coefficients[f"{kind}_cycles"][i] for i in (4, 5, 7)] == [0, 0, 0]
+    # Without a chain's later rounds to fit, the first rounds' model prices them.
+    lone = fit(shape, [s for s in round_samples(shape, records) if s[0] != "moe_later"])
+    assert lone.coefficients["moe_later_cycles"] == lone.coefficients["moe_cycles"]
     for cycles, predicted, pj, p_pj in step_totals(model, records):
         assert predicted == pytest.approx(cycles, rel=1e-6)
         assert p_pj == pytest.approx(pj, rel=1e-6)
