@@ -45,9 +45,9 @@ __all__ = ["CostModel", "Plan", "Shape", "attention_features", "calibrate",
 
 MOE_FEATURES = ("round", "first", "tokens", "experts", "loaded", "experts_per_tile",
                 "loaded_per_channel", "pairs_per_tile")
-#: The MoE cycle model's features: the busiest tile's experts and token-expert pairs
-#: left out, which over the few routings a calibration sees overfit (4 x 4 gpt-oss:
-#: 14.9 % held-out error with them, 1.9 % without; energy keeps every feature).
+#: The MoE cycle models' features: the experts loaded (their bytes are in the busiest
+#: channel's count) and the busiest tile's experts and token-expert pairs left out,
+#: which over the few routings a calibration sees overfit (energy keeps every feature).
 MOE_CYCLE_FEATURES = ("round", "first", "tokens", "experts", "loaded_per_channel")
 #: The source packages whose change can change a round's cycles or energy: saved
 #: calibration runs are reused only while their files are the same.
