@@ -356,12 +356,13 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         largest = max(BOUNDS, key=bounds.__getitem__)
         out[f"chip__{phase}__largest_bound"] = largest
         out[f"chip__{phase}__memory_bound_ratio"] = round(cycles / max(bounds[largest], 1), 3)
-        # Per step (its MoE rounds share the weights they stream): tokens x memory
-        # bound / compute bound, over the steps whose rounds streamed weights.
+        # Per step (its MoE rounds share the weights they stream, a later one may load
+        # none): tokens x memory bound / compute bound, over the steps that streamed.
         by_step: dict[tuple, list] = {}
         for r in moe:
-            if r.get("memory_words"):
-                by_step.setdefault(tuple(r["contexts"]), []).append(r)
+            by_step.setdefault(tuple(r["contexts"]), []).append(r)
+        by_step = {key: step for key, step in by_step.items()
+                   if any(r.get("memory_words") for r in step)}
         if phase == "prefill" and by_step:
             out["chip__prefill__crossover_tokens"] = round(sum(
                 sum(per_round[id(r)][0]["memory"] for r in step)

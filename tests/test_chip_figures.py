@@ -57,6 +57,12 @@ def test_phase_bounds_add_over_rounds_and_the_ratio_takes_the_largest():
     assert f["chip__prefill__memory_bound_ratio"] == round(5_000 / 1_100, 3)
     # The MoE round: 128 memory cycles against 100 of compute at 4 tokens.
     assert f["chip__prefill__crossover_tokens"] == round(4 * 128 / 100)
+    # A later round of the step's chain that loads nothing still adds its tokens and
+    # compute to the step's.
+    rounds.insert(2, _record("prefill-moe", 900, macs=4 * 64 * 200, beats=[100],
+                             reads=[0, 0], tokens=8))
+    f = chip_figures({"rounds": rounds}, config)
+    assert f["chip__prefill__crossover_tokens"] == round(12 * 128 / 200) == 8
     assert f["chip__decode__streaming_bound_cycles"] == 300  # per step
     assert f["chip__decode__largest_bound"] == "streaming"
     assert f["chip__decode__memory_bound_ratio"] == round(500 / 300, 3)
