@@ -110,14 +110,22 @@ class Shape:
             loaded.sum(axis=1), (used @ on_tile).max(axis=1), per_channel.max(axis=1),
             (loads @ on_tile).max(axis=1)])
 
+    def chain_features(self, loads: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`features` of a step's MoE rounds, in order, each of many routings
+        (``loads[r]``: routings x experts): in a chain, a round after the first knows
+        the experts the rounds before it loaded, routing by routing."""
+        chain = self.chain(len(loads))
+        out, before = [], None
+        for load in loads:
+            out.append(self.features(load, before))
+            if chain:
+                before = (load > 0) if before is None else before | (load > 0)
+        return out
+
     def step_features(self, loads: list[list[int]]) -> list[list[float]]:
         """The features of a step's MoE rounds from their routings, in order."""
-        chain = self.chain(len(loads))
-        out, before = [], np.zeros(self.experts, dtype=bool)
-        for i, load in enumerate(loads):
-            out.append(self.routing_features(load, before if chain and i else None))
-            before = before | (np.asarray(load) > 0)
-        return out
+        return [f[0].tolist() for f in self.chain_features([np.asarray(load)[None]
+                                                             for load in loads])]
 
     def expected_step(self, tokens: int) -> list[list[float]]:
         """The mean of :meth:`step_features` over uniform top-k routings of the MoE
@@ -147,12 +155,8 @@ def _expected_routing(shape: Shape, tokens: int) -> tuple[float, ...]:
 def _expected_chain(shape: Shape, sizes: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
     """Each round's mean features in a chain of rounds of ``sizes`` tokens (round r's
     draws seeded by (its size, r): the same whatever follows it)."""
-    out, before = [], None
-    for r, size in enumerate(sizes):
-        loads = _draws(shape, size, (size, r))
-        out.append(tuple(shape.features(loads, before).mean(axis=0)))
-        before = (loads > 0) if before is None else before | (loads > 0)
-    return tuple(out)
+    loads = [_draws(shape, size, (size, r)) for r, size in enumerate(sizes)]
+    return tuple(tuple(f.mean(axis=0)) for f in shape.chain_features(loads))
 
 
 def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
