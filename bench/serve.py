@@ -4,7 +4,8 @@ and InferenceX-style matched comparisons.
 
 - ``serve__cost_model_error_p95_{cycles,energy}``: the local design point's cost model
   on the RTL runs left out of its fit (p95 over their steps of |predicted - measured| /
-  measured); ``serve__striped__cost_model_error_p95_*`` the striped one's.
+  measured); ``serve__{striped,far}__cost_model_error_p95_*`` the striped and far
+  ones'.
 - ``serve__c{1,32}__{ttft_p50_s,tpot_p99_s,interactivity,tokens_per_j}``: the fixed
   trace (64 requests, 256 input / 64 output tokens nominal) at concurrency 1 and at the
   most sequences the chip holds (32), local placement, phase rounds.
@@ -13,7 +14,8 @@ and InferenceX-style matched comparisons.
   range both fronts cover (concurrency 1, 2, 4, 8, 16, 32); the same for
   ``chunked_over_rounds`` (chunked prefill against phase rounds, local);
   ``serve__matched_{lo,hi}__local_over_striped__e2e_speedup``: striped's end-to-end p50
-  over local's at 25 % and 75 % of the throughput range both cover.
+  over local's at 25 % and 75 % of the throughput range both cover; the same for
+  ``local_over_far`` (KV pages in the memory channels, loaded by every step).
 - ``serve__agent_loop__cost_model_error_{cycles,energy}``: the local cost model on
   ``bench/chip.py``'s agent loop run on the chip (KV kept and evicted; a schedule of
   prefill, extend and decode steps it was not fitted to): |predicted - measured| /
@@ -69,13 +71,14 @@ def run(quick: bool = False) -> dict:
     out: dict = {}
     local = prepare(Design())
     striped = prepare(Design(placement="striped"))
-    for name, p in (("", local), ("striped__", striped)):
+    far = prepare(Design(placement="far"))
+    for name, p in (("", local), ("striped__", striped), ("far__", far)):
         for kind in ("cycles", "energy"):
             out[f"serve__{name}cost_model_error_p95_{kind}"] = \
                 p.model.calibration[f"error_p95_{kind}"]
     requests = fixed_trace(256, 64, 16 if quick else 64)
     runs = {"local": _sweep(local, requests), "striped": _sweep(striped, requests),
-            "chunked": _sweep(local, requests, "chunked")}
+            "far": _sweep(far, requests), "chunked": _sweep(local, requests, "chunked")}
     for r in (runs["local"][0], runs["local"][-1]):
         c = r["concurrency"]
         out[f"serve__c{c}__ttft_p50_s"] = round(r["ttft_p50_s"], 4)
@@ -84,6 +87,7 @@ def run(quick: bool = False) -> dict:
         out[f"serve__c{c}__tokens_per_j"] = round(r["tokens_per_j"])
     f = {name: fronts(r) for name, r in runs.items()}
     for other, base, label in (("local", "striped", "local_over_striped"),
+                               ("local", "far", "local_over_far"),
                                ("chunked", "local", "chunked_over_rounds")):
         c = compare(f[base], f[other])
         for kind, name in (("throughput_per_energy", "throughput_per_energy"),

@@ -42,7 +42,6 @@ from golden.workloads import Workload, WorkloadConfig, generate, generate_batch,
 from rtl.scratchpad import KvOp
 from spec.config import ChipConfig, ceil_div
 from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
-from spec.memory import nearest_channel
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
@@ -172,24 +171,6 @@ class _Tiles:
                 f"{cfg.num_pages} pages: use a larger mesh or a smaller batch")
         self.mapped: dict[tuple[int, int, int], int] = {}
         self.appended: dict[tuple[int, int], int] = {}
-        #: Far placement: each (tile, block-table row, logical page)'s address in its
-        #: channel, taken from the top of the store down (the experts' weights fill it
-        #: from the bottom up), kept for the whole run.
-        self.far: dict[tuple[int, int, int], tuple[int, int]] = {}
-        self.far_used: dict[int, int] = {}
-
-    def far_page(self, channel: int, key: tuple[int, int, int]) -> int:
-        """The memory address of a far page (a new one the first time ``key`` asks)."""
-        if key not in self.far:
-            words, used = self.chip.tile.page_words, self.far_used.get(channel, 0)
-            if (used + 1) * words > self.chip.memory_words:
-                raise ValueError(f"far placement: memory channel {channel} holds "
-                                 f"{self.chip.memory_words} words, {used} KV pages of {words}; "
-                                 "no room for another")
-            self.far_used[channel] = used + 1
-            self.far[key] = (channel, self.chip.memory_words - (used + 1) * words)
-        return self.far[key][1]
-
     def allocator(self, slot: int, foreign: bool = False) -> PageAllocator:
         part = slot * self.placement.parts_per_slot + int(foreign)
         lo = part * self.per_part
@@ -347,12 +328,12 @@ class FarPlacement(Placement):
         if not chip.memory_nodes:
             raise ValueError("far placement keeps KV pages in the memory channels; this "
                              "chip has none")
-        channel = nearest_channel(chip.memory_nodes, c % chip.k, c // chip.k)
-        image = rnd.memory.setdefault(channel, {})
         for row in range(kv.table.shape[0]):
             for logical in range(kv.pages):
-                frame = cfg.page_address(int(kv.table[row, logical]))
-                base = tiles.far_page(channel, (c, kv.first_row + row, logical))
+                page = int(kv.table[row, logical])
+                frame = cfg.page_address(page)
+                channel, base = chip.far_page(c, page)
+                image = rnd.memory.setdefault(channel, {})
                 image.update({base + a - frame: w for a, w in job.program.kv_words.items()
                               if frame <= a < frame + cfg.page_words})
                 rnd.pulls.setdefault(c, []).append((frame, channel, base))

@@ -100,10 +100,6 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     from sim.chip_run import chip_config
     from spec.memory import nearest_channel
 
-    if design.placement == "far":
-        raise ValueError("--placement far is not served yet: its KV capacity is the memory "
-                         "channels' words, shared with the streamed weights, which the "
-                         "scheduler does not model; use local or striped")
     cfg = get_workload(design.workload)
     layers = layers or MODEL_LAYERS.get(cfg.name, len(cfg.windows))
     if layers < 1:

@@ -185,9 +185,10 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     most what the block table's ``spec.config.MAX_TABLE_ENTRIES`` entries map). ``moe``
     "sparse": room for the sparse mapping; "dense": for the larger of the two mappings,
     so that they compare on one build; "off": attention only, no room kept for the MoE
-    layer. ``moe_tokens``: the MoE rounds' size the room is kept for. Unless ``moe`` is
-    "off", the memory channels' stores hold the MoE layer's streamed weights (at least
-    ``spec.memory.DEFAULT_MEMORY_WORDS``, a power of two); ``memory_bandwidth``: their
+    layer. ``moe_tokens``: the MoE rounds' size the room is kept for. The memory
+    channels' stores hold the MoE layer's streamed weights (unless ``moe`` is "off") and
+    a far copy of every KV page of their tiles (``ChipConfig.far_page``), in at least
+    ``spec.memory.DEFAULT_MEMORY_WORDS`` words, a power of two; ``memory_bandwidth``: their
     bandwidth in all, bytes per cycle (default: the machine balance,
     ``spec.memory.machine_balance_bandwidth``). One build serves every batch, context,
     placement and weight mode that fits it; what does not fit is refused by the compiler
@@ -224,9 +225,11 @@ def chip_config(workload, *, k: int = 2, n: int = 8, max_context: int | None = N
     except ValueError as error:
         raise ValueError(f"the tiles of a {k}x{k} chip: {error}: use a larger mesh") from None
     config = ChipConfig(k=k, tile=tile, vcs=vcs, memory_bandwidth=memory_bandwidth)
-    if moe == "off" or not config.memory_nodes:
+    if not config.memory_nodes:
         return config
-    words = moe_memory_words(cfg, k, n, config.memory_nodes, moe_tokens)
+    words = config.far_kv_words
+    if moe != "off":
+        words += moe_memory_words(cfg, k, n, config.memory_nodes, moe_tokens)
     return replace(config, memory_words=max(config.memory_words, 1 << (words - 1).bit_length()))
 
 

@@ -19,6 +19,7 @@ from spec.memory import (
     DEFAULT_MEMORY_WORDS,
     check_bandwidth,
     machine_balance_bandwidth,
+    nearest_channel,
 )
 from spec.noc import DEFAULT_DEPTH, MAX_DEPTH, MAX_PACKET
 from spec.params import MAX_N, MIN_N
@@ -274,6 +275,34 @@ class ChipConfig:
         if self.memory_bandwidth is not None:
             return Fraction(self.memory_bandwidth)
         return machine_balance_bandwidth(self.tile.n, self.tiles)
+
+    @property
+    def far_kv_words(self) -> int:
+        """Words the busiest memory channel keeps for far placement: a copy of every KV
+        page of every tile it is nearest (:meth:`far_page`); 0 without channels."""
+        if not self.memory_nodes:
+            return 0
+        nearest = [nearest_channel(self.memory_nodes, *self.position(t))
+                   for t in range(self.tiles)]
+        return max(map(nearest.count, range(len(self.memory_nodes)))) \
+            * self.tile.num_pages * self.tile.page_words
+
+    def far_page(self, tile: int, page: int) -> tuple[int, int]:
+        """Where far placement keeps KV page ``page`` of tile ``tile``: (the memory channel
+        nearest the tile, the page's first word). The channel's tiles in index order each
+        keep ``num_pages`` pages in a row from the top of its store down (the streamed
+        weights fill it from the bottom up); ValueError if the store is too small."""
+        if not 0 <= page < self.tile.num_pages:
+            raise ValueError(f"KV page {page} is outside a tile's {self.tile.num_pages}")
+        channel = nearest_channel(self.memory_nodes, *self.position(tile))
+        rank = sum(nearest_channel(self.memory_nodes, *self.position(t)) == channel
+                   for t in range(tile))
+        if self.far_kv_words > self.memory_words:
+            raise ValueError(f"far placement: a memory channel of {self.memory_words} words "
+                             f"cannot keep the {self.far_kv_words} words of its tiles' KV "
+                             "pages")
+        words = self.tile.page_words
+        return channel, self.memory_words - (rank * self.tile.num_pages + page + 1) * words
 
     def position(self, index: int) -> tuple[int, int]:
         """(x, y) of tile ``index`` (= y * k + x)."""

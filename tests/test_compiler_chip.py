@@ -15,6 +15,7 @@ from compiler.chip import (
     chunked,
     contexts,
     layer_rounds,
+    moe_memory_words,
 )
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
@@ -22,6 +23,7 @@ from rtl.scratchpad import KvOp
 from sim.chip_run import chip_config
 from spec.config import ChipConfig
 from spec.isa import DmaTarget, Opcode, decode, encode
+from spec.memory import nearest_channel
 
 
 def run_rounds(config: ChipConfig, rounds) -> int:
@@ -75,6 +77,7 @@ def test_far_placement_loads_every_page_from_its_channel():
                               placement="far")
     assert run_rounds(config, rounds) == 0
     page = config.tile.page_words
+    frames = {config.tile.page_address(p): p for p in range(config.tile.num_pages)}
     seen: dict[tuple[int, int], set] = {}
     for rnd in rounds:
         loaded = 0
@@ -84,13 +87,15 @@ def test_far_placement_loads_every_page_from_its_channel():
             assert pulls and ops[len(pulls)] == (Opcode.WAIT, {"semaphore": 15, "count": 1})
             assert {f["channel"] for f in pulls} == {tile // 2}
             assert all(f["length"] == page for f in pulls)
+            assert [config.far_page(tile, frames[f["dst"]]) for f in pulls] == [
+                (tile // 2, f["mem_addr"]) for f in pulls]
             assert [f["remote_signal"] for f in pulls] == [0] * (len(pulls) - 1) + [1]
             seen.setdefault((rnd.phase, tile), set()).add(
                 tuple(f["mem_addr"] for f in pulls))
             loaded += len(pulls) * page
         assert rnd.memory_words == loaded
         assert min(a for image in rnd.memory.values() for a in image) >= (
-            config.memory_words - 64 * page)
+            config.memory_words - config.far_kv_words)
     # Decode steps at contexts 10 and 11 read the same pages at the same addresses.
     assert all(len(addresses) == 1 for (phase, _), addresses in seen.items()
                if phase == "decode")
@@ -112,8 +117,34 @@ def test_far_placement_needs_memory_channels_and_room():
         attention_rounds(replace(chip_config("tiny", k=2), memory_nodes=()), "tiny", 1,
                          prefill=5, placement="far")
     small = replace(chip_config("tiny", k=2), memory_words=64)
-    with pytest.raises(ValueError, match="far placement: memory channel 0 holds 64 words"):
+    with pytest.raises(ValueError, match="far placement: a memory channel of 64 words cannot "
+                                         "keep the 2048 words of its tiles' KV pages"):
         attention_rounds(small, "tiny", 1, prefill=9, placement="far")
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_far_pages_fill_each_channel_from_the_top_without_overlap(k):
+    """Every KV page of every tile has its own far copy in the channel nearest its tile,
+    the copies of a channel packed from the top of its store down to exactly
+    ``far_kv_words`` (the channel that serves the most tiles), clear of the weights
+    ``chip_config`` sizes the store for."""
+    config = chip_config("gpt-oss", k=k)
+    page, pages = config.tile.page_words, config.tile.num_pages
+    taken: dict[int, list[int]] = {}
+    for tile in range(config.tiles):
+        x, y = config.position(tile)
+        for p in range(pages):
+            channel, base = config.far_page(tile, p)
+            assert channel == nearest_channel(config.memory_nodes, x, y)
+            taken.setdefault(channel, []).append(base)
+    for bases in taken.values():
+        bases.sort()
+        assert bases == list(range(bases[0], config.memory_words, page))
+    assert min(min(b) for b in taken.values()) == config.memory_words - config.far_kv_words
+    assert config.memory_words - config.far_kv_words >= moe_memory_words(
+        get_workload("gpt-oss"), k, config.tile.n, config.memory_nodes)
+    with pytest.raises(ValueError, match=f"KV page {pages} is outside a tile's {pages}"):
+        config.far_page(0, pages)
 
 
 @pytest.mark.parametrize("layer", [0, 1], ids=["window5", "full"])

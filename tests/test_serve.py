@@ -345,7 +345,6 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, reason", [
-    (["--placement", "far"], "--placement far is not served yet"),
     (["--write-trace", "/proc/serrano/t.jsonl"], "--write-trace /proc/serrano/t.jsonl"),
     (["--tool-wait", "-1"], "--tool-wait must be >= 0"),
     (["--clock", "fpgaa"], None),
@@ -368,9 +367,10 @@ def test_serve_refuses_bad_options(args, reason, capsys):
 
 def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
     """tiny on the RTL with 16 block-table rows a tile (16 sequences at once, 8 with the
-    default 8): a short calibration (fitted runs up to 12 sequences, one held out, each
-    bit-exact with golden), the sweep served on its fit; the second run reuses the saved
-    runs without simulating."""
+    default 8), KV local and far: a short calibration each (fitted runs up to 12
+    sequences, one held out, each bit-exact with golden), the sweep served on its fit;
+    far decodes slower (every step loads the whole cache from the memory channels); the
+    second run reuses the saved runs without simulating."""
     import serve.design
     import sim.chip_run
     from cli.main import main
@@ -383,18 +383,20 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
     out = tmp_path / "serve.json"
     args = ["serve", "--workload", "tiny", "--kv-rows", "16", "--concurrency", "1,12",
             "--requests", "12", "--isl", "12", "--osl", "3", "--layers", "2",
-            "--json", str(out),
+            "--placement", "local,far", "--json", str(out),
             "--write-trace", str(tmp_path / "served.jsonl")]
     assert main(args) == 0
     assert read_trace(tmp_path / "served.jsonl") == fixed_trace(12, 3, 12)
     document = json.loads(out.read_text())
-    [calibration] = document["calibration"].values()
-    assert calibration["held_out_steps"] == 1
-    assert 0 <= calibration["error_p95_cycles"] < 1
-    assert [r["completed"] for r in document["runs"]] == [12, 12]
-    one, twelve = document["runs"]
+    assert list(document["calibration"]) == ["2x2 N=8 16 rows local", "2x2 N=8 16 rows far"]
+    for calibration in document["calibration"].values():
+        assert calibration["held_out_steps"] == 1
+        assert 0 <= calibration["error_p95_cycles"] < 1
+    assert [r["completed"] for r in document["runs"]] == [12] * 4
+    one, twelve, far_one, _ = document["runs"]
     assert 0 < one["ttft_p50_s"] < one["e2e_p50_s"]
     assert twelve["tokens_per_s"] > one["tokens_per_s"]  # sequences share each step
+    assert far_one["tpot_p50_s"] > one["tpot_p50_s"]
 
     def no_simulation(*_, **__):
         raise AssertionError("the saved calibration was not reused")
