@@ -139,7 +139,9 @@ class TileModel:
     State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
     48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` and
     ``registers`` (lists of ints), ``pc``, ``halted``, ``executed`` (every instruction
-    run, in order, with the fields it ran with: a WITH's registers added), ``issued``
+    run, in order, with the fields it ran with: a WITH's registers added), ``fetches``
+    (instructions read from the program: every step, one that stops it included, as
+    the tile's ``fetches`` counter counts them), ``issued``
     (every engine operation, in order, as (engine, fields): an IDMA's rows are DMAs, and
     an IDMA of no rows is a DMA of no words to no tile that carries its signal), and
     ``done`` = the ``signal`` field of every finished engine operation, per engine
@@ -177,6 +179,7 @@ class TileModel:
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
         #: Every instruction run, as (opcode name, fields with WITH's registers added).
         self.executed: list[tuple[str, dict]] = []
+        self.fetches = 0
         #: Every engine operation, in order, as (engine name, fields).
         self.issued: list[tuple[str, dict]] = []
         #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
@@ -217,6 +220,7 @@ class TileModel:
 
     def step(self, opcode, fields: dict | None = None) -> bool:
         """Execute the instruction at ``pc`` and move ``pc`` on; False after HALT."""
+        self.fetches += 1
         name = getattr(opcode, "name", opcode)
         if name not in FIELDS:
             raise ValueError(f"unknown opcode {opcode!r}")

@@ -165,6 +165,8 @@ class Sequencer(wiring.Component):
             "semaphores": Out(data.ArrayLayout(unsigned(COUNT_BITS), SEMAPHORES)),
             # A WAIT is held this cycle: its semaphore is short of its count.
             "waiting": Out(1),
+            # The instruction memory is read this cycle (an instruction fetched).
+            "fetching": Out(1),
             # LOAD's word reads (an address only: the tile ties write and data to 0).
             "spad_req": Out(stream.Signature(data.StructLayout({"addr": ADDR_BITS}))),
             "spad_resp": In(stream.Signature(Response(8 * array_size))),
@@ -363,6 +365,7 @@ class Sequencer(wiring.Component):
                                  *(r.eq(0) for r in regs)]
                     m.next = "FETCH"
             with m.State("FETCH"):  # the memory reads status.pc
+                m.d.comb += self.fetching.eq(1)
                 m.next = "LATCH"
                 stop_on_overflow()
             with m.State("LATCH"):

@@ -31,13 +31,15 @@ class Counters(data.StructLayout):
     with no engine busy, only words arriving from the network release it), the tensor
     core's accepted operand beats, and the MACs of the GEMMs dispatched (m·k·p of each
     as the GEMM engine takes it, registers added: the work a program does at run time,
-    modulo 2^32) and the scratchpad's word accesses (``spad``: reads and writes of its
-    banks by the engines, the sequencer and arriving network words)."""
+    modulo 2^32), the scratchpad's word accesses (``spad``: reads and writes of its
+    banks by the engines, the sequencer and arriving network words) and the
+    instructions the sequencer fetched (``fetches``: one read of the instruction memory
+    each, a loop's body once per pass)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
             "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "wait", "tc_beats",
-            "macs", "spad")})
+            "macs", "spad", "fetches")})
 
 
 def _join(m: Module, source, sink) -> None:
@@ -211,6 +213,7 @@ class Tile(wiring.Component):
                 c.tc_beats.eq(c.tc_beats + gemm.beat),
                 c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
                 c.spad.eq(c.spad + sp.accesses),
+                c.fetches.eq(c.fetches + seq.fetching),
             ]
         return m
 

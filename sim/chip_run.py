@@ -271,8 +271,9 @@ def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
 def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
     """One round's energy in pJ by class (:data:`spec.energy.CLASSES`), its counters x
     the energies per access of :mod:`spec.energy`: the tiles' MACs and vector-busy
-    cycles (N lanes each), their scratchpad accesses, the flits through routers (each
-    injected flit and each link traversal) and over links, the memory channels' bytes."""
+    cycles (N lanes each), their scratchpad accesses and instruction fetches, the flits
+    through routers (each injected flit and each link traversal) and over links, the
+    memory channels' bytes."""
     e, n = per_access, config.tile.n
     tiles = record["tiles"].values()
     # A flit's whole width (a 1 x 1 chip has no network and moves none).
@@ -283,7 +284,8 @@ def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
     return {
         "compute": sum(c["macs"] * e.MAC_PJ + (c["vec"] + c["gemm_vec"]) * n * e.LANE_PJ
                        for c in tiles),
-        "sram": sum(c["spad"] for c in tiles) * e.SRAM_PJ_PER_64_BITS * 8 * n / 64,
+        "sram": sum(c["spad"] * e.SRAM_PJ_PER_64_BITS * 8 * n / 64
+                    + c["fetches"] * e.FETCH_PJ for c in tiles),
         "network": ((record["flits"] + links) * e.ROUTER_PJ_PER_64_BITS * flit_bits / 64
                     + links * flit_bits * e.LINK_PJ_PER_BIT),
         "memory": memory_bytes * e.MEMORY_PJ_PER_BYTE,

@@ -2,7 +2,8 @@
 
 A run's energy is the sum over what its counters saw of count x energy per access, in
 four classes: **compute** (MACs the tensor cores did; vector-unit lane-cycles),
-**SRAM** (scratchpad word reads and writes), **network** (flits through a router, flits
+**SRAM** (scratchpad word reads and writes; instructions fetched from the sequencer's
+instruction memory), **network** (flits through a router, flits
 over a link) and **memory** (bytes read from or written to the memory channels).
 
 The figures are for one process, so that their ratios mean something: 45 nm at 0.9 V,
@@ -21,8 +22,10 @@ comparison of two runs or design points shows is where their counts differ.
 
 from __future__ import annotations
 
-__all__ = ["CLASSES", "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ", "MEMORY_PJ_PER_BYTE",
-           "ROUTER_PJ_PER_64_BITS", "SRAM_PJ_PER_64_BITS"]
+from spec.isa import INSTRUCTION
+
+__all__ = ["CLASSES", "FETCH_PJ", "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ",
+           "MEMORY_PJ_PER_BYTE", "ROUTER_PJ_PER_64_BITS", "SRAM_PJ_PER_64_BITS"]
 
 #: The classes a run's energy is split into, in the order reports name them.
 CLASSES = ("compute", "sram", "network", "memory")
@@ -34,6 +37,10 @@ MAC_PJ = 0.2 + 0.1
 LANE_PJ = 3.1 + 0.1
 #: A 64-bit word read or written in a scratchpad bank of 32 KB (scaled by word width).
 SRAM_PJ_PER_64_BITS = 20.0
+#: An instruction fetched: a read of the bits an instruction uses (203) from the
+#: instruction memory, at the scratchpad's energy per 64 bits (4096 instructions are
+#: about 100 KB, the order of the 32 KB figure).
+FETCH_PJ = SRAM_PJ_PER_64_BITS * INSTRUCTION.size / 64
 #: A flit through a router's input buffer (a write and a read), per 64 bits.
 ROUTER_PJ_PER_64_BITS = 5.0
 #: A flit over a link between neighbouring routers (1 mm), per bit.

@@ -466,11 +466,12 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
 
 async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Sizes) -> None:
     """The register programs of sim.sequencer_cases on the RTL tile: each halts where the
-    tile model does, with the scratchpad the model ends with (the DMAs' register-stepped
+    tile model does, having fetched as many instructions (loops and skips taken at run
+    time), with the scratchpad the model ends with (the DMAs' register-stepped
     copies of random words); each register error stops at its instruction; the
     accumulator LOADs read what the model reads (or stop where it stops); random
-    register programs end as the model does (the same error, or none, at the same pc)
-    with the same copies."""
+    register programs end as the model does (the same error, or none, at the same pc,
+    after as many fetches) with the same copies."""
     x, y = driver.tile.position
     rng = np.random.default_rng(7)
     words = {a: int(rng.integers(0, 1 << 62)) for a in range(96)}
@@ -485,6 +486,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         await driver.load(program, words, [])
         run = await driver.execute(40_000)
         assert (run.error, run.pc) == (ErrorCode.NONE, model.pc), f"{what}: {run}"
+        assert run.counters["fetches"] == model.fetches, f"{what}: {run.counters}"
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"{what}: the DMAs' copies differ"
     for what, program, error, pc in register_errors(sizes, config.n, config.program_depth):
@@ -526,6 +528,9 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         run = await driver.execute(400_000)
         assert (outcome(run.error.name), run.pc) == (error, model.pc), \
             f"random program {index}: {run}"
+        assert run.counters["fetches"] == model.fetches, \
+            f"random program {index}: {run.counters['fetches']} fetches, the model "\
+            f"{model.fetches}"
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"random program {index}: the DMAs' copies differ"
         outcomes.add(error)

@@ -9,7 +9,7 @@ from spec import energy
 
 def _record(phase, cycles, *, macs, beats, reads, tokens=None):
     tiles = {t: {"cycles": cycles, "tc_beats": b, "wait": 0, "macs": 0, "vec": 0,
-                 "gemm_vec": 0, "spad": 0} for t, b in enumerate(beats)}
+                 "gemm_vec": 0, "spad": 0, "fetches": 0} for t, b in enumerate(beats)}
     return {"phase": phase, "contexts": [8], "cycles": cycles, "tiles": tiles,
             "outputs": 1, "macs": macs, "network_words": 0, "flits": 0, "link_flits": 0,
             "wall_s": 1.0, "channel_reads": reads, "memory_words": sum(reads),
@@ -72,11 +72,12 @@ def test_round_energy_is_each_counter_times_its_energy_per_access():
     config = chip_config("gpt-oss", k=2, n=8)  # 64-bit words, flits of 64 + 36 bits
     record = _record("decode", 1_000, macs=0, beats=[0, 0], reads=[3, 1])
     record["tiles"][0] |= {"macs": 1_000, "vec": 10, "gemm_vec": 5, "spad": 40}
-    record["tiles"][1] |= {"spad": 60}
+    record["tiles"][1] |= {"spad": 60, "fetches": 9}
     record |= {"flits": 7, "link_flits": 11}
     e = round_energy(record, config)
     assert e["compute"] == pytest.approx(1_000 * energy.MAC_PJ + 15 * 8 * energy.LANE_PJ)
-    assert e["sram"] == pytest.approx(100 * energy.SRAM_PJ_PER_64_BITS)
+    assert e["sram"] == pytest.approx(100 * energy.SRAM_PJ_PER_64_BITS + 9 * energy.FETCH_PJ)
+    assert pytest.approx(203 / 64 * energy.SRAM_PJ_PER_64_BITS) == energy.FETCH_PJ
     assert e["memory"] == pytest.approx(4 * 8 * energy.MEMORY_PJ_PER_BYTE)
     flit = e["network"] / ((7 + 11) * energy.ROUTER_PJ_PER_64_BITS / 64
                            + 11 * energy.LINK_PJ_PER_BIT)

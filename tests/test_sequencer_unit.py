@@ -68,11 +68,13 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
     after its request, uncorrectable at ``bad_words``; an accumulator LOAD's entry from
     ``acc`` (entry -> N lane values, else zeros) the cycle after its read. Returns the
     trace (``dispatched`` and ``done`` cycles, ``loads``: the addresses read,
-    ``acc_reads``: (cycle, entry) of accumulator reads) and the status."""
+    ``acc_reads``: (cycle, entry) of accumulator reads, ``fetches``: cycles the
+    instruction memory was read) and the status."""
     dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
                     mesh=(2, 2), program_depth=depth, memory_channels=CHANNELS,
                     channel_words=CHANNEL_WORDS)
-    trace = {"dispatched": [], "done": [], "halted_at": None, "loads": [], "acc_reads": []}
+    trace = {"dispatched": [], "done": [], "halted_at": None, "loads": [], "acc_reads": [],
+             "fetches": 0}
     spad, acc = spad or {}, acc or {}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -103,6 +105,7 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
                 address = ctx.get(dut.spad_req.payload.addr)
                 trace["loads"].append(address)
                 reads.append((cycle + 2, address))
+            trace["fetches"] += ctx.get(dut.fetching)
             if ctx.get(dut.acc_read):  # the entry arrives after this cycle's edge
                 entry = ctx.get(dut.acc_addr)
                 trace["acc_reads"].append((cycle, entry))
@@ -420,6 +423,7 @@ def test_register_programs_dispatch_what_the_model_runs(what, program):
     assert trace["status"]["error"] == ErrorCode.NONE, what
     assert trace["status"]["pc"] == pc and program[pc] == HALT, what
     assert dispatched(trace) == issued, what
+    assert trace["fetches"] == model.fetches, what
     coverage.sample_program([decode(word) for word in program], 8)
 
 
@@ -492,16 +496,17 @@ def test_an_idma_table_word_that_cannot_be_read_is_a_memory_error():
 
 
 def test_random_register_programs_match_the_model(seed):
-    """Random loops over WITH-modified operations: the same dispatches, fields and end
-    as the model, errors included."""
+    """Random loops over WITH-modified operations: the same dispatches, fields, end and
+    instructions fetched as the model, errors included."""
     rng = np.random.default_rng(seed + 70)
     outcomes = set()
     for _ in range(30):
         program = random_register_program(rng, SIZES, own_index=0)
-        issued, error, pc, _ = model_run(program)
+        issued, error, pc, model = model_run(program)
         trace = run(program, depth=DEPTH, max_cycles=20_000)
         assert (outcome(trace["status"]["error"].name), trace["status"]["pc"]) == (error, pc)
         assert dispatched(trace) == issued
+        assert trace["fetches"] == model.fetches
         outcomes.add(error)
     assert "NONE" in outcomes and len(outcomes) >= 2, outcomes
 
