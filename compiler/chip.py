@@ -47,7 +47,7 @@ __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_C
            "WEIGHT_MODES",
            "ChipRound", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
            "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
-           "layer_rounds", "moe_round", "moe_words"]
+           "layer_rounds", "moe_round", "moe_words", "place_programs"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -110,6 +110,17 @@ class TileLoad:
     kv_requests: list[dict]
     dispatched: list[tuple[Opcode, dict]] | None = None
     looped: int = 0
+    #: Where the program sits in the instruction memory (:func:`place_programs`).
+    base: int = 0
+
+    def image(self) -> dict[int, int]:
+        """The instruction memory's words the round needs, {pc: word}: the program at
+        ``base`` (its LOOP and SKIP targets moved with it) and, when ``base`` > 0, a
+        SKIP at pc 0 to it (registers start at 0, so r0 >= r0 always jumps)."""
+        if not self.base:
+            return dict(enumerate(self.instructions))
+        return {0: encode(Opcode.SKIP, ra=0, rb=0, target=self.base),
+                **dict(enumerate(relocated(self.instructions, self.base), self.base))}
 
 
 @dataclass
@@ -871,7 +882,29 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
             raise ValueError(f"memory channel {channel}: the experts' weights ({len(stored)} "
                              f"words) and the far KV pages (from word {min(pages)} up) "
                              f"overlap in its {chip.memory_words} words")
+    place_programs(chip, out)
     return out
+
+
+def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
+    """Keep the attention and the MoE programs resident side by side in each tile's
+    instruction memory, so that the host rewrites only the words a round changes (a
+    decode step's programs differ from the last step's in a few counts): the attention
+    programs from pc 1, the MoE programs after the longest of them, each round
+    starting with a SKIP at pc 0 to its program (``TileLoad.base``). When the longest
+    of both do not fit together, or the run has one kind only, every program starts
+    at pc 0."""
+    def longest(moe: bool) -> int:
+        return max((len(load.instructions) for r in rounds if r.phase.endswith("moe") == moe
+                    for load in r.loads.values()), default=0)
+
+    attention, moe = longest(False), longest(True)
+    if not attention or not moe or 1 + attention + moe > chip.tile.program_depth:
+        return
+    for r in rounds:
+        base = 1 + attention if r.phase.endswith("moe") else 1
+        for load in r.loads.values():
+            load.base = base
 
 
 def accuracy(rounds: list[ChipRound]) -> dict[str, dict]:

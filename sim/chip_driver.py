@@ -51,18 +51,19 @@ class ChipDriver(TileDriver):
         self.idle, self.stall, self.seed = 0.0, 0.0, 1
         self.program_depth = chip.tile_design.program_depth
 
-    async def load_tiles(self, loads: dict[int, tuple[list[int], dict[int, int], list[dict]]]
-                         ) -> None:
-        """Per tile: program words at pc 0, scratchpad words, KV requests; every response
-        must be clean (none are read back unless one has an error status). One harness
-        run (or more when the beats exceed its memories)."""
+    async def load_tiles(self, loads: dict[int, tuple[dict[int, int], dict[int, int],
+                                                      list[dict]]]) -> None:
+        """Per tile: instruction words {pc: word}, scratchpad words, KV requests; every
+        response must be clean (none are read back unless one has an error status). One
+        harness run (or more when the beats exceed its memories)."""
         beats: dict[str, list[dict]] = {"program": [], "host_req": [], "kv_req": []}
         for tile, (program, writes, kv_requests) in sorted(loads.items()):
-            if len(program) > self.program_depth:
-                raise ValueError(f"tile {tile}: {len(program)} instructions do not fit the "
-                                 f"{self.program_depth}-word program memory")
-            beats["program"] += [{"tile": tile, "address": i, "word": w}
-                                 for i, w in enumerate(program)]
+            outside = [pc for pc in program if not 0 <= pc < self.program_depth]
+            if outside:
+                raise ValueError(f"tile {tile}: instruction address {outside[0]} is outside "
+                                 f"the {self.program_depth}-word program memory")
+            beats["program"] += [{"tile": tile, "address": pc, "word": w}
+                                 for pc, w in sorted(program.items())]
             beats["host_req"] += [{"tile": tile, "addr": a, "write": 1, "data": w}
                                   for a, w in sorted(writes.items())]
             beats["kv_req"] += [{"tile": tile, **r} for r in kv_requests]

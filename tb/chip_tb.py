@@ -58,7 +58,8 @@ async def chip_network(dut):
     for t in others[:-1]:
         programs[t] = [encode(Opcode.WAIT, semaphore=4, count=1), encode(Opcode.HALT)]
     writes = {0: {100 + i: w for i, w in enumerate(words)}}
-    await driver.load_tiles({t: (p, writes.get(t, {}), []) for t, p in programs.items()})
+    await driver.load_tiles({t: (dict(enumerate(p)), writes.get(t, {}), [])
+                             for t, p in programs.items()})
     run = await driver.run_tiles(sorted(programs), 20_000)
     for t, e in run.tiles.items():
         assert e.error == ErrorCode.NONE and e.engine_error == 0, (t, e)
@@ -109,7 +110,8 @@ async def chip_memory(dut):
     writes = {t: {100 + i: w for i, w in enumerate(words)} for t in (0, 1)}
     image = [(w * 7 + 1) & mask for w in words[:12]]
     await driver.write_memory({1: dict(enumerate(image, 2000))})
-    await driver.load_tiles({t: (p, writes.get(t, {}), []) for t, p in programs.items()})
+    await driver.load_tiles({t: (dict(enumerate(p)), writes.get(t, {}), [])
+                             for t, p in programs.items()})
     run = await driver.run_tiles(sorted(programs), 20_000)
     assert run.tiles[2].error == ErrorCode.BAD_TILE and run.tiles[2].pc == 0, run.tiles[2]
     for t in (0, 1, 3):
@@ -169,6 +171,7 @@ async def chip_layer(dut):
               if p.get("faults") else None)
     out = []
     written: dict[int, dict[int, int]] = {}  # the memory image in the channels
+    resident: dict[int, dict[int, int]] = {}  # each tile's instruction memory
     # A word's cycles at one channel's bandwidth (the timeout if every load is one's).
     memory_cycles = (math.ceil(config.tile.n * len(config.memory_nodes)
                                / config.memory_bytes_per_cycle)
@@ -180,13 +183,19 @@ async def chip_layer(dut):
             await driver.write_memory(image)
             for c, words in image.items():
                 written.setdefault(c, {}).update(words)
-        loads = {t: (ld.instructions, ld.spad_writes, ld.kv_requests)
-                 for t, ld in rnd.loads.items()}
-        await driver.load_tiles(loads)
+        # The instruction words that differ from what the tile holds (programs stay
+        # resident: compiler.chip.place_programs).
+        programs = {}
+        for t, ld in rnd.loads.items():
+            held = resident.setdefault(t, {})
+            programs[t] = {pc: w for pc, w in ld.image().items() if held.get(pc) != w}
+            held.update(programs[t])
+        await driver.load_tiles({t: (programs[t], ld.spad_writes, ld.kv_requests)
+                                 for t, ld in rnd.loads.items()})
         if faults:
             await faults.inject(driver, index, rnd.loads)
         before, memory_before = driver.net_counters(), driver.memory_counters()
-        longest = max(len(ld.instructions) + ld.looped for ld in rnd.loads.values())
+        longest = max(len(ld.instructions) + ld.looped + 1 for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
                                      + memory_cycles * rnd.memory_words + 20_000)
         if faults and faults.check_round(driver, index):
@@ -221,7 +230,7 @@ async def chip_layer(dut):
         assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words")
-        out.append(_round_record(rnd, run, flits) | {
+        out.append(_round_record(rnd, run, flits, programs) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
             "memory_words": memory["reads"],
             "channel_reads": [c["reads"] for c in channels]})
@@ -260,8 +269,9 @@ async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | Non
             expected[name], actual[name] = job.expected, got
 
 
-def _round_record(rnd, run, flits: int) -> dict:
-    """What the result says of a round: cycles, per-tile counters, work and traffic."""
+def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]]) -> dict:
+    """What the result says of a round: cycles, per-tile counters, work and traffic;
+    ``programs``, the instruction words the host wrote for it."""
     return {"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
             "tiles": {t: e.counters for t, e in run.tiles.items()},
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
@@ -270,7 +280,7 @@ def _round_record(rnd, run, flits: int) -> dict:
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
             # What the host wrote into the tiles before the round, outside its cycles.
             "host_words": {
-                "program": sum(len(ld.instructions) for ld in rnd.loads.values()),
+                "program": sum(map(len, programs.values())),
                 "scratchpad": sum(len(ld.spad_writes) for ld in rnd.loads.values()),
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
                           for r in ld.kv_requests)},

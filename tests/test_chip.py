@@ -105,6 +105,20 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         assert set(compare(expected, tmp_path / group / "rtl").values()) == {0}
 
 
+def test_programs_stay_resident_between_rounds_on_the_chip(seed):
+    """Three decode steps of tiny: the rounds run from where compiler.chip.place_programs
+    puts their programs (a SKIP at pc 0), every output bit-exact; the host writes a
+    round's whole programs the first time and then only the words that changed: the last
+    step's two rounds take under a tenth of their programs' words."""
+    rounds = layer_rounds(TINY, "tiny", 1, prefill=5, steps=3, seed=seed)
+    result = simulate_layer(TINY, "tiny", 1, prefill=5, steps=3, rounds=rounds, seed=seed)
+    written = [r["host_words"]["program"] for r in result["rounds"]]
+    programs = [sum(len(load.instructions) for load in r.loads.values()) for r in rounds]
+    assert written[:2] == [p + len(r.loads) for p, r in zip(programs[:2], rounds[:2],
+                                                            strict=True)]
+    assert 0 < sum(written[-2:]) < sum(programs[-2:]) / 10, (written, programs)
+
+
 def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):
     """Rounds of 4 tokens: the prefill's 15 tokens take a chain of four rounds (4, 4,
     4 and 3 tokens). On the RTL (the channels' counters, equal to the compiler's in

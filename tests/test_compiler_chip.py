@@ -4,6 +4,7 @@ model (golden.chip_model) bit-exact with golden; bad mappings refused."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from compiler.chip import (
     contexts,
     layer_rounds,
     moe_memory_words,
+    place_programs,
 )
 from golden.chip_model import ChipModel
 from golden.workloads import get_workload
@@ -26,14 +28,16 @@ from spec.isa import DmaTarget, Opcode, decode, encode
 from spec.memory import nearest_channel
 
 
-def run_rounds(config: ChipConfig, rounds) -> int:
+def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
     """Every round on a fresh chip model holding the pages so far (and the memory image
     in its channels); returns the words the striped DMAs moved. Asserts each job's output
-    equals golden."""
+    equals golden. ``resident``: each tile runs its instruction memory from pc 0 as the
+    rounds' images (``TileLoad.image``) leave it, not the round's program alone."""
     cfg = config.tile
     chip = ChipModel(config.k, n=cfg.n, spad_words=cfg.spad_words, acc_depth=cfg.acc_depth,
                      slots=cfg.slots, memory_channels=len(config.memory_nodes),
                      channel_words=config.memory_words)
+    memory: dict[int, dict[int, int]] = {}  # each tile's instruction memory
     for rnd in rounds:
         for channel, image in rnd.memory.items():
             chip.channels[channel].update(image)
@@ -47,7 +51,12 @@ def run_rounds(config: ChipConfig, rounds) -> int:
                     chip.tiles[job.tile].spad[address] = word
         for load in rnd.loads.values():  # the sequencer would run past the end
             assert load.instructions[-1] == encode(Opcode.HALT)
-        chip.run({t: load.instructions for t, load in rnd.loads.items()})
+        programs = {t: load.instructions for t, load in rnd.loads.items()}
+        if resident:
+            for t, load in rnd.loads.items():
+                memory[t] = memory.get(t, {}) | load.image()
+                programs[t] = [memory[t].get(pc, 0) for pc in range(max(memory[t]) + 1)]
+        chip.run(programs)
         for job in rnd.jobs:
             got = job.program.read_output(chip.tiles[job.tile].spad.__getitem__)
             np.testing.assert_array_equal(got, job.expected)
@@ -99,6 +108,41 @@ def test_far_placement_loads_every_page_from_its_channel():
     # Decode steps at contexts 10 and 11 read the same pages at the same addresses.
     assert all(len(addresses) == 1 for (phase, _), addresses in seen.items()
                if phase == "decode")
+
+
+def test_programs_stay_resident_where_they_are_placed():
+    """A layer of tiny with two decode steps: the attention programs sit from pc 1 and
+    the MoE programs after the longest of them, each round jumping there from pc 0; run
+    from the instruction memory the rounds leave behind, every output is golden's; the
+    last decode step changes a few words of what the step before left. A program memory
+    too small for both puts every program at pc 0."""
+    config = chip_config("tiny", k=2)
+    rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2)
+    attention = max(len(load.instructions) for r in rounds if not r.phase.endswith("moe")
+                    for load in r.loads.values())
+    assert {(r.phase.endswith("moe"), load.base) for r in rounds
+            for load in r.loads.values()} == {(False, 1), (True, 1 + attention)}
+    run_rounds(config, rounds, resident=True)
+    held: dict[int, dict[int, int]] = {}
+    changed = []
+    for r in rounds:
+        words = 0
+        for t, load in r.loads.items():
+            image = load.image()
+            assert image[0] == encode(Opcode.SKIP, ra=0, rb=0, target=load.base)
+            new = {pc: w for pc, w in image.items() if held.setdefault(t, {}).get(pc) != w}
+            held[t] |= new
+            words += len(new)
+        changed.append(words)
+    last_step = sum(len(load.instructions) for r in rounds[-2:] for load in r.loads.values())
+    assert 0 < sum(changed[-2:]) < last_step / 10, (changed, last_step)
+    moe = max(len(load.instructions) for r in rounds for load in r.loads.values())
+    for r in rounds:
+        for load in r.loads.values():
+            load.base = 0
+    place_programs(SimpleNamespace(tile=SimpleNamespace(program_depth=attention + moe)),
+                   rounds)
+    assert {load.base for r in rounds for load in r.loads.values()} == {0}
 
 
 def test_a_chip_without_memory_channels_keeps_its_weights_resident():
