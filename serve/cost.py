@@ -7,7 +7,9 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
 
 - an **attention round** (one job per tile: a sequence's KV head) by the job with the
   most work — its new tokens ``t`` and ``t`` x its context, the tiles working in parallel —
-  for cycles, and by the sums over its jobs for energy;
+  for cycles, and by the sums over its jobs for energy; with far placement (KV pages
+  loaded from the memory channels every step) also by the busiest channel's contexts
+  (the pages its tiles load) for cycles and all the jobs' contexts for energy;
 - a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens,
   whether it loads the layer's first weights (``W_o``, the router) and the most experts
   it loads behind one memory channel (expert ``e`` on tile ``e mod tiles``, a tile on
@@ -70,6 +72,13 @@ class Shape:
     channels: tuple[int, ...] = ()
     #: A step's MoE rounds share the weights they stream (sparse, streamed).
     chained: bool = False
+    #: Every job loads its KV pages from its tile's memory channel (far placement).
+    kv_from_memory: bool = False
+
+    @property
+    def kv_channels(self) -> tuple[int, ...]:
+        """The tiles' channels when the jobs load their KV pages from them, else ()."""
+        return self.channels if self.kv_from_memory else ()
 
     def attention_rounds(self, jobs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
         """Jobs (new tokens, context after them) in rounds of one job per tile."""
@@ -159,12 +168,21 @@ def _expected_chain(shape: Shape, sizes: tuple[int, ...]) -> tuple[tuple[float, 
     return tuple(tuple(f.mean(axis=0)) for f in shape.chain_features(loads))
 
 
-def attention_features(jobs: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
+def attention_features(jobs: list[tuple[int, int]], channels: tuple[int, ...] = ()
+                       ) -> tuple[list[float], list[float]]:
     """A round's features for cycles, (1, t, t x context) of its largest job, and for
-    energy, (1, Σ t, Σ t x context, jobs) over its jobs."""
+    energy, (1, Σ t, Σ t x context, jobs) over its jobs. ``channels``, each tile's memory
+    channel when the jobs load their KV pages from it (job i on tile i): then also the
+    most context behind one channel for cycles and Σ context for energy."""
     biggest = max(jobs, key=lambda job: (job[0] * job[1], job[0]))
     cycles = [1.0, biggest[0], biggest[0] * biggest[1]]
     energy = [1.0, sum(t for t, _ in jobs), sum(t * c for t, c in jobs), len(jobs)]
+    if channels:
+        behind = [0] * (max(channels) + 1)
+        for tile, (_, context) in enumerate(jobs):
+            behind[channels[tile]] += context
+        cycles.append(max(behind))
+        energy.append(sum(c for _, c in jobs))
     return cycles, energy
 
 
@@ -194,7 +212,7 @@ class CostModel:
         """Cycles and energy of a step's attention rounds over ``jobs``."""
         cycles = energy = 0.0
         for rnd in self.shape.attention_rounds(jobs):
-            fc, fe = attention_features(rnd)
+            fc, fe = attention_features(rnd, self.shape.kv_channels)
             cycles += self._apply("attention_cycles", fc)
             energy += self._apply("attention_energy", fe)
         return cycles, energy
@@ -246,7 +264,7 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
         slots = shape.attention_rounds(_jobs(shape, step[0]))
         attention = [r for r in step if not r["phase"].endswith("moe")]
         for record, jobs in zip(attention, slots, strict=True):
-            fc, fe = attention_features(jobs)
+            fc, fe = attention_features(jobs, shape.kv_channels)
             out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
         moe = step[len(attention):]
         for record, f in zip(moe, shape.step_features([r["expert_load"] for r in moe]),

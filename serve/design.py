@@ -122,7 +122,8 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
                                  for t in range(config.tiles)) if config.memory_nodes
                   else (),
                   chained=design.moe == "sparse"
-                  and check_weights(design.weights, design.moe, config) == "streamed")
+                  and check_weights(design.weights, design.moe, config) == "streamed",
+                  kv_from_memory=design.placement == "far")
     # The calibrated layer: a full-attention one (window layers are priced on it).
     layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
 

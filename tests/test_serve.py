@@ -138,6 +138,18 @@ def test_fit_recovers_linear_rounds(seed):
     assert fitted.calibration["held_out_steps"] == len(step_totals(model, records))
 
 
+def test_far_attention_rounds_are_priced_by_the_pages_behind_each_channel():
+    """Far placement: an attention round's cycles grow with the contexts whose pages one
+    channel serves (tiles 0 and 1 share channel 0 on 2 x 2), its energy with every
+    job's; other placements keep the three and four features."""
+    jobs = [(1, 100), (1, 50), (1, 30), (1, 10)]
+    far = replace(SHAPE, channels=(0, 0, 1, 1), kv_from_memory=True)
+    assert attention_features(jobs, far.kv_channels) == (
+        [1.0, 1, 100, 150], [1.0, 4, 190, 4, 190])
+    assert replace(far, kv_from_memory=False).kv_channels == ()
+    assert attention_features(jobs) == ([1.0, 1, 100], [1.0, 4, 190, 4])
+
+
 def test_step_places_jobs_like_the_compiler():
     """Six sequences x 2 KV heads = 12 jobs: 3 rounds of 4 tiles; a window caps context."""
     model = linear_model(attention=(1000.0, 0.0, 1.0))
