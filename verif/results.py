@@ -37,6 +37,11 @@ HEADLINES = [
                                                    "model (pJ)"),
     ("chip__sim__cycles_per_s", "Verilator, chip cycles simulated per second"),
     ("chip__agent_loop__hit_over_miss__speedup", "agent loop, KV cache kept over recomputed"),
+    ("serve__matched_lo__local_over_far__throughput_per_energy",
+     "serving gpt-oss, KV in the computing tile over KV in the memory channels: tokens per "
+     "joule at matched interactivity (25 % of the range)"),
+    ("serve__matched_lo__local_over_far__e2e_speedup",
+     "the same, end-to-end p50 latency far over local at matched throughput"),
     ("accuracy__chip__attention_cosine_min", "attention outputs against float64, worst cosine"),
     ("accuracy__chip__moe_cosine_min", "MoE outputs against float64, worst cosine"),
     ("tensor_core__utilisation__n8_k64n", "tensor core utilisation, N = 8, long K"),
