@@ -307,7 +307,7 @@ def _host_line(config, metrics: dict) -> str:
         if f"chip__{phase}__host_bytes" not in metrics:
             continue
         kinds = ", ".join(f"{name} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}"
-                          for kind, name in (("program", "programs"),
+                          for kind, name in (("program", "changed program words"),
                                              ("scratchpad", "scratchpad words"),
                                              ("kv", "KV appends")))
         total = metrics[f"chip__{phase}__host_bytes"]
