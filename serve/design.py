@@ -98,7 +98,6 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     from compiler.chip import MOE_TOKENS, PLACEMENTS, check_weights
     from golden.workloads import get_workload
     from sim.chip_run import chip_config
-    from spec.memory import nearest_channel
 
     cfg = get_workload(design.workload)
     layers = layers or MODEL_LAYERS.get(cfg.name, len(cfg.windows))
@@ -117,10 +116,7 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
                          f"{cfg.name} ({cfg.kv_heads} KV heads)")
     shape = Shape(tiles=config.tiles, kv_heads=cfg.kv_heads, experts=cfg.experts,
                   top_k=cfg.top_k, moe_tokens=MOE_TOKENS, moe=design.moe != "off",
-                  channels=tuple(nearest_channel(config.memory_nodes, t % config.k,
-                                                 t // config.k)
-                                 for t in range(config.tiles)) if config.memory_nodes
-                  else (),
+                  channels=config.tile_channels,
                   chained=design.moe == "sparse"
                   and check_weights(design.weights, design.moe, config) == "streamed",
                   kv_from_memory=design.placement == "far")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, tile_bit
 from spec.memory import (
@@ -276,15 +277,21 @@ class ChipConfig:
             return Fraction(self.memory_bandwidth)
         return machine_balance_bandwidth(self.tile.n, self.tiles)
 
+    @cached_property
+    def tile_channels(self) -> tuple[int, ...]:
+        """Each tile's nearest memory channel (``spec.memory.nearest_channel``), by tile
+        index; () on a chip without channels."""
+        if not self.memory_nodes:
+            return ()
+        return tuple(nearest_channel(self.memory_nodes, *self.position(t))
+                     for t in range(self.tiles))
+
     @property
     def far_kv_words(self) -> int:
         """Words the busiest memory channel keeps for far placement: a copy of every KV
         page of every tile it is nearest (:meth:`far_page`); 0 without channels."""
-        if not self.memory_nodes:
-            return 0
-        nearest = [nearest_channel(self.memory_nodes, *self.position(t))
-                   for t in range(self.tiles)]
-        return max(map(nearest.count, range(len(self.memory_nodes)))) \
+        channels = self.tile_channels
+        return max(map(channels.count, range(len(self.memory_nodes))), default=0) \
             * self.tile.num_pages * self.tile.page_words
 
     def far_page(self, tile: int, page: int) -> tuple[int, int]:
@@ -294,9 +301,11 @@ class ChipConfig:
         weights fill it from the bottom up); ValueError if the store is too small."""
         if not 0 <= page < self.tile.num_pages:
             raise ValueError(f"KV page {page} is outside a tile's {self.tile.num_pages}")
-        channel = nearest_channel(self.memory_nodes, *self.position(tile))
-        rank = sum(nearest_channel(self.memory_nodes, *self.position(t)) == channel
-                   for t in range(tile))
+        self.position(tile)  # a tile of the mesh
+        if not self.memory_nodes:
+            raise ValueError("far placement: this chip has no memory channels")
+        channel = self.tile_channels[tile]
+        rank = self.tile_channels[:tile].count(channel)
         if self.far_kv_words > self.memory_words:
             raise ValueError(f"far placement: a memory channel of {self.memory_words} words "
                              f"cannot keep the {self.far_kv_words} words of its tiles' KV "
