@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -250,7 +249,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
                     f"{args.placement} placement, {metrics['chip__network__moe_words']:,} "
                     "MoE words (tokens, expert outputs)"),
         ("memory", _memory_line(config, args, metrics)),
-        ("host", _host_line(config, metrics)),
+        ("host", _host_line(metrics)),
         ("clock", fmax_text),
         ("energy", report.access_energy_line(metrics)),
         ("", report.energy_line(result.get("energy"), args.batch * (args.prefill + args.steps))),
@@ -273,7 +272,8 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
     from compiler.chip import check_weights
 
     if not config.memory_nodes:
-        return "no memory channels; weights, tokens and KV pages written by the host, not counted"
+        return ("no memory channels; weights, tokens and KV pages go through the host port "
+                "(next line)")
     bandwidth = config.memory_bytes_per_cycle
     nodes = ", ".join(f"({x}, {y})" for x, y in config.memory_nodes)
     line = (f"{len(config.memory_nodes)} channels at {nodes}, {bandwidth} byte/cycle in all, "
@@ -291,34 +291,33 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
             ("chip__decode__memory_bytes_per_token", "per decode step")) if key in metrics]
         return line + (f"{' and '.join(what)} loaded from them within the count "
                        f"({', '.join(loaded)}); not counted: the memory image (written by "
-                       "the host before the rounds that read it) and the "
-                       f"{', '.join(host)} the host writes into the tiles before each "
-                       "round (docs/chip.md)")
-    return line + ("not used by these programs: weights, tokens and KV pages are written by "
-                   "the host before their round, outside the cycle count (docs/chip.md)")
+                       "the host once, before the rounds that read it); the "
+                       f"{', '.join(host)} go through the host port (next line, "
+                       "docs/chip.md)")
+    return line + ("not used by these programs: weights, tokens and KV pages go through the "
+                   "host port before their round (next line, docs/chip.md)")
 
 
-def _host_line(config, metrics: dict) -> str:
-    """What the host wrote into the tiles before the rounds, outside the cycle count:
-    bytes per phase by kind, and what they would take at the memory channels'
-    bandwidth."""
-    parts, cycles = [], []
-    for phase, label in (("prefill", "prefill"), ("decode", "per decode step")):
+def _host_line(metrics: dict) -> str:
+    """What the host wrote into the tiles before the rounds and read back after them,
+    per phase: bytes by kind and the host port's cycles (measured; outside the rounds'
+    cycles, and the phase's cycles with them)."""
+    parts, totals = [], []
+    for phase, label, name in (("prefill", "prefill", "cycles"),
+                               ("decode", "per decode step", "cycles_per_token")):
         if f"chip__{phase}__host_bytes" not in metrics:
             continue
         kinds = ", ".join(f"{name} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}"
                           for kind, name in (("program", "changed program words"),
                                              ("scratchpad", "scratchpad words"),
                                              ("kv", "KV appends")))
-        total = metrics[f"chip__{phase}__host_bytes"]
-        parts.append(f"{label} {total:,} B ({kinds})")
-        if config.memory_nodes:
-            cycles.append(f"{math.ceil(total / config.memory_bytes_per_cycle):,}")
-    line = "written into the tiles before each round, not counted: " + "; ".join(parts)
-    if cycles:
-        line += (f" (at the memory channels' {config.memory_bytes_per_cycle} byte/cycle: "
-                 f"{' and '.join(cycles)} cycles)")
-    return line
+        parts.append(f"{label} {metrics[f'chip__{phase}__host_bytes']:,} B in ({kinds}), "
+                     f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
+                     f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")
+        totals.append(f"{label} {metrics[f'chip__{phase}__{name}_with_host']:,}")
+    return ("through the host port before and after each round, the tiles idle, outside "
+            "the rounds' cycles: " + "; ".join(parts)
+            + f" (with them: {', '.join(totals)} cycles)")
 
 
 def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:

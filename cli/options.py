@@ -304,8 +304,8 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "in the memory channels, "
                              "loaded by the MoE programs within the counted cycles "
                              "(streamed; the default with --moe sparse), or written into "
-                             "the tiles' scratchpads by the host before each MoE round, "
-                             "outside the count (resident; the default, and the only "
+                             "the tiles' scratchpads through the host port before each "
+                             "MoE round (resident; the default, and the only "
                              "choice, with --moe dense)")
 
 

@@ -49,6 +49,7 @@ class ChipDriver(TileDriver):
         self.status_layout = sig["status"].shape
         self.dut.go.value = 0
         self.idle, self.stall, self.seed = 0.0, 0.0, 1
+        self.host_cycles = 0  # cycles the harness spent in host transfers (TileDriver's)
         self.program_depth = chip.tile_design.program_depth
 
     async def load_tiles(self, loads: dict[int, tuple[dict[int, int], dict[int, int],

@@ -300,8 +300,10 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     GEMMs, the MoE rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares
     summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
     network; bytes loaded from the memory channels; bytes the host wrote into the tiles
-    before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``: outside
-    the cycle count); the roofline (:func:`round_bounds` summed over the phase's
+    before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``) and read
+    back after them (``host_output_bytes``), the host port's cycles for both
+    (``host_cycles``, outside the rounds' cycles) and the phase's cycles with them
+    (``..._with_host``); the roofline (:func:`round_bounds` summed over the phase's
     rounds, which run one after another) and the phase's cycles
     over its largest bound (``memory_bound_ratio``); for a prefill whose MoE rounds
     stream weights, the tokens per prefill step at which its MoE rounds' compute bound
@@ -343,14 +345,20 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
         memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
-        # Bytes the host wrote into the tiles before the phase's rounds, not counted:
-        # program words, scratchpad words (tokens, constants, resident weights) and
-        # words appended to KV pages.
-        for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n), ("kv", n)):
+        # Bytes the host wrote into the tiles before the phase's rounds (program words,
+        # scratchpad words: tokens, constants, resident weights; words appended to KV
+        # pages) and read back after them (outputs), and the host port's cycles for
+        # them (measured; the tiles are idle meanwhile): the rounds' cycles leave them
+        # out, ``{name}_with_host`` adds them.
+        for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n), ("kv", n),
+                           ("output", n)):
             out[f"chip__{phase}__host_{kind}_bytes"] = sum(
                 r.get("host_words", {}).get(kind, 0) for r in attn + moe) * size // steps
         out[f"chip__{phase}__host_bytes"] = sum(
             out[f"chip__{phase}__host_{kind}_bytes"] for kind in ("program", "scratchpad", "kv"))
+        host_cycles = sum(sum(r.get("host_cycles", {}).values()) for r in attn + moe) // steps
+        out[f"chip__{phase}__host_cycles"] = host_cycles
+        out[f"chip__{phase}__{name}_with_host"] = cycles + host_cycles
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
         per_round = {id(r): (round_bounds(r, config), round_energy(r, config))
                      for r in attn + moe}

@@ -127,6 +127,7 @@ class TileDriver:
         self.dut.go.value = 0
         self.idle, self.stall = 0.0, 0.0
         self.seed = 1
+        self.host_cycles = 0  # cycles the harness spent in host transfers, since reset
         self._began = time.perf_counter()
 
     async def reset(self) -> None:
@@ -170,6 +171,7 @@ class TileDriver:
         self.seed += 1
         stats = await self.harness.run(seed=self.seed, timeout_cycles=timeout_cycles)
         assert stats.finished, f"host transfer did not finish in {timeout_cycles} cycles"
+        self.host_cycles += stats.cycles
         if errors_only and not any(self.harness.flagged(name) for name in RESPONSES):
             return {name: [] for name in RESPONSES}
         return {name: self.harness.read(name, expect[name]) for name in RESPONSES}

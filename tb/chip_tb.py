@@ -190,8 +190,10 @@ async def chip_layer(dut):
             held = resident.setdefault(t, {})
             programs[t] = {pc: w for pc, w in ld.image().items() if held.get(pc) != w}
             held.update(programs[t])
+        began = driver.host_cycles
         await driver.load_tiles({t: (programs[t], ld.spad_writes, ld.kv_requests)
                                  for t, ld in rnd.loads.items()})
+        host_cycles = {"load": driver.host_cycles - began}
         if faults:
             await faults.inject(driver, index, rnd.loads)
         before, memory_before = driver.net_counters(), driver.memory_counters()
@@ -209,12 +211,14 @@ async def chip_layer(dut):
         assert counted % (1 << 32) == rnd.macs % (1 << 32), (
             f"round {index} ({rnd.phase}): the tiles counted {counted} MACs, the programs "
             f"dispatch {rnd.macs}")
+        began = driver.host_cycles
         try:
             await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)
         except AssertionError as wrong:
             if not faults:
                 raise
             faults.stop(f"under single-bit faults, {wrong}")
+        host_cycles["read"] = driver.host_cycles - began
         if faults and (faults.stopped or await faults.scrub(driver, index)):
             report(passed=False, rounds=out, faults=faults.summary())
             return
@@ -230,7 +234,7 @@ async def chip_layer(dut):
         assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words")
-        out.append(_round_record(rnd, run, flits, programs) | {
+        out.append(_round_record(rnd, run, flits, programs, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
             "memory_words": memory["reads"],
             "channel_reads": [c["reads"] for c in channels]})
@@ -269,21 +273,27 @@ async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | Non
             expected[name], actual[name] = job.expected, got
 
 
-def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]]) -> dict:
+def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
+                  host_cycles: dict[str, int]) -> dict:
     """What the result says of a round: cycles, per-tile counters, work and traffic;
-    ``programs``, the instruction words the host wrote for it."""
+    ``programs``, the instruction words the host wrote for it; ``host_cycles``, the
+    cycles the host port took to load the round (``load``) and read its outputs back
+    (``read``), measured by the harness."""
     return {"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
             "tiles": {t: e.counters for t, e in run.tiles.items()},
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
             "jobs": len(rnd.jobs), "macs": rnd.macs, "kv_bytes": rnd.kv_bytes,
             "tokens": rnd.tokens * len(rnd.contexts),
             "network_words": rnd.network_words, "flits": flits, "wall_s": run.wall_s,
-            # What the host wrote into the tiles before the round, outside its cycles.
+            # What the host wrote into the tiles before the round and read back after
+            # it, outside the round's cycles, and the host port's cycles for each.
             "host_words": {
                 "program": sum(map(len, programs.values())),
                 "scratchpad": sum(len(ld.spad_writes) for ld in rnd.loads.values()),
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
-                          for r in ld.kv_requests)},
+                          for r in ld.kv_requests),
+                "output": sum(len(job.program.output_words) for job in rnd.jobs)},
+            "host_cycles": host_cycles,
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",
                                                        "executed_over_sparse", "tokens",
                                                        "expert_load")

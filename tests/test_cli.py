@@ -37,19 +37,27 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
     # The experts' weights streamed from the memory channels, every MoE round.
     assert "MoE weights loaded from them within the count" in text
-    assert "and the tokens, constants, KV pages the host writes" in text
+    assert "the tokens, constants, KV pages go through the host port" in text
     assert all(r["memory_words"] > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
     assert metrics["chip__decode__memory_bytes_per_token"] > 0
-    # What the host wrote before the rounds, outside the count: every round's program
-    # (32 bytes an instruction), its tokens and constants; decode appends each
-    # sequence's K and V (2 KV heads x 4 words of a 32-channel head, each).
-    assert "written into the tiles before each round, not counted: prefill " in text
-    for phase in ("prefill", "decode"):
+    # What the host wrote before the rounds and read after them, outside the rounds'
+    # cycles: every round's program (32 bytes an instruction), its tokens and
+    # constants; decode appends each sequence's K and V (2 KV heads x 4 words of a
+    # 32-channel head, each). The host port moves one word of a stream a cycle, the
+    # streams side by side: at least the most words of one kind.
+    assert "through the host port before and after each round, the tiles idle" in text
+    for phase, name in (("prefill", "cycles"), ("decode", "cycles_per_token")):
         assert metrics[f"chip__{phase}__host_program_bytes"] % 32 == 0
         assert metrics[f"chip__{phase}__host_scratchpad_bytes"] > 0
+        assert metrics[f"chip__{phase}__host_output_bytes"] > 0
         assert metrics[f"chip__{phase}__host_bytes"] == sum(
             metrics[f"chip__{phase}__host_{kind}_bytes"] for kind in ("program", "scratchpad",
                                                                     "kv"))
+        assert metrics[f"chip__{phase}__host_cycles"] >= max(
+            metrics[f"chip__{phase}__host_program_bytes"] // 32,
+            metrics[f"chip__{phase}__host_scratchpad_bytes"] // 8)
+        assert metrics[f"chip__{phase}__{name}_with_host"] == (
+            metrics[f"chip__{phase}__{name}"] + metrics[f"chip__{phase}__host_cycles"])
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text
     assert "decode-moe:" in text and "none of " in text
