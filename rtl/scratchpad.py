@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from amaranth import Array, C, Cat, Module, Mux, Signal
+from amaranth import Array, C, Cat, DomainRenamer, Module, Mux, Signal
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.ecc import Secded
 from rtl import _ecc
+from rtl.sim_gate import gated
 from spec.config import MAX_TABLE_ENTRIES
 from spec.numerics import NUMERICS
 from spec.params import check_bool
@@ -182,6 +183,10 @@ class Scratchpad(wiring.Component):
         Width of a plain request's address (at least enough for the memory).
     fault_injection : bool
         Add the ``flip`` field to plain requests (test builds only).
+    gate_clock : bool
+        Simulation only (see :mod:`rtl.sim_gate`): the scratchpad's clock ticks only in
+        cycles that can change it (a request offered, one in the pipelines or the KV
+        stage, a response queued), which Verilator then skips.
 
     Attributes
     ----------
@@ -212,7 +217,8 @@ class Scratchpad(wiring.Component):
                  ports=DEFAULT_PORTS, kv_port: str | None = "kv", *,
                  page_size: int = 4, token_words: int = 1, num_pages: int = 16,
                  sequences: int = 4, max_pages: int = 4, kv_base: int | None = None,
-                 addr_bits: int = 16, fault_injection: bool = False):
+                 addr_bits: int = 16, fault_injection: bool = False,
+                 gate_clock: bool = False):
         for name, value, low, high in (("banks", banks, 1, 64), ("depth", depth, 2, 65536),
                                        ("page_size", page_size, 1, 1 << 16),
                                        ("token_words", token_words, 1, 1 << 16)):
@@ -261,6 +267,7 @@ class Scratchpad(wiring.Component):
         self.kv_base, self.kv_words, self.words = kv_base, kv_words, words
         self.addr_bits = addr_bits
         self.fault_injection = check_bool("fault_injection", fault_injection)
+        self.gate_clock = check_bool("gate_clock", gate_clock)
         #: Tokens a sequence can hold (its block-table row full).
         self.capacity = max_pages * page_size
         self.code = Secded(word_bits)
@@ -290,13 +297,19 @@ class Scratchpad(wiring.Component):
         super().__init__(members)
 
     def elaborate(self, platform):
-        m = Module()
+        top = Module()
+        # Gated, the logic goes into a module of its own, renamed into the gated domain.
+        m = Module() if self.gate_clock else top
         # Each port's request is checked (and, on the KV port, translated) by its front
         # end, wins its bank by round-robin arbitration when it has a response credit,
         # and goes down a 3-stage pipeline into its response FIFO.
         fronts = [self._kv_front(m, getattr(self, f"{name}_req")) if name == self.kv_port
                   else self._plain_front(m, name, getattr(self, f"{name}_req"))
                   for name in self.ports]
+        # What can change a register next cycle: a request offered or staged, one in a
+        # port's pipeline, a response queued (a credit comes back when it is taken).
+        busy = [getattr(self, f"{name}_req").valid for name in self.ports]
+        busy += [f["valid"] for f in fronts]
         accepts, can = self._credits(m)
         bank_words, granted = self._banks(m, fronts, can)
         corrected, uncorrectable = [], []
@@ -313,8 +326,12 @@ class Scratchpad(wiring.Component):
             events = self._pipeline(m, name, f, accept, bank_words)
             corrected.append(events[0])
             uncorrectable.append(events[1])
+            busy.append(events[2])
         self._ecc_counters(m, corrected, uncorrectable)
-        return m
+        if self.gate_clock:
+            gated(top, "spad", Cat(*busy).any())
+            top.submodules.core = DomainRenamer("spad")(m)
+        return top
 
     def _credits(self, m: Module) -> tuple[list[Signal], list[Signal]]:
         """Per port: room for every outstanding response (a credit per response the
@@ -392,7 +409,8 @@ class Scratchpad(wiring.Component):
                   bank_words: list[Signal]) -> tuple:
         """One port's accepted request: s1 (bank read) -> s2 (bank word registered:
         select, syndrome) -> s3 (correct) -> its response FIFO. Returns the port's
-        (corrected, uncorrectable) read events."""
+        (corrected, uncorrectable) read events and whether a request is in its pipeline
+        or a response in its FIFO."""
         code = self.code
 
         def stage(tag: str, valid, read, write, bank, status) -> tuple[Signal, ...]:
@@ -445,7 +463,8 @@ class Scratchpad(wiring.Component):
             resp.payload.eq(queue.r_data),
             queue.r_en.eq(resp.ready),
         ]
-        return s3_valid & s3_read & corrected, s3_valid & s3_read & uncorrectable
+        in_flight = s1[0] | s2_valid | s3_valid | (queue.level != 0)
+        return s3_valid & s3_read & corrected, s3_valid & s3_read & uncorrectable, in_flight
 
     def _ecc_counters(self, m: Module, corrected: list, uncorrectable: list) -> None:
         """Saturating counts of the ports' corrected and uncorrectable reads, and the

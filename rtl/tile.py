@@ -77,8 +77,9 @@ class Tile(wiring.Component):
     :class:`rtl.scratchpad.Scratchpad`), ``acc_depth`` accumulator entries, ``slots``
     vector-unit slots, ``program_depth`` instructions, ``fault_injection`` (the host
     port can flip stored bits, a test hook), ``sim_gating`` (for simulation: the vector
-    unit's and the tensor core's clocks are gated while they are idle, which Verilator
-    skips; see :class:`rtl.vec_engine.VecEngine` and :class:`rtl.gemm_engine.GemmEngine`),
+    unit's, the tensor core's and the scratchpad's clocks are gated while they are idle,
+    which Verilator skips; see :class:`rtl.vec_engine.VecEngine`,
+    :class:`rtl.gemm_engine.GemmEngine` and :class:`rtl.scratchpad.Scratchpad`),
     ``memory_channels`` and ``channel_words`` (the chip's memory channels a STORE or LOAD
     DMA may name and the words of each; none by default).
     """
@@ -98,7 +99,8 @@ class Tile(wiring.Component):
             banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "seq", "host",
                                       "kv"),
             kv_port="kv", page_size=page_size, token_words=token_words, num_pages=num_pages,
-            sequences=sequences, max_pages=max_pages, fault_injection=fault_injection)
+            sequences=sequences, max_pages=max_pages, fault_injection=fault_injection,
+            gate_clock=check_bool("sim_gating", sim_gating))
         sp = self.scratchpad
         self.sequencer = Sequencer(array_size=n, scratchpad_words=sp.words,
                                    acc_depth=acc_depth, slots=slots, mesh=mesh,
