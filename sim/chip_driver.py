@@ -80,14 +80,19 @@ class ChipDriver(TileDriver):
             raise ValueError(f"memory image for channels {missing}: the chip has "
                              f"{len(self.chip.channels)}")
         before = [c["dropped"] for c in self.memory_counters()]
-        beats = [{"channel": c, "addr": a, "data": w}
-                 for c, words in sorted(image.items()) for a, w in sorted(words.items())]
-        await self._transfer({"memory_write": beats}, self._budget({"memory_write": beats}),
-                             errors_only=True)
+        await self.memory_beats([{"channel": c, "addr": a, "data": w}
+                                 for c, words in sorted(image.items())
+                                 for a, w in sorted(words.items())])
         await RisingEdge(self.dut.clk)  # the channels count a cycle after the event
         dropped = [c["dropped"] - b for c, b in zip(self.memory_counters(), before,
                                                     strict=True)]
         assert not any(dropped), f"memory image: the channels dropped {dropped} words"
+
+    async def memory_beats(self, beats: list[dict]) -> None:
+        """Raw ``memory_write`` beats ({channel, addr, data}), unchecked: a beat for a
+        channel the chip lacks reaches the chip (which raises its ``error``)."""
+        await self._transfer({"memory_write": beats}, self._budget({"memory_write": beats}),
+                             errors_only=True)
 
     async def host(self, beats: list[dict]) -> Responses:
         """Raw host requests (each names its ``tile``); returns their responses."""

@@ -126,7 +126,7 @@ async def chip_memory(dut):
                        "dropped": 0},
                       {"reads": 5 + 12, "writes": 5, "requests": 2 + 1, "dropped": 0}], memory
     assert int(dut.error.value) == 0
-    await driver._transfer({"memory_write": [{"channel": 2, "addr": 0, "data": 1}]}, 64)
+    await driver.memory_beats([{"channel": 2, "addr": 0, "data": 1}])
     assert int(dut.error.value) == 1 and driver.memory_counters() == memory
     report(passed=True, cycles=run.cycles, memory=memory)
 
