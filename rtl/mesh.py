@@ -161,9 +161,10 @@ class Mesh(wiring.Component):
     holding : Signal (not a port)
         Some router holds a flit or a credit (:attr:`rtl.router.Router.holding`).
     sim_gating : bool
-        For simulation only: the routers' clock ticks only in cycles where some router
-        is ``holding`` or a flit is offered (:mod:`rtl.sim_gate`); the network is idle
-        most of a layer's cycles, and Verilator then skips it. Cycle for cycle the same.
+        For simulation only: each router's clock ticks only in cycles where it is
+        ``holding``, a flit is offered to it or arrives on a link, or a credit comes back
+        to it (:mod:`rtl.sim_gate`); most routers are idle most of a layer's cycles, and
+        Verilator then skips them. Cycle for cycle the same.
 
     Latency
     -------
@@ -194,12 +195,20 @@ class Mesh(wiring.Component):
         m = Module()
         k = self.config.k
         m.d.comb += self.holding.eq(Cat(router.holding for router in self.routers).any())
-        if self.sim_gating:
-            offered = Cat(s.valid for streams in self.inject for s in streams).any()
-            gated(m, "routers", self.holding | offered)
         for node, router in enumerate(self.routers):
             x, y = router.x, router.y
-            m.submodules[f"router_{x}_{y}"] = (DomainRenamer("routers")(router)
+            # Gated, each router has a clock of its own: it ticks while the router holds
+            # something, a flit is offered to it, arrives on a link or a credit comes back.
+            domain = f"router_{x}_{y}" if self.sim_gating else "sync"
+            if self.sim_gating:
+                wake = [router.holding, *(s.valid for s in self.inject[node])]
+                for port in LINK_PORTS:
+                    nx, ny = x + port.step[0], y + port.step[1]
+                    if 0 <= nx < k and 0 <= ny < k:
+                        wake += [router.link(port, incoming=True).valid,
+                                 router.link(port, incoming=False).credit.any()]
+                gated(m, domain, Cat(*wake).any())
+            m.submodules[f"router_{x}_{y}"] = (DomainRenamer(domain)(router)
                                                if self.sim_gating else router)
             for v in range(self.config.vcs):
                 wiring.connect(m, wiring.flipped(self.inject[node][v]), router.inject[v])
@@ -215,9 +224,8 @@ class Mesh(wiring.Component):
                 else:  # the mesh edge: nothing arrives, no credit ever comes back
                     m.d.comb += [router.link(port, incoming=True).valid.eq(0),
                                  router.link(port, incoming=False).credit.eq(0)]
-            # Counted in the routers' clock domain: a flit's output register is valid for
+            # Counted in the router's clock domain: a flit's output register is valid for
             # one of its ticks (a router holding it keeps its clock running).
-            m.d["routers" if self.sim_gating else "sync"] += \
-                self.link_flits[node].eq(self.link_flits[node] + sum(sent))
+            m.d[domain] += self.link_flits[node].eq(self.link_flits[node] + sum(sent))
         m.d.comb += self.error.eq(Cat(*[router.error for router in self.routers]).any())
         return m
