@@ -200,14 +200,7 @@ class Mesh(wiring.Component):
             # Gated, each router has a clock of its own: it ticks while the router holds
             # something, a flit is offered to it, arrives on a link or a credit comes back.
             domain = f"router_{x}_{y}" if self.sim_gating else "sync"
-            if self.sim_gating:
-                wake = [router.holding, *(s.valid for s in self.inject[node])]
-                for port in LINK_PORTS:
-                    nx, ny = x + port.step[0], y + port.step[1]
-                    if 0 <= nx < k and 0 <= ny < k:
-                        wake += [router.link(port, incoming=True).valid,
-                                 router.link(port, incoming=False).credit.any()]
-                gated(m, domain, Cat(*wake).any())
+            wake = [router.holding, *(s.valid for s in self.inject[node])]
             m.submodules[f"router_{x}_{y}"] = (DomainRenamer(domain)(router)
                                                if self.sim_gating else router)
             for v in range(self.config.vcs):
@@ -219,6 +212,8 @@ class Mesh(wiring.Component):
                 nx, ny = x + port.step[0], y + port.step[1]
                 if 0 <= nx < k and 0 <= ny < k:
                     sent.append(router.link(port, incoming=False).valid)
+                    wake += [router.link(port, incoming=True).valid,
+                             router.link(port, incoming=False).credit.any()]
                     wiring.connect(m, router.link(port, incoming=False),
                                    self.routers[ny * k + nx].link(port.opposite, incoming=True))
                 else:  # the mesh edge: nothing arrives, no credit ever comes back
@@ -227,5 +222,7 @@ class Mesh(wiring.Component):
             # Counted in the router's clock domain: a flit's output register is valid for
             # one of its ticks (a router holding it keeps its clock running).
             m.d[domain] += self.link_flits[node].eq(self.link_flits[node] + sum(sent))
+            if self.sim_gating:
+                gated(m, domain, Cat(*wake).any())
         m.d.comb += self.error.eq(Cat(*[router.error for router in self.routers]).any())
         return m

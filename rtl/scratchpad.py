@@ -306,10 +306,12 @@ class Scratchpad(wiring.Component):
         fronts = [self._kv_front(m, getattr(self, f"{name}_req")) if name == self.kv_port
                   else self._plain_front(m, name, getattr(self, f"{name}_req"))
                   for name in self.ports]
-        # What can change a register next cycle: a request offered or staged, one in a
-        # port's pipeline, a response queued (a credit comes back when it is taken).
-        busy = [getattr(self, f"{name}_req").valid for name in self.ports]
-        busy += [f["valid"] for f in fronts]
+        # What can change a register next cycle: a request offered (a plain front's
+        # ``valid`` is its request's) or in the KV stage, one in a port's pipeline, a
+        # response queued (a credit comes back when it is taken).
+        busy = [f["valid"] for f in fronts]
+        if self.kv_port is not None:
+            busy.append(getattr(self, f"{self.kv_port}_req").valid)
         accepts, can = self._credits(m)
         bank_words, granted = self._banks(m, fronts, can)
         corrected, uncorrectable = [], []

@@ -95,12 +95,13 @@ class Tile(wiring.Component):
         if position is not None:
             position = check_coord("tile position", position, mesh)
         self.n, self.position, self.mesh = n, position, mesh
+        self.sim_gating = check_bool("sim_gating", sim_gating)
         self.scratchpad = Scratchpad(
             banks, depth, 8 * n, ports=("ga", "gal", "gb", "vec", "dma", "net", "seq", "host",
                                       "kv"),
             kv_port="kv", page_size=page_size, token_words=token_words, num_pages=num_pages,
             sequences=sequences, max_pages=max_pages, fault_injection=fault_injection,
-            gate_clock=check_bool("sim_gating", sim_gating))
+            gate_clock=self.sim_gating)
         sp = self.scratchpad
         self.sequencer = Sequencer(array_size=n, scratchpad_words=sp.words,
                                    acc_depth=acc_depth, slots=slots, mesh=mesh,
@@ -108,7 +109,6 @@ class Tile(wiring.Component):
                                    memory_channels=memory_channels,
                                    channel_words=channel_words)
         self.acc_depth, self.slots, self.program_depth = acc_depth, slots, program_depth
-        self.sim_gating = check_bool("sim_gating", sim_gating)
         pc_bits = ceil_log2(program_depth)
         # Without a position, the tile's mask bit (y * 8 + x) is an input: every tile of
         # a chip is then the same design (rtl.chip builds it once for simulation).
