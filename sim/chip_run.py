@@ -344,7 +344,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
-        memory = sum(r.get("memory_words", 0) for r in attn + moe) * n // steps
+        memory = sum(sum(r.get("channel_reads") or [0]) for r in attn + moe) * n // steps
         # Bytes the host wrote into the tiles before the phase's rounds (program words,
         # scratchpad words: tokens, constants, resident weights; words appended to KV
         # pages) and read back after them (outputs), and the host port's cycles for
@@ -375,7 +375,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         for r in moe:
             by_step.setdefault(tuple(r["contexts"]), []).append(r)
         by_step = {key: step for key, step in by_step.items()
-                   if any(r.get("memory_words") for r in step)}
+                   if any(sum(r.get("channel_reads") or [0]) for r in step)}
         if phase == "prefill" and by_step:
             out["chip__prefill__crossover_tokens"] = round(sum(
                 sum(per_round[id(r)][0]["memory"] for r in step)

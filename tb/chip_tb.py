@@ -236,7 +236,6 @@ async def chip_layer(dut):
             f"programs load {rnd.memory_words} words")
         out.append(_round_record(rnd, run, flits, programs, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
-            "memory_words": memory["reads"],
             "channel_reads": [c["reads"] for c in channels]})
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "

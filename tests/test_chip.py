@@ -79,10 +79,10 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     flits = sum(r["flits"] for r in result["rounds"])
     assert (kv_words > 0) == (placement == "striped")
     assert flits >= kv_words
-    far_words = [r["memory_words"] for r in result["rounds"] if "moe" not in r["phase"]]
+    far_words = [sum(r["channel_reads"]) for r in result["rounds"] if "moe" not in r["phase"]]
     assert all(words > 0 for words in far_words) == (placement == "far")
     # The experts' weights streamed by the sparse mapping, resident with the dense one.
-    assert all((r["memory_words"] > 0) == (moe == "sparse") for r in result["rounds"]
+    assert all((sum(r["channel_reads"]) > 0) == (moe == "sparse") for r in result["rounds"]
                if r["phase"].endswith("moe"))
     assert all(r["cycles"] > 0 for r in result["rounds"])
     # The dump: a golden workload directory per sequence (and per MoE round) whose RTL
@@ -134,7 +134,7 @@ def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):
     assert [r["tokens"] for r in rounds] == [4, 4, 4, 3]
     expected = [first + expert * len(chosen[0]),
                 *(expert * len(chosen[i] - set().union(*chosen[:i])) for i in (1, 2, 3))]
-    assert [r["memory_words"] for r in rounds] == expected
+    assert [sum(r["channel_reads"]) for r in rounds] == expected
     assert sum(expected) == first + expert * len(set().union(*chosen))
 
 

@@ -12,7 +12,7 @@ def _record(phase, cycles, *, macs, beats, reads, tokens=None):
                  "gemm_vec": 0, "spad": 0, "fetches": 0} for t, b in enumerate(beats)}
     return {"phase": phase, "contexts": [8], "cycles": cycles, "tiles": tiles,
             "outputs": 1, "macs": macs, "network_words": 0, "flits": 0, "link_flits": 0,
-            "wall_s": 1.0, "channel_reads": reads, "memory_words": sum(reads),
+            "wall_s": 1.0, "channel_reads": reads,
             "tokens": tokens or 1,
             **({"macs_sparse": macs // 2} if tokens else {})}
 
