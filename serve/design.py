@@ -14,6 +14,7 @@ from pathlib import Path
 
 from golden.workloads import WorkloadConfig
 from serve.cost import (
+    KEPT,
     CostModel,
     Shape,
     calibrate,
@@ -133,7 +134,7 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
                                 else {"context": plan.tokens, "steps": 1})),
                          progress)
 
-    key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT)}
+    key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT), "kept": list(KEPT)}
     name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
     path = CALIBRATIONS / f"{cfg.name}-{name[:12]}.json"
     if recalibrate:

@@ -15,6 +15,8 @@ from serve.cost import (
     calibration_plan,
     fit,
     fit_runs,
+    kept,
+    round_cycles,
     round_samples,
     step_totals,
 )
@@ -91,7 +93,8 @@ def test_generated_lengths_and_prefixes(seed):
 
 def test_fit_recovers_linear_rounds(seed):
     """Steps of 1 to 64 tokens: lone MoE rounds and chains of rounds that share the
-    weights they stream; the fit finds the coefficients that made them."""
+    weights they stream, each round's cycles split between the tiles and the host port;
+    the fit finds the coefficients that made their sums."""
     rng = np.random.default_rng(seed)
     shape = replace(SHAPE, chained=True)
     truth = linear_model(attention=(500.0, 7.0, 0.25),
@@ -106,11 +109,13 @@ def test_fit_recovers_linear_rounds(seed):
         batch = int(rng.integers(1, 5))
         contexts = [int(c) for c in rng.integers(20, 400, batch)]
         tokens = int(rng.choice([1, 8, 16]))
+        host = float(rng.integers(50, 200))  # the host port's share of each round
         jobs = [(tokens, contexts[j // 2]) for j in range(2 * batch)]
         for rnd in SHAPE.attention_rounds(jobs):
             fc, fe = attention_features(rnd)
+            cycles = np.dot(truth.coefficients["attention_cycles"], fc)
             records.append({"phase": "extend", "contexts": contexts, "tokens": tokens * batch,
-                            "cycles": np.dot(truth.coefficients["attention_cycles"], fc),
+                            "cycles": cycles - host, "host_cycles": host,
                             "energy_pj": np.dot(truth.coefficients["attention_energy"], fe)})
         loads = []
         for t in shape.moe_rounds(tokens * batch):
@@ -120,7 +125,8 @@ def test_fit_recovers_linear_rounds(seed):
             cycles, energy = truth.moe(f)
             records.append({"phase": "extend-moe", "tokens": sum(load) // shape.top_k,
                             "contexts": contexts, "expert_load": load,
-                            "cycles": cycles, "energy_pj": energy})
+                            "cycles": cycles - host, "host_cycles": host,
+                            "energy_pj": energy})
     model = fit(shape, round_samples(shape, records))
     # The cycle models leave out the experts loaded and the busiest tile's experts and pairs.
     for kind in ("moe", "moe_later"):
@@ -136,6 +142,17 @@ def test_fit_recovers_linear_rounds(seed):
     fitted = fit_runs(shape, runs)
     assert fitted.calibration["error_p95_cycles"] == pytest.approx(0, abs=1e-6)
     assert fitted.calibration["held_out_steps"] == len(step_totals(model, records))
+
+
+def test_a_kept_round_counts_the_host_port():
+    """A calibration keeps a round's host cycles (loading it, reading its outputs) as one
+    count that its cycles include; what else the chip's record holds is dropped."""
+    record = {"phase": "decode", "contexts": [5], "tokens": 1, "cycles": 900,
+              "host_cycles": {"load": 70, "read": 30}, "counters": {"0": {}}}
+    round_ = kept(record, 12.4)
+    assert round_ == {"phase": "decode", "contexts": [5], "tokens": 1, "cycles": 900,
+                      "host_cycles": 100, "energy_pj": 12}
+    assert round_cycles(round_) == 1000
 
 
 def test_far_attention_rounds_are_priced_by_the_pages_behind_each_channel():
