@@ -134,6 +134,7 @@ def sim(args: argparse.Namespace) -> int:
     """A decoder layer for a batch on the chip: prefill, then decode steps; the report."""
     from compiler.chip import KvCacheFull
     from sim.chip_run import chip_figures, simulate_layer
+    from sim.profile import profile
 
     if args.fault_seed is not None and args.inject_faults is None:
         print("serrano sim: --fault-seed needs --inject-faults", file=sys.stderr)
@@ -155,7 +156,8 @@ def sim(args: argparse.Namespace) -> int:
             seed=args.seed, moe=args.moe, simulator=args.sim, waves=args.waves,
             progress=progress, dump=args.dump, activity=args.energy,
             threads=options.threads_of(args), rounds=rounds, faults=faults,
-            prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens, weights=args.weights))
+            prefill_chunk=args.prefill_chunk, moe_tokens=args.moe_tokens, weights=args.weights,
+            profile=args.profile))
     stopped = outcome.get("result", {}).get("faults", {}).get("stopped")
     if "failure" in outcome:
         print(f"\nresult       FAIL\n{outcome['failure']}")
@@ -168,6 +170,9 @@ def sim(args: argparse.Namespace) -> int:
         result, passed = outcome["result"], True
         metrics = chip_figures(result, config)
         rows, phase_accuracy = _sim_rows(args, config, rounds, result, metrics)
+        if args.profile:
+            result["profile"] = profile(rounds, result["rounds"], args.profile)
+            rows += report.profile_rows(result["profile"], args.profile)
         report.print_rows(rows)
         result = {**result, "metrics": metrics, "accuracy": phase_accuracy}
         if result.get("energy"):
@@ -564,6 +569,13 @@ def _add_sim_parser(commands) -> None:
                         help="measure the cell-toggle energy proxy too: toggle counts (a "
                              "SAIF-traced build) weighted by synthesised cells "
                              "(docs/energy.md); the access model is always reported")
+    parser.add_argument("--profile", type=options.positive, nargs="?", const=16, default=0,
+                        metavar="CYCLES",
+                        help="note each running tile's pc every CYCLES cycles (default 16) "
+                             "and report, per phase, what held the sequencers (a WAIT on "
+                             "an engine or on arriving words, or an instruction being "
+                             "issued) and the instructions that held them longest; the "
+                             "simulation runs slower (docs/chip.md#profile)")
     parser.add_argument("--dump", type=Path, metavar="DIR",
                         help="write every job's inputs, weights and scales, golden and "
                              "RTL outputs to DIR in the golden file format (docs/chip.md); "

@@ -21,6 +21,23 @@ def print_rows(rows: list[tuple[str, str]]) -> None:
         print(f"{label:<12} {text}")
 
 
+def profile_rows(phases: dict[str, dict], period: int) -> list[tuple[str, str]]:
+    """``--profile``'s rows (:func:`sim.profile.profile`): per phase the tile-cycles by
+    what held the sequencers, and the instruction that held a tile longest."""
+    rows = [("profile", f"each running tile's pc every {period} cycles; tile-cycles by what "
+                        "held its sequencer (the JSON lists the longest-held instructions)")]
+    for phase, p in phases.items():
+        total = max(p["tile_cycles"], 1)
+        shares = ", ".join(f"{name} {cycles / total:.1%}"
+                           for name, cycles in list(p["holders"].items())[:5])
+        rows.append(("", f"{phase}: {p['tile_cycles']:,} tile-cycles: {shares}"))
+        if p["hot"]:
+            h = p["hot"][0]
+            rows.append(("", f"  longest: round {h['round']} tile {h['tile']} pc {h['pc']}, "
+                             f"{h['cycles']:,} cycles: {h['instruction']}"))
+    return rows
+
+
 def area_line(design: str) -> str:
     from synth import load_area
 

@@ -4,7 +4,8 @@ harness memories carry the beats of all tiles in one run (see sim/tile_driver.py
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from amaranth.lib import data
 from cocotb.triggers import RisingEdge, Timer
@@ -20,10 +21,12 @@ __all__ = ["ChipDriver", "ChipRun"]
 
 @dataclass
 class ChipRun:
-    """One run of the chip's programs: per tile what happened, and the wall time."""
+    """One run of the chip's programs: per tile what happened, and the wall time;
+    ``pcs``, when the run was sampled, per tile the samples that found it at each pc."""
 
     tiles: dict[int, Execution]
     wall_s: float
+    pcs: dict[int, Counter] = field(default_factory=dict)
 
     @property
     def cycles(self) -> int:
@@ -115,8 +118,11 @@ class ChipDriver(TileDriver):
             words[t].append(int(r.data))
         return words
 
-    async def run_tiles(self, tiles: list[int], timeout_cycles: int) -> ChipRun:
-        """Start ``tiles`` together; wait until each has halted."""
+    async def run_tiles(self, tiles: list[int], timeout_cycles: int,
+                        sample: int = 0) -> ChipRun:
+        """Start ``tiles`` together; wait until each has halted. ``sample``: every so
+        many cycles, note the pc of each tile still running (``ChipRun.pcs``; the
+        status is polled that often instead of every :data:`POLL` cycles)."""
         self.dut.go.value = sum(1 << t for t in tiles)
         await RisingEdge(self.dut.clk)
         self.dut.go.value = 0
@@ -124,12 +130,21 @@ class ChipDriver(TileDriver):
         # The halted bits of ``tiles`` in the status vector: one integer test per poll.
         entry = self.status_layout.elem_shape
         halted = sum(1 << (t * entry.size + entry["halted"].offset) for t in tiles)
+        step = sample or POLL
+        pcs = {t: Counter() for t in tiles} if sample else {}
+        pc_mask = (1 << entry["pc"].width) - 1
+        fields = [(t, t * entry.size + entry["halted"].offset, t * entry.size + entry["pc"].offset)
+                  for t in tiles]
         waited = 0
         while True:
             # A Timer, not ClockCycles: that would wake Python on every clock edge.
-            await Timer(POLL * CLOCK_NS, unit="ns")
-            waited += POLL
+            await Timer(step * CLOCK_NS, unit="ns")
+            waited += step
             raw = self.dut.status.value.to_unsigned()
+            if sample:
+                for t, halt_bit, pc_at in fields:
+                    if not raw >> halt_bit & 1:
+                        pcs[t][raw >> pc_at & pc_mask] += 1
             if raw & halted == halted:
                 break
             if waited >= timeout_cycles:
@@ -147,7 +162,7 @@ class ChipDriver(TileDriver):
             values = {name: int(counters[t][name]) for name, _ in Counters()}
             runs[t] = Execution(values["cycles"], status[t].error, int(status[t].pc), values,
                                 wall, int(errors[t]))
-        return ChipRun(runs, wall)
+        return ChipRun(runs, wall, pcs)
 
     def dut_layout(self, name: str):
         return self.chip.signature.members[name].shape

@@ -115,7 +115,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
                    dump: Path | None = None, activity: bool = False,
                    threads: int = 1, rounds: list | None = None,
                    faults: FaultPlan | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                   moe_tokens: int = MOE_TOKENS, weights: str | None = None) -> dict:
+                   moe_tokens: int = MOE_TOKENS, weights: str | None = None,
+                   profile: int = 0) -> dict:
     """A decoder layer for a batch on the chip (``compiler.chip.layer_rounds``: attention
     and the MoE layer, ``moe`` sparse, dense or off), every output checked against
     golden; returns the rounds' cycles, counters and traffic. ``schedule``: the steps of
@@ -133,7 +134,9 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     round (``config`` sized for them by :func:`chip_config`); ``weights``: the MoE
     layer's weights streamed from the memory channels or resident (written by the host before
     each MoE round; None: ``compiler.chip.check_weights``'s default); the memory image
-    is written once, before the first round."""
+    is written once, before the first round. ``profile``: every so many cycles the
+    harness notes each running tile's pc, in each round's ``pc_samples``
+    (:mod:`sim.profile`)."""
     from compiler.chip import check_weights
 
     weights = check_weights(weights, moe, config)
@@ -153,7 +156,7 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
               "schedule": schedule,
               "progress": str(progress) if progress else None,
               "dump": str(Path(dump).resolve()) if dump else None,
-              "faults": faults.to_json() if faults else None}
+              "faults": faults.to_json() if faults else None, "profile": profile}
     name = wl if isinstance(wl, str) else "custom-" + hashlib.sha1(
         json.dumps(wl, sort_keys=True).encode()).hexdigest()[:8]
     tag = (f"{name}-l{layer}-b{batch}-p{prefill}-c{context}-s{steps}-{placement}"

@@ -199,7 +199,8 @@ async def chip_layer(dut):
         before, memory_before = driver.net_counters(), driver.memory_counters()
         longest = max(len(ld.instructions) + ld.looped + 1 for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
-                                     + memory_cycles * rnd.memory_words + 20_000)
+                                     + memory_cycles * rnd.memory_words + 20_000,
+                                     sample=p.get("profile") or 0)
         if faults and faults.check_round(driver, index):
             report(passed=False, rounds=out, faults=faults.summary())
             return
@@ -236,7 +237,9 @@ async def chip_layer(dut):
             f"programs load {rnd.memory_words} words")
         out.append(_round_record(rnd, run, flits, programs, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
-            "channel_reads": [c["reads"] for c in channels]})
+            "channel_reads": [c["reads"] for c in channels],
+            **({"pc_samples": {t: sorted(c.items()) for t, c in run.pcs.items()}}
+               if run.pcs else {})})
         if progress:
             progress.write(f"round {index + 1}/{len(rounds)} {rnd.phase} at contexts "
                            f"{list(rnd.contexts)}: {run.cycles} cycles, outputs bit-exact "
