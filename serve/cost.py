@@ -356,9 +356,12 @@ def calibration_plan(max_sequences: int, max_context: Callable[[int], int]) -> l
     def decode(batch: int, share: float, held_out: bool = False) -> Plan:
         return Plan("decode", batch, max(16, int(share * max_context(batch))), held_out)
     big = max_sequences
-    # The prefills: steps of one to four sequences' 32-token chunks, whose MoE rounds
-    # are chains of one to four (docs/moe_mapping.md#streamed-weights).
-    plans = [decode(1, 0.1), decode(2, 0.8), decode(min(4, big), 0.4), decode(big, 0.9),
+    # The decodes: batches from one to the most the chip holds, a quarter and a half of
+    # it between (their routings load from a few experts behind a memory channel to all
+    # of them). The prefills: steps of one to four sequences' 32-token chunks, whose MoE
+    # rounds are chains of one to four (docs/moe_mapping.md#streamed-weights).
+    plans = [decode(1, 0.1), decode(2, 0.8), decode(min(4, big), 0.4),
+             decode(max(1, big // 4), 0.5), decode(max(1, big // 2), 0.25), decode(big, 0.9),
              decode(big, 0.15), Plan("prefill", 1, 96), Plan("prefill", min(2, big), 64),
              Plan("prefill", min(4, big), 32),
              decode(min(3, big), 0.6, True), decode(max(1, big * 3 // 4), 0.3, True),

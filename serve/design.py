@@ -127,14 +127,13 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     def make() -> list[dict]:
         progress(f"calibrating the cost model of {design.label()} on the RTL "
                  f"(saved as {path})")
-        return calibrate(calibration_plan(capacity.max_sequences, capacity.max_context),
-                         lambda plan: ready.simulate(
-                             batch=plan.batch,
-                             **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
-                                else {"context": plan.tokens, "steps": 1})),
-                         progress)
+        return calibrate(plans, lambda plan: ready.simulate(
+            batch=plan.batch, **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
+                                 else {"context": plan.tokens, "steps": 1})), progress)
 
-    key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT), "kept": list(KEPT)}
+    plans = calibration_plan(capacity.max_sequences, capacity.max_context)
+    key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT), "kept": list(KEPT),
+           "plans": [asdict(plan) for plan in plans]}
     name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
     path = CALIBRATIONS / f"{cfg.name}-{name[:12]}.json"
     if recalibrate:
