@@ -206,8 +206,12 @@ def serve(args: argparse.Namespace) -> int:
           f"{len(runs)} runs", flush=True)
     for p in prepared.values():
         cal = p.model.calibration
-        print(f"  {p.design.label()}: cost model from {len(cal.get('runs', []))} RTL runs, "
-              f"held-out error p95 {_percent(cal.get('error_p95_cycles'))} cycles, "
+        calibrated = cal.get("runs", [])
+        host = (sum(r["host_cycles"] for r in calibrated)
+                / max(sum(r["cycles"] for r in calibrated), 1))
+        print(f"  {p.design.label()}: cost model from {len(calibrated)} RTL runs (the host "
+              f"port {host:.1%} of their cycles), held-out error p95 "
+              f"{_percent(cal.get('error_p95_cycles'))} cycles, "
               f"{_percent(cal.get('error_p95_energy'))} energy", flush=True)
     print(_HEADER, flush=True)
     results = []

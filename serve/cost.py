@@ -404,7 +404,8 @@ def fit_runs(shape: Shape, runs: list[dict]) -> CostModel:
                     errors.setdefault(f"energy{suffix}", []).append(abs(p_pj - pj) / pj)
     model.calibration = {
         "runs": [{k: v for k, v in r.items() if k != "rounds"}
-                 | {"cycles": sum(round_cycles(x) for x in r["rounds"])} for r in runs],
+                 | {"cycles": sum(round_cycles(x) for x in r["rounds"]),
+                    "host_cycles": sum(x["host_cycles"] for x in r["rounds"])} for r in runs],
         **{f"error_p95_{kind}": round(float(np.percentile(values, 95)), 4)
            for kind, values in errors.items()},
         "held_out_steps": len(errors.get("cycles", []))}

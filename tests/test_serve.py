@@ -394,7 +394,7 @@ def test_serve_refuses_bad_options(args, reason, capsys):
     assert reason in capsys.readouterr().err
 
 
-def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
+def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch, capsys):
     """tiny on the RTL with 16 block-table rows a tile (16 sequences at once, 8 with the
     default 8), KV local and far: a short calibration each (fitted runs up to 12
     sequences, one held out, each bit-exact with golden), the sweep served on its fit;
@@ -421,6 +421,9 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch):
     for calibration in document["calibration"].values():
         assert calibration["held_out_steps"] == 1
         assert 0 <= calibration["error_p95_cycles"] < 1
+        # Every run's cycles include the host port's before and after its rounds.
+        assert all(0 < r["host_cycles"] < r["cycles"] for r in calibration["runs"])
+    assert "4 RTL runs (the host port " in capsys.readouterr().out
     assert [r["completed"] for r in document["runs"]] == [12] * 4
     one, twelve, far_one, _ = document["runs"]
     assert 0 < one["ttft_p50_s"] < one["e2e_p50_s"]
