@@ -23,9 +23,9 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
 
 A step's jobs are placed as the compiler places them (job ``j`` = sequence ``j // kv``,
 KV head ``j % kv``, on tile ``j mod tiles``, in rounds of ``tiles`` jobs), its tokens
-split into MoE rounds of the chip's size. A round's cycles are the tiles' and the host
-port's around them (loading the round, reading its outputs: :func:`round_cycles`), which
-the chip as built spends between rounds. Energies are the access model's
+split into MoE rounds of the chip's size. A round's cycles are the tiles': the host
+port's before and after it are kept apart (:func:`kept`) and not priced, being mostly a
+calibration run's set-up (docs/serving.md). Energies are the access model's
 (:func:`sim.chip_run.round_energy`). The fit is measured on runs left out of it, each
 MoE round priced at the routing the run had: p95 over their steps of |predicted -
 measured| / measured.
@@ -45,7 +45,7 @@ import numpy as np
 
 __all__ = ["KEPT", "CostModel", "Plan", "Shape", "attention_features", "calibrate",
            "calibration_plan", "fit", "fit_runs", "kept", "load_or_calibrate",
-           "round_cycles", "round_samples", "source_digest", "step_totals"]
+           "round_samples", "source_digest", "step_totals"]
 
 MOE_FEATURES = ("round", "first", "tokens", "experts", "loaded", "experts_per_tile",
                 "loaded_per_channel", "pairs_per_tile")
@@ -234,16 +234,11 @@ class CostModel:
 
 def kept(record: dict, energy_pj: float) -> dict:
     """What a calibration keeps of a round record (``tb.chip_tb``): :data:`KEPT`, the
-    host port's cycles before and after the round as one count, and its energy."""
+    host port's cycles before and after the round as one count (not priced: the
+    report gives their share), and its energy."""
     return {**{k: record[k] for k in KEPT if k in record},
             "host_cycles": sum(record["host_cycles"].values()),
             "energy_pj": round(energy_pj)}
-
-
-def round_cycles(record: dict) -> int:
-    """A kept round's cycles with the host port's: loading it and reading its outputs,
-    the tiles idle (a step's time on the chip as built)."""
-    return record["cycles"] + record["host_cycles"]
 
 
 def _jobs(shape: Shape, record: dict) -> list[tuple[int, int]]:
@@ -278,12 +273,12 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
         attention = [r for r in step if not r["phase"].endswith("moe")]
         for record, jobs in zip(attention, slots, strict=True):
             fc, fe = attention_features(jobs, shape.kv_channels)
-            out.append(("attention", fc, fe, round_cycles(record), record["energy_pj"]))
+            out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
         moe = step[len(attention):]
         for record, f in zip(moe, shape.step_features([r["expert_load"] for r in moe]),
                              strict=True):
             kind = "moe" if f[1] else "moe_later"
-            out.append((kind, f, f, round_cycles(record), record["energy_pj"]))
+            out.append((kind, f, f, record["cycles"], record["energy_pj"]))
     return out
 
 
@@ -334,7 +329,7 @@ def step_totals(model: CostModel, rounds: list[dict], routing: bool = True
                          else shape.expected_step(sum(r["tokens"] for r in moe))):
             c, e = model.moe(features)
             cycles, pj = cycles + c, pj + e
-        out.append((sum(round_cycles(r) for r in step), cycles,
+        out.append((sum(r["cycles"] for r in step), cycles,
                     sum(r["energy_pj"] for r in step), pj))
     return out
 
@@ -404,7 +399,7 @@ def fit_runs(shape: Shape, runs: list[dict]) -> CostModel:
                     errors.setdefault(f"energy{suffix}", []).append(abs(p_pj - pj) / pj)
     model.calibration = {
         "runs": [{k: v for k, v in r.items() if k != "rounds"}
-                 | {"cycles": sum(round_cycles(x) for x in r["rounds"]),
+                 | {"cycles": sum(x["cycles"] for x in r["rounds"]),
                     "host_cycles": sum(x["host_cycles"] for x in r["rounds"])} for r in runs],
         **{f"error_p95_{kind}": round(float(np.percentile(values, 95)), 4)
            for kind, values in errors.items()},
