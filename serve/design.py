@@ -124,6 +124,8 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     # The calibrated layer: a full-attention one (window layers are priced on it).
     layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
 
+    plans = calibration_plan(capacity.max_sequences, capacity.max_context)
+
     def make() -> list[dict]:
         progress(f"calibrating the cost model of {design.label()} on the RTL "
                  f"(saved as {path})")
@@ -131,7 +133,6 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
             batch=plan.batch, **({"prefill": plan.tokens, "steps": 0} if plan.phase == "prefill"
                                  else {"context": plan.tokens, "steps": 1})), progress)
 
-    plans = calibration_plan(capacity.max_sequences, capacity.max_context)
     key = {**asdict(design), "layer": layer, "sources": source_digest(ROOT), "kept": list(KEPT),
            "plans": [asdict(plan) for plan in plans]}
     name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
