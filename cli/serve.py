@@ -203,7 +203,7 @@ def serve(args: argparse.Namespace) -> int:
     print(f"serrano serve: {len(requests)} requests ({tokens:,} tokens), {args.workload} of "
           f"{len(first.windows)} layers at {clock_text}; the chip holds {limit} sequences "
           f"({args.kv_rows} block-table rows a tile); "
-          f"{len(runs)} runs", flush=True)
+          f"{len(runs)} run{'s' * (len(runs) != 1)}", flush=True)
     for p in prepared.values():
         cal = p.model.calibration
         calibrated = cal.get("runs", [])
