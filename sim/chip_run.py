@@ -246,6 +246,11 @@ def mesh_links(k: int) -> list[int]:
     return [(x > 0) + (x < k - 1) + (y > 0) + (y < k - 1) for y in range(k) for x in range(k)]
 
 
+def memory_words(record: dict) -> int:
+    """The words a round's programs loaded from the memory channels (all channels)."""
+    return sum(record.get("channel_reads") or [])
+
+
 def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
     """Lower bounds on one round's cycles (the roofline, docs/chip.md#roofline), from what
     the round did: ``compute``, its useful MACs (a MoE round's sparse-dispatch MACs) at
@@ -283,7 +288,7 @@ def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
     flit_bits = NocConfig(k=max(config.k, 2), payload_bits=payload_bits(n),
                           vcs=config.vcs).flit.size
     links = record.get("link_flits", 0)
-    memory_bytes = sum(record.get("channel_reads") or [0]) * n
+    memory_bytes = memory_words(record) * n
     return {
         "compute": sum(c["macs"] * e.MAC_PJ + (c["vec"] + c["gemm_vec"]) * n * e.LANE_PJ
                        for c in tiles),
@@ -347,7 +352,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         # Bytes the programs loaded from the memory channels (streamed weights, far KV).
-        memory = sum(sum(r.get("channel_reads") or [0]) for r in attn + moe) * n // steps
+        memory = sum(map(memory_words, attn + moe)) * n // steps
         # Bytes the host wrote into the tiles before the phase's rounds (program words,
         # scratchpad words: tokens, constants, resident weights; words appended to KV
         # pages) and read back after them (outputs), and the host port's cycles for
@@ -378,7 +383,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         for r in moe:
             by_step.setdefault(tuple(r["contexts"]), []).append(r)
         by_step = {key: step for key, step in by_step.items()
-                   if any(sum(r.get("channel_reads") or [0]) for r in step)}
+                   if any(map(memory_words, step))}
         if phase == "prefill" and by_step:
             out["chip__prefill__crossover_tokens"] = round(sum(
                 sum(per_round[id(r)][0]["memory"] for r in step)
