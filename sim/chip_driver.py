@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from amaranth.lib import data
-from cocotb.triggers import RisingEdge, Timer
+from cocotb.triggers import ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from rtl.chip import MemoryCounters, NetCounters
@@ -17,6 +17,9 @@ from sim.harness_driver import CLOCK_NS, HarnessDriver
 from sim.tile_driver import POLL, RESPONSES, Execution, Packer, Responses, TileDriver, error_mask
 
 __all__ = ["ChipDriver", "ChipRun"]
+
+#: Cycles after ``go`` by which every started tile shows it has left its halted state.
+START_CYCLES = 8
 
 
 @dataclass
@@ -135,7 +138,16 @@ class ChipDriver(TileDriver):
         pc_mask = (1 << entry["pc"].width) - 1
         fields = [(t, t * entry.size + entry["halted"].offset, t * entry.size + entry["pc"].offset)
                   for t in tiles]
+        # Until the tiles show the go (a cycle or two), their halted bits are the last
+        # round's: look every cycle until none is set (a program takes longer than that
+        # to halt), so that a poll sooner than that does not end the round.
         waited = 0
+        while self.dut.status.value.to_unsigned() & halted:
+            if waited == START_CYCLES:
+                raise AssertionError(f"tiles {tiles} did not start in {START_CYCLES} cycles")
+            await RisingEdge(self.dut.clk)
+            await ReadOnly()
+            waited += 1
         while True:
             # A Timer, not ClockCycles: that would wake Python on every clock edge.
             await Timer(step * CLOCK_NS, unit="ns")
