@@ -12,7 +12,9 @@ and InferenceX-style matched comparisons.
 - ``serve__matched_{lo,hi}__local_over_striped__throughput_per_energy``: local
   placement's tokens per joule over striped's at 25 % and 75 % of the interactivity
   range both fronts cover (concurrency 1, 2, 4, 8, 16, 32); the same for
-  ``chunked_over_rounds`` (chunked prefill against phase rounds, local);
+  ``chunked_over_rounds`` (chunked prefill against phase rounds, local) and
+  ``split_over_rounds`` (a spatial split, 2 prefill and 2 decode tiles, against phase
+  rounds, local);
   ``serve__matched_{lo,hi}__local_over_striped__e2e_speedup``: striped's end-to-end p50
   over local's at 25 % and 75 % of the throughput range both cover; the same for
   ``local_over_far`` (KV pages in the memory channels, loaded by every step).
@@ -78,7 +80,8 @@ def run(quick: bool = False) -> dict:
                 p.model.calibration[f"error_p95_{kind}"]
     requests = fixed_trace(256, 64, 16 if quick else 64)
     runs = {"local": _sweep(local, requests), "striped": _sweep(striped, requests),
-            "far": _sweep(far, requests), "chunked": _sweep(local, requests, "chunked")}
+            "far": _sweep(far, requests), "chunked": _sweep(local, requests, "chunked"),
+            "split": _sweep(local, requests, "split")}
     for r in (runs["local"][0], runs["local"][-1]):
         c = r["concurrency"]
         out[f"serve__c{c}__ttft_p50_s"] = round(r["ttft_p50_s"], 4)
@@ -88,7 +91,8 @@ def run(quick: bool = False) -> dict:
     f = {name: fronts(r) for name, r in runs.items()}
     for other, base, label in (("local", "striped", "local_over_striped"),
                                ("local", "far", "local_over_far"),
-                               ("chunked", "local", "chunked_over_rounds")):
+                               ("chunked", "local", "chunked_over_rounds"),
+                               ("split", "local", "split_over_rounds")):
         c = compare(f[base], f[other])
         for kind, name in (("throughput_per_energy", "throughput_per_energy"),
                            ("e2e_latency_speedup", "e2e_speedup")):

@@ -82,6 +82,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                              "point each (default rounds)")
     parser.add_argument("--chunk", type=options.positive, default=32,
                         help="prompt tokens per prefill chunk (default 32)")
+    parser.add_argument("--prefill-tiles", type=options.positive, default=None, metavar="T",
+                        help="--policy split's prefill tiles, the first T (the others "
+                             "decode; default half the tiles)")
     parser.add_argument("--concurrency", type=options.list_of(options.positive),
                         default=None, metavar="C[,C]",
                         help="requests in flight at once (default 1, 2, 3, 4, 6, 8, 12, 16, "
@@ -163,6 +166,15 @@ def serve(args: argparse.Namespace) -> int:
     if args.tool_wait < 0 or (args.slo is not None and args.slo <= 0):
         print("serrano serve: --tool-wait must be >= 0 and --slo > 0", file=sys.stderr)
         return 2
+    tiles = args.mesh ** 2
+    if args.prefill_tiles is not None and "split" not in args.policy:
+        print("serrano serve: --prefill-tiles is for --policy split", file=sys.stderr)
+        return 2
+    prefill_tiles = args.prefill_tiles or tiles // 2
+    if "split" in args.policy and not 1 <= prefill_tiles < tiles:
+        print(f"serrano serve: --prefill-tiles {prefill_tiles}: 1 to {tiles - 1} of the "
+              f"{tiles} tiles (the others decode)", file=sys.stderr)
+        return 2
     try:
         requests = _trace(args)
     except (TraceError, ValueError, OSError) as error:
@@ -218,11 +230,14 @@ def serve(args: argparse.Namespace) -> int:
     results = []
     for design, policy, c in runs:
         p = prepared[design]
+        split = policy == "split"
         outcomes = schedule(requests, p.model, p.capacity, concurrency=c, windows=p.windows,
                             clock_hz=clock_hz, policy=policy, chunk=args.chunk,
-                            prefix_cache=args.prefix_cache)
+                            prefix_cache=args.prefix_cache,
+                            prefill_tiles=prefill_tiles if split else None)
         figures = summarise(outcomes, args.slo)
-        result = {"design": asdict(design), "label": f"{design.label()} {policy}",
+        name = f"split {prefill_tiles}+{tiles - prefill_tiles}" if split else policy
+        result = {"design": asdict(design), "label": f"{design.label()} {name}",
                   "policy": policy, "concurrency": c, **figures}
         results.append(result)
         print(_row(result), flush=True)

@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["KEPT", "CostModel", "Plan", "Shape", "attention_features", "calibrate",
-           "calibration_plan", "fit", "fit_runs", "kept", "load_or_calibrate",
-           "round_samples", "source_digest", "step_totals"]
+__all__ = ["KEPT", "MOVE_CYCLES_PER_WORD", "MOVE_LATENCY", "CostModel", "Plan", "Shape",
+           "attention_features", "calibrate", "calibration_plan", "fit", "fit_runs", "kept",
+           "load_or_calibrate", "round_samples", "source_digest", "step_totals"]
 
 MOE_FEATURES = ("round", "first", "tokens", "experts", "loaded", "experts_per_tile",
                 "loaded_per_channel", "pairs_per_tile")
@@ -61,6 +61,12 @@ SOURCES = ("spec", "golden", "rtl", "compiler", "sim", "tb")
 KEPT = ("phase", "contexts", "tokens", "cycles", "expert_load")
 #: Uniform routings drawn to price a MoE round of a given size.
 ROUTING_DRAWS = 256
+#: Moving a KV cache from tile to tile (the split policy, :meth:`CostModel.move`): the
+#: cycles of a DMA stream of w words are MOVE_LATENCY + MOVE_CYCLES_PER_WORD x w, as the
+#: 2 x 2 chip streams them (``tb.chip_tb.chip_stream``: 512 words in 617 cycles, 2,048
+#: in 2,360, over one hop or two, two pairs of tiles at once no slower; checked by
+#: tests/test_serve.py): a word a flit, a packet of 8 words a cycle more.
+MOVE_LATENCY, MOVE_CYCLES_PER_WORD = 36, 1.135
 
 
 @dataclass(frozen=True)
@@ -79,15 +85,21 @@ class Shape:
     chained: bool = False
     #: Every job loads its KV pages from its tile's memory channel (far placement).
     kv_from_memory: bool = False
+    #: The energy of moving a word of KV cache to another tile (pJ): its scratchpad
+    #: read and write and its flit through the network (:meth:`CostModel.move`).
+    move_word_pj: float = 0.0
 
     @property
     def kv_channels(self) -> tuple[int, ...]:
         """The tiles' channels when the jobs load their KV pages from them, else ()."""
         return self.channels if self.kv_from_memory else ()
 
-    def attention_rounds(self, jobs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-        """Jobs (new tokens, context after them) in rounds of one job per tile."""
-        return [jobs[i:i + self.tiles] for i in range(0, len(jobs), self.tiles)]
+    def attention_rounds(self, jobs: list[tuple[int, int]], tiles: int | None = None
+                         ) -> list[list[tuple[int, int]]]:
+        """Jobs (new tokens, context after them) in rounds of one job per tile (of
+        ``tiles``, default every tile)."""
+        size = tiles or self.tiles
+        return [jobs[i:i + size] for i in range(0, len(jobs), size)]
 
     def moe_rounds(self, tokens: int) -> list[int]:
         """Tokens of each MoE round of a step that adds ``tokens`` tokens."""
@@ -205,19 +217,60 @@ class CostModel:
         """Cycles and energy (pJ) of one layer's step over ``sequences`` (new tokens,
         context after them) whose attention layer has ``window`` (None: full), its MoE
         rounds at their expected routing."""
-        jobs = [(t, c if window is None else min(c, window)) for t, c in sequences
+        cycles, energy = self.attention(self._jobs(sequences, window))
+        c, e = self._moe_step(sum(t for t, _ in sequences))
+        return cycles + c, energy + e
+
+    def split_step(self, prefill: list[tuple[int, int]], decode: list[tuple[int, int]],
+                   window: int | None, prefill_tiles: int) -> tuple[float, float]:
+        """:meth:`step` with the attention jobs of ``prefill`` on the first
+        ``prefill_tiles`` tiles and those of ``decode`` on the others, the two groups'
+        rounds running at once (the step's attention takes the longer group's time), then
+        one MoE pass over every token of both on the whole chip."""
+        groups = ((prefill, range(prefill_tiles)),
+                  (decode, range(prefill_tiles, self.shape.tiles)))
+        cycles = energy = 0.0
+        for sequences, tiles in groups:
+            c, e = self.attention(self._jobs(sequences, window), tiles)
+            cycles, energy = max(cycles, c), energy + e
+        c, e = self._moe_step(sum(t for t, _ in prefill + decode))
+        return cycles + c, energy + e
+
+    def move(self, job_words: list[int], senders: int) -> tuple[float, float]:
+        """Cycles and energy (pJ) of moving KV caches between tiles: jobs of
+        ``job_words`` words each, dealt in turn to ``senders`` tiles that send at once to
+        tiles of their own (:data:`MOVE_LATENCY`, :data:`MOVE_CYCLES_PER_WORD` for the
+        busiest sender; ``Shape.move_word_pj`` a word)."""
+        if not job_words:
+            return 0.0, 0.0
+        busiest = max(sum(job_words[i::senders]) for i in range(senders))
+        return (MOVE_LATENCY + MOVE_CYCLES_PER_WORD * busiest,
+                sum(job_words) * self.shape.move_word_pj)
+
+    def _jobs(self, sequences: list[tuple[int, int]], window: int | None
+              ) -> list[tuple[int, int]]:
+        """One job a KV head of each sequence with new tokens, its context capped by the
+        window."""
+        return [(t, c if window is None else min(c, window)) for t, c in sequences
                 for _ in range(self.shape.kv_heads) if t]
-        cycles, energy = self.attention(jobs)
-        for features in self.shape.expected_step(sum(t for t, _ in sequences)):
+
+    def _moe_step(self, tokens: int) -> tuple[float, float]:
+        cycles = energy = 0.0
+        for features in self.shape.expected_step(tokens):
             c, e = self.moe(features)
             cycles, energy = cycles + c, energy + e
         return cycles, energy
 
-    def attention(self, jobs: list[tuple[int, int]]) -> tuple[float, float]:
-        """Cycles and energy of a step's attention rounds over ``jobs``."""
+    def attention(self, jobs: list[tuple[int, int]], tiles: range | None = None
+                  ) -> tuple[float, float]:
+        """Cycles and energy of a step's attention rounds over ``jobs``, on ``tiles``
+        (default every tile; a job a tile a round)."""
+        tiles = range(self.shape.tiles) if tiles is None else tiles
+        channels = self.shape.kv_channels
+        channels = tuple(channels[t] for t in tiles) if channels else ()
         cycles = energy = 0.0
-        for rnd in self.shape.attention_rounds(jobs):
-            fc, fe = attention_features(rnd, self.shape.kv_channels)
+        for rnd in self.shape.attention_rounds(jobs, len(tiles)):
+            fc, fe = attention_features(rnd, channels)
             cycles += self._apply("attention_cycles", fc)
             energy += self._apply("attention_energy", fe)
         return cycles, energy

@@ -90,6 +90,17 @@ class Prepared:
                 for r in result["rounds"]]
 
 
+def _move_word_pj(config: ChipConfig) -> float:
+    """The energy of a KV word moved to a neighbouring tile, as the access model prices
+    a round's counts (:func:`sim.chip_run.round_energy`): a scratchpad read and write,
+    one flit injected and carried over one link."""
+    from sim.chip_run import round_energy
+
+    counts = {"macs": 0, "vec": 0, "gemm_vec": 0, "spad": 2, "fetches": 0}
+    return sum(round_energy({"tiles": {0: counts}, "flits": 1, "link_flits": 1},
+                            config).values())
+
+
 def prepare(design: Design, layers: int | None = None, recalibrate: bool = False,
             progress: Callable[[str], None] = print, threads: int = 1) -> Prepared:
     """The design point's capacity, the ``layers`` (default :data:`MODEL_LAYERS`) layers'
@@ -111,7 +122,8 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
     capacity = Capacity(tiles=config.tiles, pages=tile.num_pages, page_size=tile.page_size,
                         jobs_per_tile=tile.kv_sequences // 2, kv_heads=cfg.kv_heads,
                         parts=PLACEMENTS[design.placement].parts_per_slot,
-                        max_tokens=tile.max_pages * tile.page_size)
+                        max_tokens=tile.max_pages * tile.page_size,
+                        page_words=tile.page_size * tile.token_words)
     if capacity.max_sequences < 1:
         raise ValueError(f"a {design.mesh}x{design.mesh} chip cannot hold one sequence of "
                          f"{cfg.name} ({cfg.kv_heads} KV heads)")
@@ -120,7 +132,8 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
                   channels=config.tile_channels,
                   chained=design.moe == "sparse"
                   and check_weights(design.weights, design.moe, config) == "streamed",
-                  kv_from_memory=design.placement == "far")
+                  kv_from_memory=design.placement == "far",
+                  move_word_pj=_move_word_pj(config))
     # The calibrated layer: a full-attention one (window layers are priced on it).
     layer = next((i for i, w in enumerate(cfg.windows) if w is None), len(cfg.windows) - 1)
 

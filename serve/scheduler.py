@@ -21,6 +21,15 @@ Policies, per step:
   prompt tokens besides (oldest first), as Sarathi-Serve does; priced as one step of
   both kinds of jobs (the RTL runs a round's jobs in one phase, so a mixed step is the
   cost model's composition, not a run of the chip).
+- ``split``: a spatial split, as DistServe-style disaggregation does within one chip: the
+  first ``prefill_tiles`` tiles prefill (each prefilling sequence's next chunk a step,
+  its KV pages there), the others decode; a sequence whose prompt is done has its KV
+  cache moved over the mesh to the decode tiles, where its pages were reserved when it
+  was admitted. Each step, both groups' attention rounds run at once and one MoE pass
+  takes every token (the experts are spread over the whole chip); a turn that hits its
+  kept cache prefills its new tokens on the decode tiles, where the cache is. Priced by
+  :meth:`serve.cost.CostModel.split_step` and :meth:`~serve.cost.CostModel.move`
+  (composed as ``chunked`` is).
 
 A step's time is its cycles over every layer (``windows``: each layer's sliding window or
 None) at ``clock_hz``; its energy is shared by its sequences in proportion to their tokens.
@@ -36,7 +45,7 @@ from serve.trace import Request
 
 __all__ = ["POLICIES", "Capacity", "Outcome", "serve"]
 
-POLICIES = ("rounds", "chunked")
+POLICIES = ("rounds", "chunked", "split")
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,8 @@ class Capacity:
     and ``jobs_per_tile`` block-table row pairs (K and V); ``kv_heads`` jobs a sequence.
     ``parts``: the shares a job's pages take under the placement (striped: 2, its own and
     those stored for others, so a tile keeps half its pages for its own jobs), and
-    ``max_tokens`` the most a sequence's block-table row maps."""
+    ``max_tokens`` the most a sequence's block-table row maps; ``page_words`` the words
+    of a page (what moving a KV cache sends)."""
     tiles: int
     pages: int
     page_size: int
@@ -53,6 +63,7 @@ class Capacity:
     kv_heads: int
     parts: int = 1
     max_tokens: int | None = None
+    page_words: int = 0
 
     @property
     def max_sequences(self) -> int:
@@ -67,9 +78,10 @@ class Capacity:
         """A tile's pages for the jobs placed on it."""
         return self.pages // self.parts
 
-    def max_context(self, sequences: int) -> int:
-        """The longest context each of ``sequences`` sequences can hold at once."""
-        jobs = -(-sequences * self.kv_heads // self.tiles)
+    def max_context(self, sequences: int, tiles: int | None = None) -> int:
+        """The longest context each of ``sequences`` sequences can hold at once (on
+        ``tiles`` of the tiles, default all)."""
+        jobs = -(-sequences * self.kv_heads // (tiles or self.tiles))
         held = (self.job_pages // jobs // 2) * self.page_size
         return held if self.max_tokens is None else min(held, self.max_tokens)
 
@@ -93,6 +105,8 @@ class _Sequence:
     prompt_left: int
     generated: int = 0
     jobs: list[tuple[int, int]] = field(default_factory=list)  # (tile, pages)
+    # Split: the jobs on the prefill tiles while the prompt is prefilled there.
+    staging: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -111,14 +125,16 @@ class _Tiles:
         self.pages = [capacity.job_pages] * capacity.tiles
         self.slots = [capacity.jobs_per_tile] * capacity.tiles
 
-    def place(self, context: int) -> list[tuple[int, int]] | None:
-        """Jobs of a sequence of ``context`` tokens on the tiles with the most free
-        pages (a free slot each), or None if it does not fit now."""
+    def place(self, context: int, among: range | None = None
+              ) -> list[tuple[int, int]] | None:
+        """Jobs of a sequence of ``context`` tokens on the tiles (``among``, default
+        all) with the most free pages (a free slot each), or None if it does not fit
+        now."""
         need = self.capacity.pages_for(context)
         pages, slots = list(self.pages), list(self.slots)
         jobs = []
         for _ in range(self.capacity.kv_heads):
-            tile = max(range(len(pages)), key=lambda t: (slots[t] > 0, pages[t]))
+            tile = max(among or range(len(pages)), key=lambda t: (slots[t] > 0, pages[t]))
             if slots[tile] == 0 or pages[tile] < need:
                 return None
             pages[tile] -= need
@@ -147,15 +163,25 @@ class _Tiles:
 
 def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
           concurrency: int, windows: list[int | None], clock_hz: float,
-          policy: str = "rounds", chunk: int = 32, prefix_cache: bool = True
-          ) -> list[Outcome]:
+          policy: str = "rounds", chunk: int = 32, prefix_cache: bool = True,
+          prefill_tiles: int | None = None) -> list[Outcome]:
     """Serve ``requests`` (module docstring); every request's outcome, in trace order.
     Without ``prefix_cache`` a finished turn's KV cache is freed at once: every later
-    turn misses."""
+    turn misses. ``prefill_tiles``: the split policy's prefill tiles (default half)."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: one of {', '.join(POLICIES)}")
     if concurrency < 1 or chunk < 1 or clock_hz <= 0 or not windows:
         raise ValueError("concurrency and chunk must be >= 1, the clock > 0, layers >= 1")
+    split = policy == "split"
+    if prefill_tiles is not None and not split:
+        raise ValueError(f"prefill tiles are the split policy's, not {policy}'s")
+    if split:
+        prefill_tiles = capacity.tiles // 2 if prefill_tiles is None else prefill_tiles
+        if not 1 <= prefill_tiles < capacity.tiles:
+            raise ValueError(f"prefill tiles: 1 to {capacity.tiles - 1} of the "
+                             f"{capacity.tiles} tiles (the others decode), not {prefill_tiles}")
+        staging_tiles = range(prefill_tiles)
+        decode_tiles = range(prefill_tiles, capacity.tiles)
     layer_windows: dict[int | None, int] = {}
     for w in windows:
         layer_windows[w] = layer_windows.get(w, 0) + 1
@@ -210,13 +236,34 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
                 return True
         if entry is not None:
             tiles.free(entry.jobs)  # a miss: the cache is rebuilt from the prompt
-        jobs = tiles.place(total)
+        staging = []
+        if split:  # the prompt's pages on the prefill tiles (held caches are not there)
+            staging = tiles.place(r.input, staging_tiles)
+            if staging is None:
+                return False
+        among = decode_tiles if split else None
+        jobs = tiles.place(total, among)
         while jobs is None and _evict_one(held, tiles):
-            jobs = tiles.place(total)
+            jobs = tiles.place(total, among)
         if jobs is None:
+            tiles.free(staging)
             return False
-        seq.jobs, seq.context, seq.prompt_left = jobs, 0, r.input
+        seq.jobs, seq.staging, seq.context, seq.prompt_left = jobs, staging, 0, r.input
         return True
+
+    def fits(r: Request) -> str | None:
+        """Why a request can never be held, or None."""
+        if not split:
+            most = capacity.max_context(1)
+            return (None if most >= r.input + r.output else f"{r.input + r.output} tokens "
+                    f"of context: a sequence holds at most {most} on this chip")
+        most = capacity.max_context(1, len(decode_tiles))
+        if most < r.input + r.output:
+            return (f"{r.input + r.output} tokens of context: a sequence holds at most "
+                    f"{most} on the {len(decode_tiles)} decode tiles")
+        most = capacity.max_context(1, prefill_tiles)
+        return (None if most >= r.input else f"a {r.input}-token prompt: the "
+                f"{prefill_tiles} prefill tiles hold at most {most} tokens of one")
 
     while finished < len(outcomes):
         while ready and ready[0][0] <= now and in_flight < concurrency:
@@ -225,10 +272,9 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
             o.sent = now
             in_flight += 1
             seq = _Sequence(o, 0, o.request.input)
-            fits = capacity.max_context(1) >= o.request.input + o.request.output
-            if not fits:
-                finish(seq, f"{o.request.input + o.request.output} tokens of context: a "
-                            f"sequence holds at most {capacity.max_context(1)} on this chip")
+            reason = fits(o.request)
+            if reason:
+                finish(seq, reason)
                 continue
             waiting.append(seq)
         while waiting and len(running) < capacity.max_sequences and admit(waiting[0]):
@@ -245,20 +291,28 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
         if policy == "rounds":
             step = ([(s, min(chunk, s.prompt_left)) for s in prefilling] if prefilling
                     else [(s, 1) for s in decoding])
-        else:
+        elif policy == "chunked":
             budget, step = chunk, [(s, 1) for s in decoding]
             for s in prefilling:
                 if budget:
                     take = min(budget, s.prompt_left)
                     step.append((s, take))
                     budget -= take
+        else:
+            step = [(s, min(chunk, s.prompt_left) if s.prompt_left else 1) for s in running]
         cycles = energy = 0.0
-        jobs = [(t, s.context + t) for s, t in step]
         for window, count in layer_windows.items():
-            c, e = model.step(jobs, window)
+            if split:
+                c, e = model.split_step(
+                    [(t, s.context + t) for s, t in step if s.staging],
+                    [(t, s.context + t) for s, t in step if not s.staging],
+                    window, prefill_tiles)
+            else:
+                c, e = model.step([(t, s.context + t) for s, t in step], window)
             cycles, energy = cycles + count * c, energy + count * e
         now += cycles / clock_hz
         tokens = sum(t for _, t in step)
+        moved = []  # split: prompts done on the prefill tiles, their caches to move
         for s, t in step:
             s.outcome.energy_j += energy * 1e-12 * t / tokens
             s.context += t
@@ -267,10 +321,26 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
                 if s.prompt_left:
                     continue
                 s.outcome.first = now  # the prompt's last step yields the first token
+                if s.staging:
+                    moved.append(s)
             s.generated += 1
             if s.generated == s.outcome.request.output:
                 running.remove(s)
                 finish(s)
+        if moved:  # every layer's KV cache of each, over the mesh, before the next step
+            cycles = 0.0
+            for window, count in layer_windows.items():
+                words = [[capacity.pages_for(s.context if window is None
+                                             else min(s.context, window))
+                          * capacity.page_words] * capacity.kv_heads for s in moved]
+                c, _ = model.move([w for job in words for w in job], prefill_tiles)
+                cycles += count * c
+                for s, job in zip(moved, words, strict=True):
+                    s.outcome.energy_j += count * model.move(job, 1)[1] * 1e-12
+            now += cycles / clock_hz
+            for s in moved:
+                tiles.free(s.staging)
+                s.staging = []
     return outcomes
 
 

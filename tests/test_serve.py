@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from serve.cost import (
+    MOVE_CYCLES_PER_WORD,
+    MOVE_LATENCY,
     CostModel,
     Shape,
     attention_features,
@@ -314,6 +316,69 @@ def test_chunked_prefill_keeps_decoding_while_a_prompt_arrives():
     assert {o.failed for o in rounds + chunked} == {None}
 
 
+def test_split_prefills_on_its_tiles_then_moves_the_cache_by_hand():
+    """40 prompt tokens on 2 of the 4 tiles (chunks of 32 and 8: one round of the two
+    KV-head jobs each), the cache moved to the other two, 2 decode steps there; 2 layers."""
+    model = linear_model(shape=replace(SHAPE, move_word_pj=2.0))
+    capacity = replace(ROOMY, page_words=64)
+    [o] = serve([Request("a", 0.0, 40, 3)], model, capacity, concurrency=1,
+                windows=[None, None], clock_hz=1000.0, policy="split", prefill_tiles=2)
+    prefill, decode = 2 * (1320 + 1080), 2 * 1010
+    words = 2 * 3 * 64  # a job's K and V pages of 16 tokens for 40 tokens
+    move = 2 * (MOVE_LATENCY + MOVE_CYCLES_PER_WORD * words)  # the two jobs at once
+    assert o.first == pytest.approx(prefill / 1000)
+    assert o.done == pytest.approx((prefill + move + 2 * decode) / 1000)
+    assert o.energy_j == pytest.approx((2 * 2 * (40 + 2) + 2 * 2 * words * 2.0) * 1e-12)
+
+
+def test_split_decodes_on_its_tiles_while_a_prompt_prefills():
+    """A decoding sequence goes on while another's prompt is prefilled on the other
+    tiles; with more decoding jobs than decode tiles, its steps take more rounds."""
+    model = linear_model()
+    requests = [Request("long", 0.0, 8, 40), Request("late", 0.05, 256, 2)]
+    runs = {policy: serve(requests, model, ROOMY, concurrency=2, windows=[None],
+                          clock_hz=1e5, policy=policy) for policy in ("rounds", "split")}
+    assert runs["split"][0].done < runs["rounds"][0].done
+    assert {o.failed for r in runs.values() for o in r} == {None}
+    one = [Request(f"r{i}", 0.0, 4, 8) for i in range(2)]
+    three = serve(one, model, ROOMY, concurrency=2, windows=[None], clock_hz=1e3,
+                  policy="split", prefill_tiles=3)
+    two = serve(one, model, ROOMY, concurrency=2, windows=[None], clock_hz=1e3,
+                policy="split", prefill_tiles=2)
+    # Four decode jobs: four rounds on one decode tile, two on two.
+    assert max(o.done for o in three) > max(o.done for o in two)
+
+
+def test_split_refuses_what_its_tiles_cannot_hold():
+    small = Capacity(tiles=4, pages=8, page_size=16, jobs_per_tile=2, kv_heads=2)
+    requests = [Request("ok", 0.0, 30, 2), Request("long prompt", 0.0, 100, 2)]
+    outcomes = serve(requests, linear_model(), small, concurrency=2, windows=[None],
+                     clock_hz=1e3, policy="split", prefill_tiles=1)
+    assert outcomes[0].failed is None
+    assert "holds at most" in outcomes[1].failed
+    for tiles in (0, 4):
+        with pytest.raises(ValueError, match="prefill tiles"):
+            serve(requests, linear_model(), small, concurrency=1, windows=[None],
+                  clock_hz=1.0, policy="split", prefill_tiles=tiles)
+    with pytest.raises(ValueError, match="split policy"):
+        serve(requests, linear_model(), small, concurrency=1, windows=[None], clock_hz=1.0,
+              policy="chunked", prefill_tiles=2)
+
+
+@pytest.mark.parametrize("words", [512, 2048])
+def test_kv_move_cycles_are_the_chips(words):
+    """On the RTL: two pairs of tiles streaming ``words`` words each at once take the
+    cycles :meth:`CostModel.move` prices, within 2 %."""
+    from sim.chip_run import chip_config, simulate_chip
+
+    result = simulate_chip(chip_config("tiny", k=2), "chip_stream",
+                           {"words": words, "chunk": 512, "senders": [0, 1],
+                            "receivers": [3, 2]})
+    assert result["passed"]
+    priced, _ = linear_model().move([words, words], 2)
+    assert abs(priced - result["cycles"]) <= 0.02 * result["cycles"], (priced, result)
+
+
 def test_bad_scheduler_arguments_are_refused():
     with pytest.raises(ValueError, match="policy"):
         serve([Request("a", 0, 4, 1)], linear_model(), ROOMY, concurrency=1, windows=[None],
@@ -381,6 +446,8 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
     (["--shard", "2/2"], None),
     (["--policy", "rounds,spatial"], None),
     (["--kv-rows", "24"], None),
+    (["--prefill-tiles", "2"], "--prefill-tiles is for --policy split"),
+    (["--policy", "split", "--prefill-tiles", "4"], "--prefill-tiles 4: 1 to 3 of the 4"),
 ])
 def test_serve_refuses_bad_options(args, reason, capsys):
     from cli.main import main
