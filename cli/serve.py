@@ -112,6 +112,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         help="tokens of each answer (default 32)")
     parser.add_argument("--tool-wait", type=float, default=0.5,
                         help="seconds each tool call takes (default 0.5)")
+    parser.add_argument("--burst", type=options.positive, default=1,
+                        help="agent conversations that start together (default 1)")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds between two bursts of agent conversations "
+                             "(default 0: all start at once)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="free a finished turn's KV cache at once (every later turn of "
                              "its conversation prefills its whole prompt again: a miss)")
@@ -149,7 +154,8 @@ def _trace(args: argparse.Namespace):
         return read_trace(args.trace)
     if args.agent:
         return agent_trace(args.conversations, args.turns, args.prompt, args.tool_tokens,
-                           args.answer, args.tool_wait, seed=args.seed)
+                           args.answer, args.tool_wait, burst=args.burst, gap=args.gap,
+                           seed=args.seed)
     return fixed_trace(args.isl, args.osl, args.requests, seed=args.seed)
 
 
@@ -163,8 +169,9 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.merge:
         return _merge(args)
-    if args.tool_wait < 0 or (args.slo is not None and args.slo <= 0):
-        print("serrano serve: --tool-wait must be >= 0 and --slo > 0", file=sys.stderr)
+    if args.tool_wait < 0 or args.gap < 0 or (args.slo is not None and args.slo <= 0):
+        print("serrano serve: --tool-wait and --gap must be >= 0 and --slo > 0",
+              file=sys.stderr)
         return 2
     tiles = args.mesh ** 2
     if args.prefill_tiles is not None and "split" not in args.policy:

@@ -88,6 +88,9 @@ def test_generated_lengths_and_prefixes(seed):
             assert second.prefix == first.input + first.output
             assert second.tool_wait == 1.0
     assert [r.arrival for r in agents] == [0.0] * 3 + [2.0] * 3
+    bursts = agent_trace(4, 1, prompt=40, tool=10, answer=5, tool_wait=1.0, burst=2,
+                         gap=3.0, seed=seed)
+    assert [r.arrival for r in bursts] == [0.0, 0.0, 3.0, 3.0]
 
 
 # The cost model -----------------------------------------------------------------------
@@ -441,7 +444,9 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, reason", [
     (["--write-trace", "/proc/serrano/t.jsonl"], "--write-trace /proc/serrano/t.jsonl"),
-    (["--tool-wait", "-1"], "--tool-wait must be >= 0"),
+    (["--tool-wait", "-1"], "--tool-wait and --gap must be >= 0"),
+    (["--agent", "--gap", "-2"], "--tool-wait and --gap must be >= 0"),
+    (["--agent", "--burst", "0"], None),
     (["--clock", "fpgaa"], None),
     (["--shard", "2/2"], None),
     (["--policy", "rounds,spatial"], None),
