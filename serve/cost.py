@@ -471,11 +471,13 @@ def source_digest(root: Path) -> str:
 
 
 def load_or_calibrate(path: Path, key: dict, shape: Shape,
-                      make: Callable[[], list[dict]]) -> CostModel:
+                      make: Callable[[], list[dict]], fresh: bool = False) -> CostModel:
     """The model fitted to the runs saved at ``path`` if they were made for ``key`` (the
-    design point and the sources' digest), else to ``make()``'s, saved there."""
+    design point and the sources' digest) and not ``fresh``, else to ``make()``'s, saved
+    there once they are all made: a calibration stopped half-way leaves the saved one as
+    it was."""
     runs = None
-    if path.exists():
+    if path.exists() and not fresh:
         try:
             saved = json.loads(path.read_text())
             if saved.get("key") == key:
@@ -485,5 +487,7 @@ def load_or_calibrate(path: Path, key: dict, shape: Shape,
     if runs is None:
         runs = make()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "runs": runs}) + "\n")
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps({"key": key, "runs": runs}) + "\n")
+        partial.replace(path)
     return fit_runs(shape, runs)

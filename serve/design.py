@@ -150,9 +150,7 @@ def prepare(design: Design, layers: int | None = None, recalibrate: bool = False
            "plans": [asdict(plan) for plan in plans]}
     name = hashlib.sha256(json.dumps(asdict(design), sort_keys=True).encode()).hexdigest()
     path = CALIBRATIONS / f"{cfg.name}-{name[:12]}.json"
-    if recalibrate:
-        path.unlink(missing_ok=True)
     ready = Prepared(design, capacity, windows, CostModel(shape, {}), config, cfg, layer,
                      threads)
-    ready.model = load_or_calibrate(path, key, shape, make)
+    ready.model = load_or_calibrate(path, key, shape, make, fresh=recalibrate)
     return ready

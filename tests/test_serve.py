@@ -472,7 +472,8 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch, 
     default 8), KV local and far: a short calibration each (fitted runs up to 12
     sequences, one held out, each bit-exact with golden), the sweep served on its fit;
     far decodes slower (every step loads the whole cache from the memory channels); the
-    second run reuses the saved runs without simulating."""
+    second run reuses the saved runs without simulating, and a --recalibrate stopped
+    half-way leaves them as they were."""
     import serve.design
     import sim.chip_run
     from cli.main import main
@@ -508,3 +509,18 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch, 
     monkeypatch.setattr(sim.chip_run, "simulate_layer", no_simulation)
     assert main(args) == 0
     assert json.loads(out.read_text())["runs"] == document["runs"]
+
+    # A --recalibrate stopped before its runs are all made keeps the saved ones.
+    saved = sorted((tmp_path / "serve").iterdir())
+    before = [p.read_text() for p in saved]
+
+    class Stopped(Exception):
+        pass
+
+    def stopped(*_, **__):
+        raise Stopped
+    monkeypatch.setattr(sim.chip_run, "simulate_layer", stopped)
+    with pytest.raises(Stopped):
+        main([*args, "--recalibrate"])
+    assert sorted((tmp_path / "serve").iterdir()) == saved
+    assert [p.read_text() for p in saved] == before
