@@ -178,6 +178,10 @@ def serve(args: argparse.Namespace) -> int:
         print("serrano serve: --prefill-tiles is for --policy split", file=sys.stderr)
         return 2
     prefill_tiles = args.prefill_tiles or tiles // 2
+    if "split" in args.policy and tiles < 2:
+        print("serrano serve: --policy split needs 2 tiles or more (one prefills, one "
+              "decodes)", file=sys.stderr)
+        return 2
     if "split" in args.policy and not 1 <= prefill_tiles < tiles:
         print(f"serrano serve: --prefill-tiles {prefill_tiles}: 1 to {tiles - 1} of the "
               f"{tiles} tiles (the others decode)", file=sys.stderr)

@@ -453,6 +453,7 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
     (["--kv-rows", "24"], None),
     (["--prefill-tiles", "2"], "--prefill-tiles is for --policy split"),
     (["--policy", "split", "--prefill-tiles", "4"], "--prefill-tiles 4: 1 to 3 of the 4"),
+    (["--policy", "split", "--mesh", "1x1"], "--policy split needs 2 tiles or more"),
 ])
 def test_serve_refuses_bad_options(args, reason, capsys):
     from cli.main import main
