@@ -341,6 +341,12 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
             for s in moved:
                 tiles.free(s.staging)
                 s.staging = []
+    for entry in held.values():  # the books: every page and slot is back
+        tiles.free(entry.jobs)
+    if tiles.pages != [capacity.job_pages] * capacity.tiles or \
+            tiles.slots != [capacity.jobs_per_tile] * capacity.tiles:
+        raise RuntimeError(f"the scheduler lost KV pages or slots: {tiles.pages} pages, "
+                           f"{tiles.slots} slots free at the end")
     return outcomes
 
 

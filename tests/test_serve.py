@@ -525,3 +525,29 @@ def test_serve_calibrates_on_the_chip_and_reuses_the_fit(tmp_path, monkeypatch, 
         main([*args, "--recalibrate"])
     assert sorted((tmp_path / "serve").iterdir()) == saved
     assert [p.read_text() for p in saved] == before
+
+
+@pytest.mark.parametrize("policy", ["rounds", "chunked", "split"])
+def test_every_request_is_served_or_failed_and_every_page_comes_back(policy, seed):
+    """Random agent conversations and fixed requests on a chip too small for them all:
+    each request completes (its times in order, its hits within its prefix) or fails
+    with a reason, and the scheduler's books balance (it raises otherwise)."""
+    rng = np.random.default_rng(seed)
+    small = Capacity(tiles=4, pages=int(rng.integers(24, 60)), page_size=16,
+                     jobs_per_tile=int(rng.integers(1, 4)), kv_heads=2, page_words=8)
+    requests = agent_trace(int(rng.integers(2, 6)), int(rng.integers(1, 4)), prompt=60,
+                           tool=20, answer=6, tool_wait=0.01, burst=2, gap=0.02,
+                           seed=seed)
+    requests += [replace(r, id=f"f{r.id}") for r in fixed_trace(80, 8, 6, seed=seed)]
+    requests.append(Request("huge", 0.0, 2000, 4))
+    model = linear_model(moe=(100.0, 10.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                         shape=replace(SHAPE, move_word_pj=1.0))
+    outcomes = serve(requests, model, small, concurrency=int(rng.integers(1, 6)),
+                     windows=[None, 32], clock_hz=1e6, policy=policy)
+    for o in outcomes:
+        if o.failed:
+            assert o.first is None and "holds at most" in o.failed, o
+            continue
+        assert o.sent <= o.first <= o.done and o.energy_j > 0, o
+        assert o.hit_tokens <= o.request.prefix, o
+    assert outcomes[-1].failed
