@@ -34,6 +34,29 @@ def test_tables_are_filled_between_markers_and_missing_ones_kept():
     assert "| `x__y__z` | n/a |  | not recorded |" in filled
 
 
+def test_a_partial_report_updates_its_figures_and_keeps_the_others():
+    """A report of some figures (one benchmark re-run): those rows are new, the others
+    keep their rows, value and provenance, in the table and in the headline."""
+    committed = ("<!-- results:bench -->\n| metric | value | target | measured |\n"
+                 "|---|---:|---|---|\n"
+                 "| `chip__sim__cycles_per_s` | 84,921 | >= 50000 met | 2026-12-05, "
+                 "`python -m bench --only chip` |\n"
+                 "| `serve__c1__tokens_per_j` | 10,000 |  | 2026-12-04, "
+                 "`python -m bench --only serve` |\n<!-- /results:bench -->\n")
+    kept = results.table_rows(committed)
+    assert set(kept) == {"chip__sim__cycles_per_s", "serve__c1__tokens_per_j"}
+    metrics = {"serve__c1__tokens_per_j": 10825}
+    origin = {"serve__c1__tokens_per_j": {"command": "python -m bench --only serve",
+                                          "date": "2026-12-06"}}
+    table = results.bench_table(metrics, origin, {}, kept)
+    assert kept["chip__sim__cycles_per_s"] in table
+    assert "| `serve__c1__tokens_per_j` | 10,825 |  | 2026-12-06, " in table
+    assert "10,000" not in table
+    headline = results.headline_table(metrics, origin, kept)
+    assert "(`chip__sim__cycles_per_s`) | 84,921 |" in headline
+    assert "(measured by `python -m bench --only chip` on 2026-12-05;" in headline
+
+
 def test_a_missed_target_is_marked():
     table = results.bench_table({"a__b__c": 0.5}, {}, {"a__b__c": (">=", 0.9)})
     assert "**missed**" in table

@@ -4,7 +4,10 @@ docs/results.md, generated from the reports under ``build/``.
 A generated table sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``
 and says which command measured its figures and when (``spec.provenance``). A table
 whose report is missing is left as it is, and the run says so: a fresh clone keeps the
-committed figures until it measures its own.
+committed figures until it measures its own. A benchmark report that holds only some
+figures (``make bench ARGS='--only chip'``) updates those: the figures it lacks keep
+their rows of docs/results.md's table, each with the date and command that measured it,
+and the README's headline takes them from there too.
 
     make bench && make mutate && make synth && make results  # then commit README.md, docs/
 """
@@ -90,10 +93,27 @@ def _load(name: str) -> tuple[dict, dict] | None:
         return None
 
 
-def bench_table(metrics: dict, origin: dict, targets: dict) -> str:
-    """Every benchmark figure: value, target and whether it is met, when measured."""
+#: A row of the benchmark table: the metric, its value, target and when measured.
+_BENCH_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", re.M)
+
+
+def table_rows(text: str, name: str = "bench") -> dict[str, str]:
+    """The rows of generated table ``name`` in ``text``, by metric (none if absent)."""
+    match = re.search(rf"<!-- results:{name} -->\n(.*?)<!-- /results:{name} -->", text, re.S)
+    return {m.group(1): m.group(0) for m in _BENCH_ROW.finditer(match.group(1))
+            } if match else {}
+
+
+def bench_table(metrics: dict, origin: dict, targets: dict,
+                kept: dict[str, str] | None = None) -> str:
+    """Every benchmark figure: value, target and whether it is met, when measured; a
+    figure the report lacks keeps its row from ``kept`` (:func:`table_rows`)."""
+    kept = kept or {}
     lines = ["| metric | value | target | measured |", "|---|---:|---|---|"]
-    for key in sorted(metrics):
+    for key in sorted(set(metrics) | set(kept)):
+        if key not in metrics:
+            lines.append(kept[key])
+            continue
         value, rule = metrics[key], targets.get(key)
         target = ""
         if rule and value is not None:
@@ -106,7 +126,9 @@ def bench_table(metrics: dict, origin: dict, targets: dict) -> str:
     return "\n".join(lines)
 
 
-def headline_table(metrics: dict, origin: dict) -> str:
+def headline_table(metrics: dict, origin: dict, kept: dict[str, str] | None = None) -> str:
+    """The README's headline figures; one the report lacks from its ``kept`` row of the
+    benchmark table (:func:`table_rows`), with the date and command there."""
     lines = ["| figure | value |", "|---|---:|"]
     used = []
     for key, what in HEADLINES:
@@ -114,6 +136,12 @@ def headline_table(metrics: dict, origin: dict) -> str:
             lines.append(f"| {what} (`{key}`) | {_shown(metrics[key])} |")
             if key in origin:
                 used.append(origin[key])
+        elif key in (kept or {}):
+            _, value, _, when = _BENCH_ROW.match(kept[key]).groups()
+            lines.append(f"| {what} (`{key}`) | {value} |")
+            date, _, command = when.partition(", ")
+            if command:
+                used.append({"date": date, "command": command.strip("`")})
     return "\n".join(lines) + f"\n\n({_measured(used)}; every figure: docs/results.md.)"
 
 
@@ -212,8 +240,12 @@ def render() -> dict[str, str | None]:
     """Each generated section's text (None: its report is missing)."""
     sections: dict[str, str | None] = {}
     bench = _load("bench")
-    sections["bench"] = bench_table(*bench, _targets()) if bench else None
-    sections["headline"] = headline_table(*bench) if bench else None
+    try:
+        kept = table_rows((ROOT / "docs" / "results.md").read_text())
+    except OSError:
+        kept = {}
+    sections["bench"] = bench_table(*bench, _targets(), kept) if bench else None
+    sections["headline"] = headline_table(*bench, kept) if bench else None
     mutate = _load("mutate")
     sections["mutate"] = mutate_table(*mutate) if mutate else None
     synth = _load("synth")
