@@ -82,9 +82,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
                              "point each (default rounds)")
     parser.add_argument("--chunk", type=options.positive, default=32,
                         help="prompt tokens per prefill chunk (default 32)")
-    parser.add_argument("--prefill-tiles", type=options.positive, default=None, metavar="T",
+    parser.add_argument("--prefill-tiles", type=options.list_of(options.positive),
+                        default=None, metavar="T[,T]",
                         help="--policy split's prefill tiles, the first T (the others "
-                             "decode; default half the tiles)")
+                             "decode), a design point each (default half the tiles)")
     parser.add_argument("--concurrency", type=options.list_of(options.positive),
                         default=None, metavar="C[,C]",
                         help="requests in flight at once (default 1, 2, 3, 4, 6, 8, 12, 16, "
@@ -177,15 +178,19 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefill_tiles is not None and "split" not in args.policy:
         print("serrano serve: --prefill-tiles is for --policy split", file=sys.stderr)
         return 2
-    prefill_tiles = args.prefill_tiles or tiles // 2
     if "split" in args.policy and tiles < 2:
         print("serrano serve: --policy split needs 2 tiles or more (one prefills, one "
               "decodes)", file=sys.stderr)
         return 2
-    if "split" in args.policy and not 1 <= prefill_tiles < tiles:
-        print(f"serrano serve: --prefill-tiles {prefill_tiles}: 1 to {tiles - 1} of the "
-              f"{tiles} tiles (the others decode)", file=sys.stderr)
-        return 2
+    splits = args.prefill_tiles or [tiles // 2]
+    for t in splits:
+        if not 1 <= t < tiles:
+            print(f"serrano serve: --prefill-tiles {t}: 1 to {tiles - 1} of the {tiles} "
+                  "tiles (the others decode)", file=sys.stderr)
+            return 2
+    # (policy, its prefill tiles): a split for each --prefill-tiles.
+    policies = [(policy, t) for policy in args.policy
+                for t in (splits if policy == "split" else [None])]
     try:
         requests = _trace(args)
     except (TraceError, ValueError, OSError) as error:
@@ -204,7 +209,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     designs = [(Design(args.workload, args.mesh, args.array, placement,
                        args.memory_bandwidth, kv_rows=args.kv_rows), policy)
-               for placement in args.placement for policy in args.policy]
+               for placement in args.placement for policy in policies]
     prepared = {}
     try:
         for design, _ in designs:
@@ -239,17 +244,18 @@ def serve(args: argparse.Namespace) -> int:
               "their set-up (docs/serving.md)", flush=True)
     print(_HEADER, flush=True)
     results = []
-    for design, policy, c in runs:
+    for design, (policy, prefill_tiles), c in runs:
         p = prepared[design]
-        split = policy == "split"
         outcomes = schedule(requests, p.model, p.capacity, concurrency=c, windows=p.windows,
                             clock_hz=clock_hz, policy=policy, chunk=args.chunk,
-                            prefix_cache=args.prefix_cache,
-                            prefill_tiles=prefill_tiles if split else None)
+                            prefix_cache=args.prefix_cache, prefill_tiles=prefill_tiles)
         figures = summarise(outcomes, args.slo)
-        name = f"split {prefill_tiles}+{tiles - prefill_tiles}" if split else policy
+        name = policy if prefill_tiles is None else \
+            f"split {prefill_tiles}+{tiles - prefill_tiles}"
         result = {"design": asdict(design), "label": f"{design.label()} {name}",
-                  "policy": policy, "concurrency": c, **figures}
+                  "policy": policy, "concurrency": c,
+                  **({} if prefill_tiles is None else {"prefill_tiles": prefill_tiles}),
+                  **figures}
         results.append(result)
         print(_row(result), flush=True)
     document = {"workload": args.workload, "clock_hz": clock_hz, "layers": len(first.windows),

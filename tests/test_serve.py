@@ -433,6 +433,30 @@ def test_serve_merge_rebuilds_comparisons(tmp_path, capsys):
     assert main(["serve", "--merge", str(tmp_path / "bad.json")]) == 2
 
 
+def test_serve_runs_a_split_for_each_prefill_tile_count(monkeypatch, tmp_path, capsys):
+    """``--policy rounds,split --prefill-tiles 1,3``: three design points (on a linear
+    cost model instead of a calibration), each split named by its tiles and compared
+    with phase rounds."""
+    import serve.design
+    from cli.main import main
+
+    def prepare(design, *_, **__):
+        return serve.design.Prepared(design, replace(ROOMY, page_words=64), [None],
+                                     linear_model(), None, None, 1)
+    monkeypatch.setattr(serve.design, "prepare", prepare)
+    out = tmp_path / "runs.json"
+    assert main(["serve", "--policy", "rounds,split", "--prefill-tiles", "1,3",
+                 "--concurrency", "1,4", "--requests", "8", "--isl", "40", "--osl", "4",
+                 "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["label"].split(" local ")[1], r.get("prefill_tiles")) for r in runs] == [
+        ("rounds", None)] * 2 + [("split 1+3", 1)] * 2 + [("split 3+1", 3)] * 2
+    assert all(r["completed"] == 8 for r in runs)
+    printed = capsys.readouterr().out
+    assert "split 1+3 against 2x2 N=8 local rounds" in printed
+    assert "split 3+1 against 2x2 N=8 local rounds" in printed
+
+
 def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
     from cli.main import main
 
