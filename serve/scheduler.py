@@ -73,6 +73,10 @@ class Capacity:
         """A job's pages (its K and V) for ``context`` tokens."""
         return 2 * -(-context // self.page_size)
 
+    def job_words(self, context: int) -> int:
+        """The words of a job's pages for ``context`` tokens (what moving them sends)."""
+        return self.pages_for(context) * self.page_words
+
     @property
     def job_pages(self) -> int:
         """A tile's pages for the jobs placed on it."""
@@ -301,14 +305,15 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
         else:
             step = [(s, min(chunk, s.prompt_left) if s.prompt_left else 1) for s in running]
         cycles = energy = 0.0
+        jobs = [(t, s.context + t) for s, t in step]
+        staged = [(job, s.staging != []) for job, (s, _) in zip(jobs, step, strict=True)]
         for window, count in layer_windows.items():
             if split:
-                c, e = model.split_step(
-                    [(t, s.context + t) for s, t in step if s.staging],
-                    [(t, s.context + t) for s, t in step if not s.staging],
-                    window, prefill_tiles)
+                c, e = model.split_step([job for job, on in staged if on],
+                                        [job for job, on in staged if not on],
+                                        window, prefill_tiles)
             else:
-                c, e = model.step([(t, s.context + t) for s, t in step], window)
+                c, e = model.step(jobs, window)
             cycles, energy = cycles + count * c, energy + count * e
         now += cycles / clock_hz
         tokens = sum(t for _, t in step)
@@ -328,16 +333,15 @@ def serve(requests: list[Request], model: CostModel, capacity: Capacity, *,
                 running.remove(s)
                 finish(s)
         if moved:  # every layer's KV cache of each, over the mesh, before the next step
-            cycles = 0.0
             for window, count in layer_windows.items():
-                words = [[capacity.pages_for(s.context if window is None
-                                             else min(s.context, window))
-                          * capacity.page_words] * capacity.kv_heads for s in moved]
-                c, _ = model.move([w for job in words for w in job], prefill_tiles)
-                cycles += count * c
-                for s, job in zip(moved, words, strict=True):
-                    s.outcome.energy_j += count * model.move(job, 1)[1] * 1e-12
-            now += cycles / clock_hz
+                words = [capacity.job_words(s.context if window is None
+                                            else min(s.context, window)) for s in moved]
+                c, e = model.move([w for w in words for _ in range(capacity.kv_heads)],
+                                  prefill_tiles)
+                now += count * c / clock_hz
+                total = sum(words) or 1
+                for s, w in zip(moved, words, strict=True):  # by its words
+                    s.outcome.energy_j += count * e * 1e-12 * w / total
             for s in moved:
                 tiles.free(s.staging)
                 s.staging = []

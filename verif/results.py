@@ -93,15 +93,16 @@ def _load(name: str) -> tuple[dict, dict] | None:
         return None
 
 
+#: A generated section: its name, then its text.
+_SECTION = re.compile(r"<!-- results:(\w+) -->\n(.*?)<!-- /results:\1 -->", re.S)
 #: A row of the benchmark table: the metric, its value, target and when measured.
 _BENCH_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", re.M)
 
 
 def table_rows(text: str, name: str = "bench") -> dict[str, str]:
     """The rows of generated table ``name`` in ``text``, by metric (none if absent)."""
-    match = re.search(rf"<!-- results:{name} -->\n(.*?)<!-- /results:{name} -->", text, re.S)
-    return {m.group(1): m.group(0) for m in _BENCH_ROW.finditer(match.group(1))
-            } if match else {}
+    section = next((m.group(2) for m in _SECTION.finditer(text) if m.group(1) == name), "")
+    return {m.group(1): m.group(0) for m in _BENCH_ROW.finditer(section)}
 
 
 def bench_table(metrics: dict, origin: dict, targets: dict,
@@ -264,8 +265,7 @@ def fill(text: str, sections: dict[str, str | None]) -> tuple[str, list[str]]:
         done.append(name)
         return f"<!-- results:{name} -->\n{sections[name]}\n<!-- /results:{name} -->"
 
-    pattern = re.compile(r"<!-- results:(\w+) -->\n.*?<!-- /results:\1 -->", re.S)
-    return pattern.sub(replace, text), done
+    return _SECTION.sub(replace, text), done
 
 
 def main(argv: list[str] | None = None) -> int:
