@@ -132,9 +132,18 @@ class Emitter:
     def drain(self) -> None:
         """WAIT until every engine operation emitted so far has finished (a fence: code
         after it, a loop body run again say, starts with every engine idle)."""
-        for engine, last in self.last_of.items():
-            if last > self.known[engine]:
-                self._wait_for(last)
+        for engine in self.last_of:
+            self._finish(engine)
+
+    def wait_engine(self, op: Opcode) -> None:
+        """WAIT until every operation emitted so far on the engine of ``op`` has
+        finished (what raw operations after it may read, say)."""
+        self._finish(ENGINE_SEMAPHORES[op])
+
+    def _finish(self, engine: int) -> None:
+        last = self.last_of.get(engine)
+        if last is not None and last > self.known[engine]:
+            self._wait_for(last)
 
     def gemm(self, **fields) -> int:
         """A GEMM; its index."""

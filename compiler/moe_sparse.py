@@ -353,20 +353,28 @@ class _SparseBuild(_ExpertTiles):
         plan["comb"] = plan["proj"]
         if i == self.home:
             gating = _bump(base, depth, "accumulator memory", f"tile {i}")
-            for name, size in (("v", self.ec * n), ("s", self.ec * n), ("rank_mask", self.ec * n),
-                               ("k128", n), ("gt", n), ("max", 1), ("sum", 1),
-                               ("gs", self.top_k)):
+            # What the gates read first (the top-k list, the gates, their sums), then
+            # what only the masks need.
+            for name, size in (("k128", n), ("gt", n), ("max", 1), ("sum", 1),
+                               ("gs", self.top_k), ("v", self.ec * n), ("s", self.ec * n),
+                               ("rank_mask", self.ec * n)):
                 plan[name] = gating.take(size, name)
             plan["one_mask"] = plan["s"]  # the top-k tile is dead once k128 holds its list
             # Index tables for every expert at once when the tokens are one block and
             # they fit (else a group of N experts at a time), in two buffers if they fit:
-            # the gather tables' GEMMs run while the result tables go out.
-            tables = _bump(base, depth, "accumulator memory", f"tile {i}")
+            # the gather tables' GEMMs run while the result tables go out. With one
+            # block, past the gates' entries if they fit there: the gates are then
+            # computed after the dispatch has begun (``late_gates``), off its path.
             tw2 = ceil_div(2 * self.tokens, n)
-            plan["groups"] = self.ec if (len(self.block_rows) == 1 and base
+            kept = plan["gs"] + self.top_k
+            one_block = len(self.block_rows) == 1
+            plan["late_gates"] = one_block and kept + self.ec * n * (2 * tw2 + 1) <= depth
+            start = kept if plan["late_gates"] else base
+            tables = _bump(start, depth, "accumulator memory", f"tile {i}")
+            plan["groups"] = self.ec if (one_block and start
                                          + self.ec * n * (2 * tw2 + 1) <= depth) else 1
             size = plan["groups"] * tw2 * n
-            two = base + (2 * tw2 + 1) * plan["groups"] * n <= depth
+            two = start + (2 * tw2 + 1) * plan["groups"] * n <= depth
             first = tables.take(size, "index tables")
             plan["tabs"] = (first, tables.take(size, "index tables") if two else first)
             plan["cnt"] = tables.take(plan["groups"] * n, "token counts")
@@ -485,7 +493,8 @@ class _SparseBuild(_ExpertTiles):
                     e.vec(VOP.REQUANT, rows, 1, mask + j * n, mult=IDENTITY[0],
                           shift=IDENTITY[1], dst=dst + j * t + b * n, dst_kind=VecDst.SPAD,
                           lo=0, hi=n)
-            self._emit_gates(b, rows)
+            if not plan["late_gates"]:
+                self._emit_gates(b, rows)
 
     def _emit_gates(self, b: int, rows: int) -> None:
         """Golden's softmax over the k selected logits, L = floor(v / 256) of the top-k
@@ -524,13 +533,19 @@ class _SparseBuild(_ExpertTiles):
             rows = min(per, self.experts - g0)
             one, rank = self.sel_one + g0 // n * t, self.sel_rank + g0 // n * t
             e.gemm(a=one, b=self.ones_tn, c=plan["cnt"], m=rows, k=t, p=n, a_rows=0, b_rows=0)
-            self._rows_out(plan["cnt"], rows, 1, self.meta + g0 * self.meta_words,
-                           self.meta_words, VOP.REQUANT)
+            # (entries, beats, dst, stride, op) of each write-out (:meth:`_rows_out`)
+            outs = [(plan["cnt"], 1, self.meta + g0 * self.meta_words, self.meta_words,
+                     VOP.REQUANT)]
+            shared = plan["tabs"][0] == plan["tabs"][1]
             for tab, (dst, stride, terms) in zip(plan["tabs"], (
                     (self.meta + g0 * self.meta_words + 1, self.meta_words,
                      ((one, self.d_result), (rank, self.d_rank))),
                     (self.gtab + g0 * self.tw, self.tw, ((one, self.d_gather),))),
                     strict=True):
+                if shared:  # one buffer: each table out before the next is built
+                    for entries, beats, at, step, op in outs:
+                        self._rows_out(entries, rows, beats, at, step, op)
+                    outs = []
                 # Token block b's entries are columns 2bN .. of the table: one GEMM per
                 # block over its own tokens (the constants are block-diagonal).
                 for blk, block_rows in enumerate(self.block_rows):
@@ -540,7 +555,11 @@ class _SparseBuild(_ExpertTiles):
                                accumulate=int(index > 0), acc_shift=0)
                 e.gemm(a=self.ones_col, b=self.neg_row, c=tab, m=rows, k=1, p=2 * t,
                        a_rows=0, b_rows=0, accumulate=1, acc_shift=0)
-                self._rows_out(tab, rows, tw2, dst, stride, VOP.LOGIT)
+                outs.append((tab, tw2, dst, stride, VOP.LOGIT))
+            # With two buffers every GEMM goes first, then what the vector engine writes
+            # out of them: the GEMM engine does not wait for the vector engine.
+            for entries, beats, at, step, op in outs:
+                self._rows_out(entries, rows, beats, at, step, op)
         for tile in range(self.tiles):
             mine = self.routed_on(tile)
             if tile != home and mine:
@@ -552,7 +571,10 @@ class _SparseBuild(_ExpertTiles):
                           tiles=self._mask([tile]), remote_signal=1,
                           remote_semaphore=SEM_INPUTS)
                 self.meta_dmas[tile] = ceil_div(size, MAX_DMA_LENGTH)
-        e.drain()  # the tables and the token rows are written: the IDMAs read them
+        # The tables and the token rows are written (the vector engine writes what the
+        # engines put in the scratchpad): the IDMAs read them. The metadata DMAs need
+        # not have finished: the DMA engine takes the IDMAs' rows after them.
+        e.wait_engine(Opcode.VEC)
         # Each expert's rows: IDMAs placed by emit_experts, home's own before each of
         # its experts, the others' while home's experts compute; then the gate diagonals
         # to the other combining tiles (counted with their results).
@@ -569,6 +591,14 @@ class _SparseBuild(_ExpertTiles):
                           "remote_signal": 1, "remote_semaphore": SEM_RESULTS})
             for region in (self.d_lo, self.d_hi, self.d_top)
             for start in range(0, size, MAX_DMA_LENGTH)] if combiners else []
+        # Late gates: every other tile's first expert's rows go first, then the gates
+        # are computed (drained before the diagonals go, see _dispatch_slots).
+        self.early = []
+        if plan["late_gates"]:
+            self.early = [mine[0] for tile in range(self.tiles)
+                          if tile != home and (mine := self.routed_on(tile))]
+            e.ops.extend(self.gathers[ex] for ex in self.early)
+            self._emit_gates(0, self.block_rows[0])
 
     def _rows_out(self, entries: int, rows: int, beats: int, dst: int, stride: int,
                   op: VOP) -> None:
@@ -601,32 +631,30 @@ class _SparseBuild(_ExpertTiles):
             if not mine:
                 continue
             e, plan = self.emitters[i], self.plans[i]
-            if i != self.home:
-                e.wait_arrivals(SEM_INPUTS, self.meta_dmas.get(i, 0) + self.x_inputs.get(i, 0))
+            if i != self.home:  # the table's indices (constants) while home routes
                 self.load_words(i, self.iota[i], plan["iota"], self.q_words)
+                e.wait_arrivals(SEM_INPUTS, self.meta_dmas.get(i, 0) + self.x_inputs.get(i, 0))
             for reg, value in ((R_N, n), (R_NM1, n - 1), (R_LIM, ceil_div(t, n))):
                 e.ops.append((Opcode.SET, {"rd": reg, "value": value}))
             if self.memory is not None:
                 self._load_weights(i, mine)
             once = self._dispatch_slots() if i == self.home else {}
-            scatter = []
+            previous, scatter = None, []  # the expert before and its result scatters
             for ex in mine:
                 e.drain()
                 if ex < self.experts:
                     if i == self.home:
                         e.ops.append(self.gathers[ex])
-                    e.ops.append((Opcode.LOAD, {"rd": R_LEFT,
-                                                "addr": self._meta(ex),
-                                                "lane": n - 1}))
-                    e.ops.append((Opcode.WITH, {"field0": 1, "reg0": R_LEFT}))
-                    e.ops.append((Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0}))
+                    count = (Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex), "lane": n - 1})
+                    rows = [(Opcode.WITH, {"field0": 1, "reg0": R_LEFT}),
+                            (Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0})]
                     source = self.recv[ex]
                 else:
-                    e.ops.append((Opcode.SET, {"rd": R_LEFT, "value": t}))
-                    source = self.xr
-                self._expert_loop(i, ex, source, scatter + once.get(ex, []))
-                scatter = self._send_results(i, ex)
-            e.ops.extend(scatter)
+                    count, rows, source = (Opcode.SET, {"rd": R_LEFT, "value": t}), [], self.xr
+                self._expert_loop(i, ex, source, count, rows, (previous, scatter),
+                                  once.get(ex, []))
+                previous, scatter = ex, self._send_results(i, ex)
+            self._results_if_rows(i, previous, scatter, zeroed=False)
             if self.memory is not None and not self.step.last:  # the flags have landed
                 e.wait_arrivals(SEM_INPUTS, len(self.routed_on(i)))
 
@@ -700,19 +728,23 @@ class _SparseBuild(_ExpertTiles):
 
     def _dispatch_slots(self) -> dict[int, list]:
         """The other tiles' experts' rows, as IDMAs issued while home's routed experts
-        compute (:meth:`_expert_loop`'s ``once``), every tile's first expert's first:
-        each home expert takes as many as the sequencer walks while its gate and up
-        GEMMs stream their weights (an IDMA estimated at 24 cycles, 2 an entry and 6 +
-        hc a row, for the mean rows an expert gets), its last the rest and the gate
-        diagonals for the other combining tiles (all at once if home has none)."""
+        compute (:meth:`_expert_loop`'s ``once``), every tile's first expert's first
+        (those already sent with late gates left out): each home expert takes as many
+        as the sequencer walks while its gate and up GEMMs stream their weights (an
+        IDMA estimated at 24 cycles, 2 an entry and 6 + hc a row, for the mean rows an
+        expert gets), its last the rest and the gate diagonals for the other combining
+        tiles (all at once if home has none, once the gates are written)."""
         home = self.routed_on(self.home)
         others = sorted((rank, ex) for t in range(self.tiles) if t != self.home
-                        for rank, ex in enumerate(self.routed_on(t)))
+                        for rank, ex in enumerate(self.routed_on(t)) if ex not in self.early)
         gathers = [self.gathers[ex] for _, ex in others]
-        gathers += self.diag_sends
         if not home:
-            self.emitters[self.home].ops.extend(gathers)
+            e = self.emitters[self.home]
+            e.ops.extend(gathers)
+            e.drain()  # the gates' diagonals are written (late gates)
+            e.ops.extend(self.diag_sends)
             return {}
+        gathers += self.diag_sends
         shadow = 2 * self.hidden * self.ffn // self.n  # the gate and up GEMMs' beats
         rows = self.tokens * self.top_k / self.experts
         per = max(1, int(shadow // (24 + 2 * self.tokens + rows * (6 + self.hc))))
@@ -720,21 +752,45 @@ class _SparseBuild(_ExpertTiles):
         slots[home[-1]] += gathers[len(home) * per:]
         return slots
 
-    def _expert_loop(self, i: int, ex: int, source: int, once: list) -> None:
+    def _results_if_rows(self, i: int, ex: int | None, scatter: list, zeroed: bool) -> None:
+        """Routed expert ex's result ``scatter`` (:meth:`_send_results`), past which a
+        SKIP jumps when its count is 0 (R_ROWS; R_IT set to 0 unless ``zeroed`` says it
+        is): an expert without rows sends nothing, and its scatters would walk empty
+        tables."""
+        if not scatter:
+            return
+        ops = self.emitters[i].ops
+        if not zeroed:
+            ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
+        ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": self._meta(ex), "lane": self.n - 1}))
+        skip = len(ops)
+        ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_ROWS, "target": 0}))
+        ops.extend(scatter)
+        ops[skip][1]["target"] = len(ops)
+
+    def _expert_loop(self, i: int, ex: int, source: int, count: tuple, rows: list,
+                     previous: tuple[int | None, list], once: list) -> None:
         """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
-        at a time, the results by slice into the expert's result rows. ``once``: raw
-        IDMAs (the previous expert's results going home, other experts' rows) issued in
-        the first block while its gate and up GEMMs run, or at once if it has no rows."""
+        at a time, the results by slice into the expert's result rows. ``count`` sets
+        R_LEFT; ``rows`` waits for the rows to arrive (only when there are some).
+        ``previous``: the expert before on the tile and its result scatters, which go
+        home in the first block while the gate and up GEMMs run, or at once (unless it
+        had no rows) if this one has none; ``once``: raw IDMAs issued with them (other
+        experts' rows)."""
         n, hidden, ffn, hc, fc = self.n, self.hidden, self.ffn, self.hc, self.fc
         e, plan, layer = self.emitters[i], self.plans[i], self.layer
         wg, wu, wd = self.w_addr[ex]
         (gm, gs), (um, us) = layer.gate[ex], layer.up[ex]
         (hm, hs), (dm, ds) = layer.swiglu[ex], layer.down[ex]
         ops = e.ops
-        for reg in (R_OFF, R_YOFF, R_IT):
-            ops.append((Opcode.SET, {"rd": reg, "value": 0}))
+        ops.append(count)
+        ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
         skip_all = len(ops)  # no rows (R_IT is 0): not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
+        ops.extend(rows)
+        for reg in (R_OFF, R_YOFF):
+            ops.append((Opcode.SET, {"rd": reg, "value": 0}))
+        first = previous[1] + once
         if self.memory is not None:  # its weights and table have arrived
             self._wait_weights(i, ex)
         body = len(ops)
@@ -757,10 +813,10 @@ class _SparseBuild(_ExpertTiles):
             e.dynamic(Opcode.GEMM, {"a": source, "b": w, "c": c, "m": 0, "k": hidden, "p": p,
                                     "a_rows": 1, "a_row_major": 1, "b_rows": 0},
                       [("a", R_OFF)] + rows, full)
-        if once:  # in the first block only (R_OFF is 0 there, then N·hc)
+        if first:  # in the first block only (R_OFF is 0 there, then N·hc)
             guard = len(ops)
             ops.append((Opcode.SKIP, {"ra": R_OFF, "rb": R_N, "target": 0}))
-            ops.extend(once)
+            ops.extend(first)
             ops[guard][1]["target"] = len(ops)
         self.load_table(i, None)
         by_rows = {"registers": [("rows", R_ROWS)], "assume": {"rows": n}}
@@ -793,10 +849,11 @@ class _SparseBuild(_ExpertTiles):
         ops.append((Opcode.LOOP, {"counter": R_IT, "limit": R_LIM, "target": body,
                                   "bound": ceil_div(self.tokens, n)}))
         ops[done][1]["target"] = len(ops)
-        if once:  # the loop ran: on past the copy for no rows
+        if first:  # the loop ran: on past the copy for no rows
             jump = len(ops)
             ops.append((Opcode.SKIP, {"ra": R_N, "rb": R_N, "target": 0}))
             ops[skip_all][1]["target"] = len(ops)
+            self._results_if_rows(i, *previous, zeroed=True)
             ops.extend(once)
             ops[jump][1]["target"] = len(ops)
         else:
