@@ -646,12 +646,12 @@ class _SparseBuild(_ExpertTiles):
                     if i == self.home:
                         e.ops.append(self.gathers[ex])
                     count = (Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex), "lane": n - 1})
-                    rows = [(Opcode.WITH, {"field0": 1, "reg0": R_LEFT}),
-                            (Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0})]
+                    arrival = [(Opcode.WITH, {"field0": 1, "reg0": R_LEFT}),
+                               (Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0})]
                     source = self.recv[ex]
                 else:
-                    count, rows, source = (Opcode.SET, {"rd": R_LEFT, "value": t}), [], self.xr
-                self._expert_loop(i, ex, source, count, rows, (previous, scatter),
+                    count, arrival, source = (Opcode.SET, {"rd": R_LEFT, "value": t}), [], self.xr
+                self._expert_loop(i, ex, source, count, arrival, (previous, scatter),
                                   once.get(ex, []))
                 previous, scatter = ex, self._send_results(i, ex)
             self._results_if_rows(i, previous, scatter, zeroed=False)
@@ -768,11 +768,11 @@ class _SparseBuild(_ExpertTiles):
         ops.extend(scatter)
         ops[skip][1]["target"] = len(ops)
 
-    def _expert_loop(self, i: int, ex: int, source: int, count: tuple, rows: list,
+    def _expert_loop(self, i: int, ex: int, source: int, count: tuple, arrival: list,
                      previous: tuple[int | None, list], once: list) -> None:
         """The SwiGLU FFN of expert ex over R_LEFT rows at ``source`` (row-major), N rows
         at a time, the results by slice into the expert's result rows. ``count`` sets
-        R_LEFT; ``rows`` waits for the rows to arrive (only when there are some).
+        R_LEFT; ``arrival`` waits for the rows to arrive (only when there are some).
         ``previous``: the expert before on the tile and its result scatters, which go
         home in the first block while the gate and up GEMMs run, or at once (unless it
         had no rows) if this one has none; ``once``: raw IDMAs issued with them (other
@@ -787,7 +787,7 @@ class _SparseBuild(_ExpertTiles):
         ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
         skip_all = len(ops)  # no rows (R_IT is 0): not even the SiLU table is loaded
         ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
-        ops.extend(rows)
+        ops.extend(arrival)
         for reg in (R_OFF, R_YOFF):
             ops.append((Opcode.SET, {"rd": reg, "value": 0}))
         first = previous[1] + once
