@@ -245,7 +245,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
             metrics[f"chip__{phase.replace('-', '_')}__accuracy_{key}"] = figures[key]
     if args.moe != "off":
         rows.append(("MoE", _moe_line(args.moe, args.moe_tokens, result["rounds"], metrics)))
-    tile_area = (report.area_line(TILE_DESIGNS[n]) + f" per tile (FPGA size), x {tiles}"
+    tile_area = (report.area_line(TILE_DESIGNS[n], f" per tile (FPGA size), x {tiles}")
                  if n in TILE_DESIGNS else
                  f"not measured: synth/designs.py has no N = {n} tile")
     rows += [

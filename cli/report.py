@@ -38,7 +38,9 @@ def profile_rows(phases: dict[str, dict], period: int) -> list[tuple[str, str]]:
     return rows
 
 
-def area_line(design: str) -> str:
+def area_line(design: str, per: str = "") -> str:
+    """The area ``make synth`` measured for ``design`` (``per`` after it: what it is
+    the area of), or how to measure it."""
     from synth import load_area
 
     area = load_area(design)
@@ -57,7 +59,8 @@ def area_line(design: str) -> str:
         parts.append("does not fit the 85F, so no place and route")
     else:
         parts.append("Fmax not measured")
-    return "ECP5-85F: " + ", ".join(parts) + f"; {area.get('generic_cells', '?')} generic cells"
+    return ("ECP5-85F: " + ", ".join(parts)
+            + f"; {area.get('generic_cells', '?')} generic cells{per}")
 
 
 def shares(counters: dict) -> str:

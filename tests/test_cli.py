@@ -489,7 +489,10 @@ def test_area_line_says_when_a_design_does_not_fit(monkeypatch):
                                   "generic cells")
     measured["tile"].update(ecp5_fits=1, ecp5_fmax_mhz=38.25)
     assert "Fmax 38.2 MHz" in area_line("tile")
+    assert area_line("tile", " per tile").endswith("generic cells per tile")
     assert "not measured (run" in area_line("vector_unit")
+    # what the area is of follows a measured area only
+    assert area_line("vector_unit", " per tile").endswith("--only vector_unit'`)")
 
 
 @pytest.mark.parametrize("argv", [
