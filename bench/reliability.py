@@ -37,18 +37,16 @@ def run(quick: bool) -> dict:
                  steps=1, placement="local")
     # Compiled once: every run below simulates the same rounds.
     layer["rounds"] = layer_rounds(config, workload, 1, **layer)
-    injected = survived = 0
-    for seed in SINGLE_SEEDS:
-        got = simulate_layer(config, workload, 1, **layer,
-                             faults=FaultPlan(single, seed=seed))["faults"]
-        injected += got["single_injected"]
-        survived += got["single_survived"]
-    doubles = detected = 0
-    for seed in DOUBLE_SEEDS:
-        got = simulate_layer(config, workload, 1, **layer,
-                             faults=FaultPlan(0.0, double, seed=seed))["faults"]
-        doubles += got["double_injected"]
-        detected += got["double_detected"]
+    def counts(plans, *keys) -> list[int]:
+        """Each of the fault logs' ``keys``, summed over one run of the layer a plan."""
+        runs = [simulate_layer(config, workload, 1, **layer, faults=plan)["faults"]
+                for plan in plans]
+        return [sum(run[key] for run in runs) for key in keys]
+
+    injected, survived = counts([FaultPlan(single, seed=seed) for seed in SINGLE_SEEDS],
+                                "single_injected", "single_survived")
+    doubles, detected = counts([FaultPlan(0.0, double, seed=seed) for seed in DOUBLE_SEEDS],
+                               "double_injected", "double_detected")
     return {
         "reliability__single_bit_faults_injected": injected,
         "reliability__single_bit_faults_survived_share":

@@ -366,13 +366,14 @@ class _SparseBuild(_ExpertTiles):
             # block, past the gates' entries if they fit there: the gates are then
             # computed after the dispatch has begun (``late_gates``), off its path.
             tw2 = ceil_div(2 * self.tokens, n)
+            def all_at_once(start: int) -> bool:  # every expert's tables from start
+                return len(self.block_rows) == 1 and start + self.ec * n * (2 * tw2 + 1) <= depth
+
             kept = plan["gs"] + self.top_k
-            one_block = len(self.block_rows) == 1
-            plan["late_gates"] = one_block and kept + self.ec * n * (2 * tw2 + 1) <= depth
+            plan["late_gates"] = all_at_once(kept)
             start = kept if plan["late_gates"] else base
             tables = _bump(start, depth, "accumulator memory", f"tile {i}")
-            plan["groups"] = self.ec if (one_block and start
-                                         + self.ec * n * (2 * tw2 + 1) <= depth) else 1
+            plan["groups"] = self.ec if all_at_once(start) else 1
             size = plan["groups"] * tw2 * n
             two = start + (2 * tw2 + 1) * plan["groups"] * n <= depth
             first = tables.take(size, "index tables")
@@ -619,6 +620,11 @@ class _SparseBuild(_ExpertTiles):
         """Where routed expert ex's count (then its result table) is."""
         return self.meta + self.lane[ex] * self.meta_words
 
+    def _load_count(self, rd: int, addr: int) -> tuple:
+        """The LOAD of a count word at ``addr`` (an expert's count or loaded flag, the
+        same in every lane: its last byte, 0 above it) into register ``rd``."""
+        return (Opcode.LOAD, {"rd": rd, "addr": addr, "lane": self.n - 1})
+
     def _rows_sem(self, ex: int) -> int:
         return FIRST_ROWS_SEM + self.routed_on(self.expert_tile[ex]).index(ex)
 
@@ -645,7 +651,7 @@ class _SparseBuild(_ExpertTiles):
                 if ex < self.experts:
                     if i == self.home:
                         e.ops.append(self.gathers[ex])
-                    count = (Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex), "lane": n - 1})
+                    count = self._load_count(R_LEFT, self._meta(ex))
                     arrival = [(Opcode.WITH, {"field0": 1, "reg0": R_LEFT}),
                                (Opcode.WAIT, {"semaphore": self._rows_sem(ex), "count": 0})]
                     source = self.recv[ex]
@@ -680,7 +686,7 @@ class _SparseBuild(_ExpertTiles):
         follows writes each routed expert's next flag: its count if it loads it now,
         else the flag it read (a one-word DMA to this tile, counted on
         :data:`SEM_INPUTS` before HALT)."""
-        e, n = self.emitters[i], self.n
+        e = self.emitters[i]
         first, more = not self.step.index, not self.step.last
         e.drain()  # home: the counts are written
         ops = e.ops
@@ -690,7 +696,7 @@ class _SparseBuild(_ExpertTiles):
                 if first:
                     ops.extend(self._loads(ex))
                 continue
-            ops.append((Opcode.LOAD, {"rd": R_LEFT, "addr": self._meta(ex), "lane": n - 1}))
+            ops.append(self._load_count(R_LEFT, self._meta(ex)))
             if first:
                 if more:
                     ops.append(self._flag_copy(i, self._meta(ex), ex))
@@ -700,7 +706,7 @@ class _SparseBuild(_ExpertTiles):
                 ops[skip][1]["target"] = len(ops)
                 continue
             previous = self._flag(ex, self.step.index - 1)
-            ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": previous, "lane": n - 1}))
+            ops.append(self._load_count(R_ROWS, previous))
             idle = len(ops)  # no rows
             ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_LEFT, "target": 0}))
             fresh = len(ops)  # rows, and no earlier round loaded it
@@ -762,7 +768,7 @@ class _SparseBuild(_ExpertTiles):
         ops = self.emitters[i].ops
         if not zeroed:
             ops.append((Opcode.SET, {"rd": R_IT, "value": 0}))
-        ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": self._meta(ex), "lane": self.n - 1}))
+        ops.append(self._load_count(R_ROWS, self._meta(ex)))
         skip = len(ops)
         ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_ROWS, "target": 0}))
         ops.extend(scatter)
@@ -868,8 +874,7 @@ class _SparseBuild(_ExpertTiles):
             e.wait_arrivals(SEM_WEIGHTS, len(self.streams[ex]))
         elif ex < self.experts:
             ops = e.ops
-            ops.append((Opcode.LOAD, {"rd": R_ROWS, "addr": self._flag(ex, self.step.index - 1),
-                                      "lane": self.n - 1}))
+            ops.append(self._load_count(R_ROWS, self._flag(ex, self.step.index - 1)))
             fresh = len(ops)
             ops.append((Opcode.SKIP, {"ra": R_IT, "rb": R_ROWS, "target": 0}))
             loaded = len(ops)
