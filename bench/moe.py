@@ -37,7 +37,9 @@ default). Figures:
   loading the weights once) at which they would turn compute-bound;
   ``moe__{streamed,resident}__decode__{energy_per_token_pj,memory_energy_share}``, the
   access model's energy of a decode step per token and the memory channels' share
-  (docs/energy.md).
+  (docs/energy.md); ``..._energy_per_token_with_host_pj`` with the host port's
+  transfers before and after the step's rounds (resident weights cross it before every
+  MoE round).
 - ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE,
   weights streamed) on a 4 x 4 chip, prefill of 32 tokens and one decode step from
   contexts 256/200.
@@ -122,8 +124,8 @@ def run(quick: bool) -> dict:
             tf[f"chip__{phase}__memory_bound_ratio"]
     out["moe__streamed__prefill__crossover_tokens"] = tf["chip__prefill__crossover_tokens"]
     for name, figures in (("streamed", tf), ("resident", sf)):
-        out[f"moe__{name}__decode__energy_per_token_pj"] = \
-            figures["chip__decode__energy_per_token_pj"]
+        for key in ("energy_per_token_pj", "energy_per_token_with_host_pj"):
+            out[f"moe__{name}__decode__{key}"] = figures[f"chip__decode__{key}"]
         out[f"moe__{name}__decode__memory_energy_share"] = round(
             figures["chip__decode__energy_memory_pj"] / figures["chip__decode__energy_pj"], 3)
     for phase in ("prefill", "decode"):

@@ -163,7 +163,7 @@ def _joules(pj: float) -> str:
 
 def access_energy_line(metrics: dict) -> str:
     """The report's access-energy row (sim.chip_run.round_energy): per phase, the energy
-    and its split by class."""
+    and its split by class; then the host port's transfers' energy, outside the rounds'."""
     from spec.energy import CLASSES
 
     parts = []
@@ -177,6 +177,13 @@ def access_energy_line(metrics: dict) -> str:
         parts.append(f"{what} {_joules(total)} "
                      f"({_joules(metrics[f'chip__{phase}__energy_per_token_pj'])} per token; "
                      f"{split.replace('sram', 'SRAM')})")
+    host = [f"{what} {_joules(metrics[f'chip__{phase}__energy_host_pj'])} ("
+            f"{_joules(metrics[f'chip__{phase}__energy_per_token_with_host_pj'])} per token "
+            f"with them)" for phase, what in (("prefill", "prefill"), ("decode", "per step"))
+            if f"chip__{phase}__energy_host_pj" in metrics]
+    if host:
+        parts.append("the host port's transfers, outside the rounds as their cycles are, "
+                     "at a PCIe link's energy per byte: " + ", ".join(host))
     return ("access model, counts x energies per access at 45 nm (docs/energy.md): "
             + "; ".join(parts))
 

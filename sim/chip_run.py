@@ -318,7 +318,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     would reach their memory bound (``crossover_tokens``: the same weights loaded once
     a step, the MACs growing with the tokens); the access-energy model's pJ by class
     (:func:`round_energy`) and per token (decode: per sequence of the step; prefill:
-    per prompt token); network flits; simulation speed (cycles over the rounds' wall time)."""
+    per prompt token), and the host port's transfers' energy beside them
+    (``energy_host_pj``, ``energy_per_token_with_host_pj``); network flits;
+    simulation speed (cycles over the rounds' wall time)."""
     k, n = config.k, config.tile.n
     tiles = k * k
     rounds = result["rounds"]
@@ -396,6 +398,13 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out[f"chip__{phase}__energy_{c}_pj"] = round(value)
         out[f"chip__{phase}__energy_pj"] = round(sum(energy.values()))
         out[f"chip__{phase}__energy_per_token_pj"] = round(sum(energy.values()) / tokens)
+        # The host port's transfers, written and read back, outside the rounds' energy
+        # as their cycles are outside the rounds' cycles: ``..._with_host`` adds them.
+        host_pj = (out[f"chip__{phase}__host_bytes"] + out[f"chip__{phase}__host_output_bytes"]
+                   ) * per_access.HOST_PJ_PER_BYTE
+        out[f"chip__{phase}__energy_host_pj"] = round(host_pj)
+        out[f"chip__{phase}__energy_per_token_with_host_pj"] = round(
+            (sum(energy.values()) + host_pj) / tokens)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)

@@ -18,13 +18,20 @@ reproduced figure of about 1 nJ to move 256 bits 20 mm across a 28 nm die, round
 45 nm figure is used), and a flit's write and read of a router's input buffer cost half
 an 8 KB SRAM access. They are order-of-magnitude constants, not a process model: what a
 comparison of two runs or design points shows is where their counts differ.
+
+Outside the four classes, as outside the rounds' cycles: the **host port**'s transfers
+between rounds (program words, scratchpad words, KV appends, outputs read back), at a
+PCIe Gen4 link's two ends, 2 x 1.93 pJ per bit (W. Bae et al., "A 1.93-pJ/bit PCI
+Express Gen4 PHY transmitter with on-chip supply regulators in 28 nm CMOS",
+Electronics 10(1), 68, 2021: its transmitter, doubled for the receiver; the protocol
+layers and the host's own memory not included).
 """
 
 from __future__ import annotations
 
 from spec.isa import INSTRUCTION
 
-__all__ = ["CLASSES", "FETCH_PJ", "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ",
+__all__ = ["CLASSES", "FETCH_PJ", "HOST_PJ_PER_BYTE", "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ",
            "MEMORY_PJ_PER_BYTE", "ROUTER_PJ_PER_64_BITS", "SRAM_PJ_PER_64_BITS"]
 
 #: The classes a run's energy is split into, in the order reports name them.
@@ -47,3 +54,5 @@ ROUTER_PJ_PER_64_BITS = 5.0
 LINK_PJ_PER_BIT = 0.2
 #: A byte read from or written to a memory channel (HBM2, 3.9 pJ per bit).
 MEMORY_PJ_PER_BYTE = 3.9 * 8
+#: A byte through the host port: a PCIe Gen4 link's transmitter and receiver.
+HOST_PJ_PER_BYTE = 2 * 1.93 * 8

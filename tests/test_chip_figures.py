@@ -102,6 +102,11 @@ def test_host_bytes_and_cycles_are_per_step():
     assert f["chip__decode__host_cycles"] == 122
     assert f["chip__decode__cycles_per_token"] == 500
     assert f["chip__decode__cycles_per_token_with_host"] == 622
+    # Their energy, beside the rounds' (none here): written and read bytes at the link's.
+    assert f["chip__decode__energy_pj"] == 0
+    assert f["chip__decode__energy_host_pj"] == round((1152 + 48) * energy.HOST_PJ_PER_BYTE)
+    assert f["chip__decode__energy_per_token_with_host_pj"] == round(
+        (1152 + 48) * energy.HOST_PJ_PER_BYTE)  # one token a step
 
 
 def test_phase_energy_is_per_step_and_per_token():

@@ -83,7 +83,9 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
         assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5",
                      "--context", "8", "--steps", "1", "--moe-tokens", "4", "--weights",
                      weights, "--json", str(out)]) == 0
-        assert "in rounds of up to 4 tokens" in capsys.readouterr().out
+        text = capsys.readouterr().out
+        assert "in rounds of up to 4 tokens" in text
+        assert "the host port's transfers, outside the rounds" in text
         runs[weights] = json.loads(out.read_text())
     for run in runs.values():
         assert [r["phase"] for r in run["rounds"]] == ["prefill", *["prefill-moe"] * 3,
@@ -116,6 +118,11 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
         assert all(run[f"chip__decode__energy_{c}_pj"] > 0 for c in ("compute", "sram", "network"))
         assert run["chip__decode__energy_per_token_pj"] * 2 == pytest.approx(
             run["chip__decode__energy_pj"], abs=1)
+        assert run["chip__decode__energy_per_token_with_host_pj"] * 2 == pytest.approx(
+            run["chip__decode__energy_pj"] + run["chip__decode__energy_host_pj"], abs=2)
+    # Resident weights cross the host port before every MoE round: their bytes' energy
+    # is the host's, not the memory channels'.
+    assert resident["chip__decode__energy_host_pj"] > streamed["chip__decode__energy_host_pj"]
     assert streamed["chip__prefill__crossover_tokens"] > 4
     assert "crossover_tokens" not in str(resident)
 
