@@ -304,9 +304,10 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
 
 
 def _host_line(metrics: dict) -> str:
-    """What the host wrote into the tiles before the rounds and read back after them,
-    per phase: bytes by kind and the host port's cycles (measured; outside the rounds'
-    cycles, and the phase's cycles with them)."""
+    """What the host wrote into the tiles before the rounds and read back after them:
+    the programs once, before the first round; per phase, bytes by kind and the host
+    port's cycles (measured; outside the rounds' cycles, and the phase's cycles with
+    them)."""
     parts, totals = [], []
     for phase, label, name in (("prefill", "prefill", "cycles"),
                                ("decode", "per decode step", "cycles_per_token")):
@@ -320,8 +321,13 @@ def _host_line(metrics: dict) -> str:
                      f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
                      f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")
         totals.append(f"{label} {metrics[f'chip__{phase}__{name}_with_host']:,}")
+    once = ""
+    if "chip__host__programs_once_bytes" in metrics:
+        once = (f"the programs once, before the first round, "
+                f"{metrics['chip__host__programs_once_bytes']:,} B in "
+                f"{metrics['chip__host__programs_once_cycles']:,} cycles (in no phase); ")
     return ("through the host port before and after each round, the tiles idle, outside "
-            "the rounds' cycles: " + "; ".join(parts)
+            "the rounds' cycles: " + once + "; ".join(parts)
             + f" (with them: {', '.join(totals)} cycles)")
 
 

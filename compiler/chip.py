@@ -47,7 +47,7 @@ __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_C
            "WEIGHT_MODES",
            "ChipRound", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
            "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
-           "layer_rounds", "moe_round", "moe_words", "place_programs"]
+           "first_programs", "layer_rounds", "moe_round", "moe_words", "place_programs"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -887,24 +887,48 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
 
 
 def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
-    """Keep the attention and the MoE programs resident side by side in each tile's
-    instruction memory, so that the host rewrites only the words a round changes (a
-    decode step's programs differ from the last step's in a few counts): the attention
-    programs from pc 1, the MoE programs after the longest of them, each round
-    starting with a SKIP at pc 0 to its program (``TileLoad.base``). When the longest
-    of both do not fit together, or the run has one kind only, every program starts
-    at pc 0."""
-    def longest(moe: bool) -> int:
-        return max((len(load.instructions) for r in rounds if r.phase.endswith("moe") == moe
-                    for load in r.loads.values()), default=0)
-
-    attention, moe = longest(False), longest(True)
-    if not attention or not moe or 1 + attention + moe > chip.tile.program_depth:
-        return
+    """Keep the programs resident in each tile's instruction memory, so that the host
+    writes each once and then only the words a round changes (a decode step's programs
+    differ from the last step's in a few counts): each phase's programs (prefill,
+    extend, decode, and each one's MoE rounds) in a region of their own from pc 1, as
+    long as the longest program of every phase fits; else the attention programs from
+    pc 1 and the MoE programs after the longest of them; each round starts with a SKIP
+    at pc 0 to its program (``TileLoad.base``). When neither fits, or the run has one
+    phase only, every program starts at pc 0."""
+    longest: dict[str, int] = {}
     for r in rounds:
-        base = 1 + attention if r.phase.endswith("moe") else 1
+        size = max((len(load.instructions) for load in r.loads.values()), default=0)
+        longest[r.phase] = max(longest.get(r.phase, 0), size)
+    if len(longest) < 2:
+        return
+    if 1 + sum(longest.values()) <= chip.tile.program_depth:
+        bases, at = {}, 1
+        for phase, size in longest.items():
+            bases[phase], at = at, at + size
+    else:
+        attention = max(size for phase, size in longest.items() if not phase.endswith("moe"))
+        moe = max((size for phase, size in longest.items() if phase.endswith("moe")),
+                  default=0)
+        if not moe or 1 + attention + moe > chip.tile.program_depth:
+            return
+        bases = {phase: 1 + attention if phase.endswith("moe") else 1 for phase in longest}
+    for r in rounds:
         for load in r.loads.values():
-            load.base = base
+            load.base = bases[r.phase]
+
+
+def first_programs(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
+    """Each tile's instruction-memory words as the host writes them once, before the
+    first round: every round's program where :func:`place_programs` put it, the
+    earliest round's word where two share a region (a later round rewrites the words
+    it changes)."""
+    image: dict[int, dict[int, int]] = {}
+    for r in rounds:
+        for t, load in r.loads.items():
+            held = image.setdefault(t, {})
+            for pc, word in load.image().items():
+                held.setdefault(pc, word)
+    return image
 
 
 def accuracy(rounds: list[ChipRound]) -> dict[str, dict]:

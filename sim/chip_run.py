@@ -319,7 +319,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     a step, the MACs growing with the tokens); the access-energy model's pJ by class
     (:func:`round_energy`) and per token (decode: per sequence of the step; prefill:
     per prompt token), and the host port's transfers' energy beside them
-    (``energy_host_pj``, ``energy_per_token_with_host_pj``); network flits;
+    (``energy_host_pj``, ``energy_per_token_with_host_pj``); the programs the host
+    wrote once before the first round (``chip__host__programs_once_{bytes,cycles}``,
+    outside every phase); network flits;
     simulation speed (cycles over the rounds' wall time)."""
     k, n = config.k, config.tile.n
     tiles = k * k
@@ -407,6 +409,10 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             (sum(energy.values()) + host_pj) / tokens)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
+    if "programs_once" in result:  # written before the first round, outside the phases
+        once = result["programs_once"]
+        out["chip__host__programs_once_bytes"] = once["words"] * INSTRUCTION_BITS // 8
+        out["chip__host__programs_once_cycles"] = once["host_cycles"]
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)
     out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
                                          if not r["phase"].endswith("moe"))

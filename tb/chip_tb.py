@@ -10,6 +10,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
+from compiler.chip import first_programs
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
@@ -203,11 +204,18 @@ async def chip_layer(dut):
               if p.get("faults") else None)
     out = []
     written: dict[int, dict[int, int]] = {}  # the memory image in the channels
-    resident: dict[int, dict[int, int]] = {}  # each tile's instruction memory
     # A word's cycles at one channel's bandwidth (the timeout if every load is one's).
     memory_cycles = (math.ceil(config.tile.n * len(config.memory_nodes)
                                / config.memory_bytes_per_cycle)
                      if config.memory_nodes else 0)
+    # Every round's program, where compiler.chip.place_programs put it, once before the
+    # first round (outside the rounds and the phases, like the memory image); each
+    # round then writes the words it changes.
+    resident = first_programs(rounds)
+    began = driver.host_cycles
+    await driver.load_tiles({t: (words, {}, []) for t, words in resident.items()})
+    programs_once = {"words": sum(map(len, resident.values())),
+                     "host_cycles": driver.host_cycles - began}
     for index, rnd in enumerate(rounds):
         image = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
                  for c, words in rnd.memory.items()}
@@ -215,8 +223,7 @@ async def chip_layer(dut):
             await driver.write_memory(image)
             for c, words in image.items():
                 written.setdefault(c, {}).update(words)
-        # The instruction words that differ from what the tile holds (programs stay
-        # resident: compiler.chip.place_programs).
+        # The instruction words that differ from what the tile holds.
         programs = {}
         for t, ld in rnd.loads.items():
             held = resident.setdefault(t, {})
@@ -234,7 +241,8 @@ async def chip_layer(dut):
                                      + memory_cycles * rnd.memory_words + 20_000,
                                      sample=p.get("profile") or 0)
         if faults and faults.check_round(driver, index):
-            report(passed=False, rounds=out, faults=faults.summary())
+            report(passed=False, rounds=out, programs_once=programs_once,
+                   faults=faults.summary())
             return
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
@@ -253,7 +261,8 @@ async def chip_layer(dut):
             faults.stop(f"under single-bit faults, {wrong}")
         host_cycles["read"] = driver.host_cycles - began
         if faults and (faults.stopped or await faults.scrub(driver, index)):
-            report(passed=False, rounds=out, faults=faults.summary())
+            report(passed=False, rounds=out, programs_once=programs_once,
+                   faults=faults.summary())
             return
         _sample_coverage(rnd, workload, config)
         after = driver.net_counters()
@@ -280,7 +289,8 @@ async def chip_layer(dut):
     assert int(dut.error.value) == 0
     if p.get("dump"):
         _dump(Path(p["dump"]), dumped)
-    report(passed=True, rounds=out, **({"faults": faults.summary()} if faults else {}))
+    report(passed=True, rounds=out, programs_once=programs_once,
+           **({"faults": faults.summary()} if faults else {}))
 
 
 async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | None) -> None:

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from compiler.chip import layer_rounds
+from compiler.chip import first_programs, layer_rounds
 from golden.io import compare, load_expected, load_workload
 from rtl.chip import Chip
 from sim.chip_run import chip_config, simulate_chip, simulate_layer
@@ -107,15 +107,23 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
 
 def test_programs_stay_resident_between_rounds_on_the_chip(seed):
     """Three decode steps of tiny: the rounds run from where compiler.chip.place_programs
-    puts their programs (a SKIP at pc 0), every output bit-exact; the host writes a
-    round's whole programs the first time and then only the words that changed: the last
-    step's two rounds take under a tenth of their programs' words."""
+    puts their programs (a SKIP at pc 0), every output bit-exact; the host writes every
+    phase's programs once, before the first round, and then per round pc 0 and the
+    words that changed: the first round of a phase at most pc 0 of each tile, the last
+    step's two rounds under a tenth of their programs' words."""
     rounds = layer_rounds(TINY, "tiny", 1, prefill=5, steps=3, seed=seed)
     result = simulate_layer(TINY, "tiny", 1, prefill=5, steps=3, rounds=rounds, seed=seed)
+    once = first_programs(rounds)
+    assert result["programs_once"]["words"] == sum(map(len, once.values()))
+    assert result["programs_once"]["host_cycles"] > 0
     written = [r["host_words"]["program"] for r in result["rounds"]]
     programs = [sum(len(load.instructions) for load in r.loads.values()) for r in rounds]
-    assert written[:2] == [p + len(r.loads) for p, r in zip(programs[:2], rounds[:2],
-                                                            strict=True)]
+    first = {}
+    for i, r in enumerate(rounds):
+        first.setdefault(r.phase, i)
+    assert sorted(first) == ["decode", "decode-moe", "prefill", "prefill-moe"]
+    assert written[0] == 0
+    assert all(written[i] <= len(rounds[i].loads) for i in first.values()), written
     assert 0 < sum(written[-2:]) < sum(programs[-2:]) / 10, (written, programs)
 
 

@@ -41,11 +41,17 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert all(sum(r["channel_reads"]) > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
     assert metrics["chip__decode__memory_bytes_per_token"] > 0
     # What the host wrote before the rounds and read after them, outside the rounds'
-    # cycles: every round's program (32 bytes an instruction), its tokens and
-    # constants; decode appends each sequence's K and V (2 KV heads x 4 words of a
-    # 32-channel head, each). The host port moves one word of a stream a cycle, the
-    # streams side by side: at least the most words of one kind.
+    # cycles: the programs once, before the first round (32 bytes an instruction), then
+    # a round's changed program words, its tokens and constants; decode appends each
+    # sequence's K and V (2 KV heads x 4 words of a 32-channel head, each). The host
+    # port moves one word of a stream a cycle, the streams side by side: at least the
+    # most words of one kind.
     assert "through the host port before and after each round, the tiles idle" in text
+    assert "the programs once, before the first round" in text
+    once = metrics["chip__host__programs_once_bytes"]
+    assert once > 0 and once % 32 == 0
+    assert metrics["chip__host__programs_once_cycles"] >= once // 32
+    assert metrics["chip__decode__host_program_bytes"] < once / 10
     for phase, name in (("prefill", "cycles"), ("decode", "cycles_per_token")):
         assert metrics[f"chip__{phase}__host_program_bytes"] % 32 == 0
         assert metrics[f"chip__{phase}__host_scratchpad_bytes"] > 0

@@ -4,6 +4,7 @@ model (golden.chip_model) bit-exact with golden; bad mappings refused."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,7 @@ from compiler.chip import (
     attention_rounds,
     chunked,
     contexts,
+    first_programs,
     layer_rounds,
     moe_memory_words,
     place_programs,
@@ -37,7 +39,8 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
     chip = ChipModel(config.k, n=cfg.n, spad_words=cfg.spad_words, acc_depth=cfg.acc_depth,
                      slots=cfg.slots, memory_channels=len(config.memory_nodes),
                      channel_words=config.memory_words)
-    memory: dict[int, dict[int, int]] = {}  # each tile's instruction memory
+    # Each tile's instruction memory, as the host writes it before the first round.
+    memory = first_programs(rounds) if resident else {}
     for rnd in rounds:
         for channel, image in rnd.memory.items():
             chip.channels[channel].update(image)
@@ -55,7 +58,9 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
         if resident:
             for t, load in rnd.loads.items():
                 memory[t] = memory.get(t, {}) | load.image()
-                programs[t] = [memory[t].get(pc, 0) for pc in range(max(memory[t]) + 1)]
+                # Between two regions, past a tile's shorter program: words never run.
+                programs[t] = [memory[t].get(pc, encode(Opcode.HALT))
+                               for pc in range(max(memory[t]) + 1)]
         chip.run(programs)
         for job in rnd.jobs:
             got = job.program.read_output(chip.tiles[job.tile].spad.__getitem__)
@@ -111,38 +116,51 @@ def test_far_placement_loads_every_page_from_its_channel():
 
 
 def test_programs_stay_resident_where_they_are_placed():
-    """A layer of tiny with two decode steps: the attention programs sit from pc 1 and
-    the MoE programs after the longest of them, each round jumping there from pc 0; run
-    from the instruction memory the rounds leave behind, every output is golden's; the
-    last decode step changes a few words of what the step before left. A program memory
-    too small for both puts every program at pc 0."""
+    """A layer of tiny with two decode steps: each phase's programs (prefill, decode and
+    their MoE rounds) sit in a region of their own from pc 1, each round jumping there
+    from pc 0; the host writes them all once (``first_programs``), and then a round
+    changes pc 0 and a few words of what the step before left; run from the instruction
+    memory the rounds leave behind, every output is golden's. A program memory too
+    small for a region a phase puts the attention programs from pc 1 and the MoE
+    programs after them; too small for both, every program at pc 0."""
     config = chip_config("tiny", k=2)
     rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2)
-    attention = max(len(load.instructions) for r in rounds if not r.phase.endswith("moe")
-                    for load in r.loads.values())
-    assert {(r.phase.endswith("moe"), load.base) for r in rounds
-            for load in r.loads.values()} == {(False, 1), (True, 1 + attention)}
+    longest: dict[str, int] = {}
+    for r in rounds:
+        longest[r.phase] = max(longest.get(r.phase, 0),
+                               *(len(load.instructions) for load in r.loads.values()))
+    assert list(longest) == ["prefill", "prefill-moe", "decode", "decode-moe"]
+    bases = dict(zip(longest, accumulate([1, *longest.values()]), strict=False))
+    assert {(r.phase, load.base) for r in rounds for load in r.loads.values()} == \
+        set(bases.items())
     run_rounds(config, rounds, resident=True)
-    held: dict[int, dict[int, int]] = {}
-    changed = []
+    held = first_programs(rounds)
+    assert all(len(words) <= 1 + sum(longest.values()) for words in held.values())
+    changed, seen = [], set()
     for r in rounds:
         words = 0
         for t, load in r.loads.items():
             image = load.image()
             assert image[0] == encode(Opcode.SKIP, ra=0, rb=0, target=load.base)
-            new = {pc: w for pc, w in image.items() if held.setdefault(t, {}).get(pc) != w}
+            new = {pc: w for pc, w in image.items() if held[t].get(pc) != w}
+            if r.phase not in seen:  # its program is where the host put it
+                assert set(new) <= {0}, (r.phase, sorted(new)[:5])
             held[t] |= new
             words += len(new)
+        seen.add(r.phase)
         changed.append(words)
     last_step = sum(len(load.instructions) for r in rounds[-2:] for load in r.loads.values())
     assert 0 < sum(changed[-2:]) < last_step / 10, (changed, last_step)
-    moe = max(len(load.instructions) for r in rounds for load in r.loads.values())
-    for r in rounds:
-        for load in r.loads.values():
-            load.base = 0
-    place_programs(SimpleNamespace(tile=SimpleNamespace(program_depth=attention + moe)),
-                   rounds)
-    assert {load.base for r in rounds for load in r.loads.values()} == {0}
+    attention = max(longest["prefill"], longest["decode"])
+    moe = max(longest["prefill-moe"], longest["decode-moe"])
+    for depth, expected in ((1 + attention + moe, {(False, 1), (True, 1 + attention)}),
+                            (attention + moe, {(False, 0), (True, 0)})):
+        for r in rounds:
+            for load in r.loads.values():
+                load.base = 0
+        place_programs(SimpleNamespace(tile=SimpleNamespace(program_depth=depth)), rounds)
+        assert {(r.phase.endswith("moe"), load.base) for r in rounds
+                for load in r.loads.values()} == expected
 
 
 def test_a_chip_without_memory_channels_keeps_its_weights_resident():
