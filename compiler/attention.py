@@ -235,6 +235,21 @@ def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first:
     return chunks
 
 
+@dataclass(frozen=True)
+class HandOff:
+    """Where a program's outputs go when they are done: one DMA of them (row after
+    row, at the same address) to ``tiles`` (a DMA mask), raising ``semaphore`` there;
+    then the program waits for ``incoming`` such arrivals from other tiles' programs
+    before it halts, so that every output is in place when the round ends. ``region``
+    (words [lo, hi)) holds every program's outputs: no other region of the program
+    is placed there, where the others' arrive."""
+
+    tiles: int
+    semaphore: int
+    incoming: int
+    region: tuple[int, int]
+
+
 # --- memory map ------------------------------------------------------------------------------
 
 @dataclass
@@ -281,23 +296,36 @@ def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
-                lanes: int, pv_double: bool, table_words: int = 0) -> _Map:
+                lanes: int, pv_double: bool, table_words: int = 0,
+                out_at: int | None = None, keep: tuple[int, int] | None = None) -> _Map:
     n, rmax = config.n, max(c.rows for c in chunks)
     nb, dq = ceil_div(layer.page_size, n), ceil_div(layer.head_dim, n)
     dvc = ceil_div(layer.v_head_dim, n)
+    # The outputs, row after row (a row's ⌈dv⌉ words consecutive), from ``out_at`` when
+    # given (where another round reads them), else anywhere; no other region in them or
+    # in ``keep`` (words [lo, hi) below the KV pages that others' outputs arrive in).
+    out_words = dvc * sum(c.rows for c in chunks)
+    free = [(0, config.kv_start), (config.kv_end, config.spad_words)]
+    if out_at is not None:
+        lo, hi = keep or (out_at, out_at + out_words)
+        if not 0 <= lo <= out_at <= out_at + out_words <= hi <= config.kv_start:
+            raise ValueError(f"the outputs' {out_words} words from {out_at} are not within "
+                             f"words {lo}..{hi - 1}, below the KV pages (word "
+                             f"{config.kv_start})")
+        free = [(0, lo), (hi, config.kv_start), free[1]]
     # The scratchpad outside the KV region; GEMM A operands (queries, P's high limbs)
     # start in bank banks / 2, half the banks away from every KV page (pages start in bank
     # 0), and P's low limbs, read in step with the high ones, in bank 3·banks / 4 (the A/B
     # skew measured 2 000 cycles faster per decode token at context 1025 on gpt-oss).
-    spad = Regions([(0, config.kv_start), (config.kv_end, config.spad_words)], "scratchpad",
-                   "attention", banks=config.banks)
+    spad = Regions(free, "scratchpad", "attention", banks=config.banks)
     acc = Regions([(0, config.acc_depth)], "accumulator memory", "attention")
     mp = _Map(lanes=lanes, pv_double=pv_double)
     a_bank = config.banks // 2
     for c in chunks:
         c.q_addr = spad.take(dq * c.rows, "the queries", bank=a_bank)
+    at = spad.take(out_words, "the outputs") if out_at is None else out_at
     for c in chunks:
-        c.out_addr = spad.take(dvc * c.rows, "the outputs")
+        c.out_addr, at = at, at + dvc * c.rows
 
     def per_block(take, size: int, what: str, double: bool = True) -> list[list[int]]:
         """[lane][parity] regions (one per lane, used for both parities, if not double)."""
@@ -356,8 +384,9 @@ class _Pipeline:
     ``lane_steps[g][r]`` is lane g's key block of round r: (chunk, step, first, last)."""
 
     def __init__(self, config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
-                 mp: _Map):
+                 mp: _Map, hand_off: HandOff | None = None):
         self.n, self.layer, self.mp, self.kv_start = config.n, layer, mp, config.kv_start
+        self.chunks, self.hand_off = chunks, hand_off
         self.nb = ceil_div(layer.page_size, config.n)
         self.dvc = ceil_div(layer.v_head_dim, config.n)
         self.e = Emitter(config.n)
@@ -390,6 +419,12 @@ class _Pipeline:
                 self.pv_gemm(g, r)
         self.bounds.append(len(self.e.ops))
         self.rescale(self.rounds - 1)
+        if self.hand_off is not None:
+            h, e = self.hand_off, self.e
+            start = self.chunks[0].out_addr
+            e.dma(src=start, dst=start, length=self.dvc * sum(c.rows for c in self.chunks),
+                  tiles=h.tiles, remote_signal=1, remote_semaphore=h.semaphore)
+            e.wait_arrivals(h.semaphore, h.incoming)
         return self.e.halt()
 
     def sink_constants(self) -> None:
@@ -490,6 +525,7 @@ class _Pipeline:
             end = [divide,
                    lambda: e.vec(VOP.REQUANT, rows, dvc, acc, mult=layer.out_mult,
                                  shift=layer.out_shift, dst=c.out_addr, dst_kind=VecDst.SPAD,
+                                 dst_stride=dvc,
                                  pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
         return ops, end
 
@@ -509,10 +545,10 @@ class _Pipeline:
 
 
 def _emit(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
-          mp: _Map) -> tuple[list[Op], _Pipeline]:
+          mp: _Map, hand_off: HandOff | None = None) -> tuple[list[Op], _Pipeline]:
     """The whole program, straight-line (KV pages not yet in), and the pipeline that
     emitted it."""
-    pipeline = _Pipeline(config, layer, chunks, mp)
+    pipeline = _Pipeline(config, layer, chunks, mp, hand_off)
     return pipeline.program(), pipeline
 
 
@@ -646,13 +682,15 @@ def _fewer_rows(rows: int, n: int) -> int:
 
 def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
            k: np.ndarray, v: np.ndarray, output_shape: tuple[int, ...],
-           allocator: PageAllocator | None, first_row: int, loops: bool | None) -> TileProgram:
+           allocator: PageAllocator | None, first_row: int, loops: bool | None,
+           out_at: int | None = None, hand_off: HandOff | None = None) -> TileProgram:
     """``plan(rows)``: the chunks (with their steps) for chunks of at most ``rows`` rows.
     Chunks get as many rows as the slots allow, fewer if their buffers do not fit the
     accumulator memory."""
     n = config.n
     dq, dvc = ceil_div(layer.head_dim, n), ceil_div(layer.v_head_dim, n)
     rows = _check_fit(config, layer)
+    keep = None if hand_off is None else hand_off.region
     mp = None
     while mp is None:
         chunks = plan(rows)
@@ -661,7 +699,8 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
         layouts = [(2, True), (2, False)] if len(chunks) > 1 else []
         for lanes, pv_double in layouts + [(1, True)]:
             try:
-                mp = _memory_map(config, layer, chunks, lanes, pv_double)
+                mp = _memory_map(config, layer, chunks, lanes, pv_double, out_at=out_at,
+                                 keep=keep)
                 break
             except MemoryFull as error:
                 if lanes == 1 and error.memory == "scratchpad":
@@ -674,7 +713,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     # The program has its length before any KV page is taken from the allocator (engines
     # only read KV pages, so their addresses change no WAIT); a program longer than the
     # program memory (or any, with ``loops``) is made compact.
-    straight, pipeline = _emit(config, layer, chunks, mp)
+    straight, pipeline = _emit(config, layer, chunks, mp, hand_off)
     looped = len(straight) > config.program_depth if loops is None else loops
     length = len(_compact(straight, pipeline, lambda *_: 0) if looped else straight)
     if length > config.program_depth:
@@ -688,7 +727,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     blocks = ceil_div(k.shape[0], layer.page_size)
     if looped:  # the page table after every other region: their addresses stay
         mp = _memory_map(config, layer, chunks, mp.lanes, mp.pv_double,
-                         table_words=layer.kv_heads * blocks)
+                         table_words=layer.kv_heads * blocks, out_at=out_at, keep=keep)
     allocator = PageAllocator(config) if allocator is None else allocator
     kv = KvLayout.allocate(config, allocator, layer.kv_heads, layer.head_dim,
                            layer.v_head_dim, k.shape[0], first_row)
@@ -719,12 +758,12 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
             for e_ in range(count):
                 writes[base + e_] = pack_word(digit[e_], n)
 
-    out_words = [c.out_addr + j * c.rows + r for c in chunks for j in range(dvc)
-                 for r in range(c.rows)]
+    out_words = [c.out_addr + r * dvc + j for c in chunks for r in range(c.rows)
+                 for j in range(dvc)]
     dv = layer.v_head_dim
 
     reader = OutputRows(output_shape, n, dv, [
-        ((t, h), [c.out_addr + j * c.rows + r for j in range(dvc)])
+        ((t, h), [c.out_addr + r * dvc + j for j in range(dvc)])
         for c in chunks for r, (t, h) in enumerate(c.targets)])
 
     steps = sum(len(c.steps) for c in chunks)
@@ -791,11 +830,13 @@ def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
 
 def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
                  allocator: PageAllocator | None = None, first_row: int = 0,
-                 loops: bool | None = None) -> TileProgram:
+                 loops: bool | None = None, out_at: int | None = None,
+                 hand_off: HandOff | None = None) -> TileProgram:
     """One decode step of one sequence at context L: ``q`` (H, d) or (1, H, d), the
     newest token at position L - 1; ``k`` (L, H_kv, d) and ``v`` (L, H_kv, dv) every
     token so far (its own included). The output (1, H, dv) equals ``attention_decode``
-    for that sequence."""
+    for that sequence; its rows (a head's ⌈dv⌉ words each) from word ``out_at`` when
+    given, and handed to other tiles as ``hand_off`` says."""
     q = np.asarray(q)
     if q.ndim == 3 and q.shape[0] == 1:
         q = q[0]
@@ -815,7 +856,7 @@ def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,
         return chunks
 
     return _build(config, layer, "decode", plan, k, v, (1, layer.heads, layer.v_head_dim),
-                  allocator, first_row, loops)
+                  allocator, first_row, loops, out_at, hand_off)
 
 
 def prefill_from_workload(config: TileConfig, workload, layer: int, tokens: int | None = None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from compiler.attention import AttentionLayer, build_decode, build_extend
+from compiler.attention import AttentionLayer, HandOff, build_decode, build_extend
 from compiler.kv import PageAllocator
 from compiler.program import TileProgram, relocated
 from golden.attention import (
@@ -71,6 +71,8 @@ WEIGHT_MODES = ("streamed", "resident")
 #: The semaphore striped pages raise on their compute tile (the attention programs use
 #: semaphores 0..2).
 SEM_KV = 15
+#: What a decode step's attention outputs raise on the tiles they are handed to.
+SEM_HANDOFF = 14
 
 
 class KvCacheFull(ValueError):
@@ -415,17 +417,28 @@ def chunked(schedule: list[Step], chunk: int = PREFILL_CHUNK) -> list[Step]:
     return out
 
 
+def handoff_at(chip: ChipConfig, wcfg: WorkloadConfig, tokens: int) -> int:
+    """Where a decode step's attention outputs wait for its MoE round on every tile:
+    ``tokens`` rows of H·d_v channels, row after row (⌈H·d_v⌉ words each), just below
+    the KV pages."""
+    return chip.tile.kv_start - tokens * ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
+
+
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
                      batch: int = 1,
                      prefill: int = 0, context: int = 0, steps: int = 1,
                      placement: str = "local", seed: int = 1,
                      schedule: list[Step] | None = None,
-                     prefill_chunk: int = PREFILL_CHUNK) -> list[ChipRound]:
+                     prefill_chunk: int = PREFILL_CHUNK,
+                     handoff: bool = False) -> list[ChipRound]:
     """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
     then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
     or the steps of ``schedule`` (see :func:`agent_schedule`); a step that adds more
-    than ``prefill_chunk`` tokens is prefilled in chunks (:func:`chunked`). Raises
-    ValueError for a placement, shape or capacity the chip cannot take."""
+    than ``prefill_chunk`` tokens is prefilled in chunks (:func:`chunked`). With
+    ``handoff``, a decode step's jobs hand their outputs to every tile at
+    :func:`handoff_at` (row s the step's token of sequence s), where the MoE round that
+    follows reads them. Raises ValueError for a placement, shape or capacity the chip
+    cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
     if batch < 1:
@@ -464,7 +477,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"{placement} placement): a shorter context, a smaller batch or "
                          "--moe off (no room kept for the MoE layer) fit more")
     batch_ = _Batch(chip, wcfg, layer, batch_workloads(wcfg, batch, max(longest, 1), seed),
-                    PLACEMENTS[placement])
+                    PLACEMENTS[placement], handoff_at(chip, wcfg, batch) if handoff else None)
     return [batch_.round(phase, lengths, before, slot, evict)
             for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
             for slot in range(batch_.slots)]
@@ -496,8 +509,9 @@ class _Batch:
     and KV bookkeeping, and one :class:`ChipRound` per (step, job slot)."""
 
     def __init__(self, chip: ChipConfig, wcfg: WorkloadConfig, layer: int,
-                 workloads: list[Workload], placement: Placement):
+                 workloads: list[Workload], placement: Placement, handoff: int | None):
         self.chip, self.layer, self.placement = chip, layer, placement
+        self.handoff = handoff
         p = f"attn{layer}."
         self.data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
                       wl.tensors[p + "v_prefill"]) for wl in workloads]
@@ -524,6 +538,8 @@ class _Batch:
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
+        if phase == "decode" and self.handoff is not None:
+            self._hand_off(jobs, build.loads)
         tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network,
                         tokens=tokens[phase], workloads=[wl for wl, *_ in self.data],
@@ -534,6 +550,17 @@ class _Batch:
             rnd.kv_bytes += summary.kv_bytes_unique
             rnd.summaries.append(summary.as_dict())
         return rnd
+
+    def _hand_off(self, jobs: list[Job], loads: dict[int, TileLoad]) -> None:
+        """A tile without a job in a decode round with hand-off waits for the jobs'
+        outputs (:class:`compiler.attention.HandOff`) before its HALT."""
+        busy = {job.tile for job in jobs}
+        for t in range(self.chip.tiles):
+            if t not in busy:  # none, or a striped owner's page sends only
+                load = loads.setdefault(t, TileLoad([encode(Opcode.HALT)], {}, []))
+                load.instructions = load.instructions[:-1] + [
+                    encode(Opcode.WAIT, semaphore=SEM_HANDOFF, count=len(jobs)),
+                    encode(Opcode.HALT)]
 
     def _job(self, phase: str, s: int, g: int, tile: int, length: int, before: int,
              slot: int) -> tuple[Job, np.ndarray, np.ndarray]:
@@ -559,8 +586,19 @@ class _Batch:
             reference = attention_prefill_float(*args, window=window, sinks=sinks,
                                                 first=first)
         else:
+            rows = ceil_div(full.heads * full.v_head_dim, chip.tile.n)
+            out_at = (None if self.handoff is None else
+                      self.handoff + s * rows + g * full.group * ceil_div(full.v_head_dim,
+                                                                          chip.tile.n))
+            hand_off = None
+            if self.handoff is not None:  # to every other tile, from every other job
+                jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
+                region = (self.handoff, self.handoff + len(self.data) * rows)
+                hand_off = HandOff(sum(chip.mask(d) for d in range(chip.tiles) if d != tile),
+                                   SEM_HANDOFF, jobs - 1, region)
             program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
-                                   allocator=allocator, first_row=2 * slot)
+                                   allocator=allocator, first_row=2 * slot, out_at=out_at,
+                                   hand_off=hand_off)
             cache, table = build_cache([kk], [vv], chip.tile.page_size)
             args = (q[length - 1, heads][None], cache, table, np.array([length]), scales)
             expected = attention_decode(*args, window=window, sinks=sinks,
@@ -705,7 +743,7 @@ class _MoeOutput:
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
               x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
               dispatch: str = "sparse", weight_mode: str | None = None,
-              chain: MoeChain | None = None) -> ChipRound:
+              chain: MoeChain | None = None, handoff: int | None = None) -> ChipRound:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
@@ -722,7 +760,9 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     tiles with the rest; None, :func:`check_weights`'s default. ``chain``: with streamed
     weights, the step's chain of rounds this one continues (:class:`MoeChain`: its
     programs load only the experts no earlier round of the chain loaded, and its
-    functional run starts from the tiles the chain's previous round left)."""
+    functional run starts from the tiles the chain's previous round left).
+    ``handoff``: where the attention round left ``o`` on every tile (sparse dispatch;
+    :func:`handoff_at`), not written by the host."""
     from compiler.moe import (
         Projection,
         WeightMemory,
@@ -739,12 +779,16 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     saturation = Saturation()
     projection, residual = None, x
     if o is not None:
-        projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer))
+        projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer),
+                                handoff)
         x = project_residual(o, projection.w_o, residual, projection.scales,
                              saturation=saturation)
     if dispatch not in ("sparse", "dense"):
         raise ValueError(f"MoE dispatch {dispatch!r} is not sparse or dense")
     weight_mode = check_weights(weight_mode, dispatch, chip)
+    if dispatch == "dense" and handoff is not None:
+        raise ValueError("the dense-masked MoE layer reads the attention outputs the host "
+                         "writes; no hand-off")
     if dispatch == "dense":
         program = build_moe(chip.tile, chip.k, weights, scales, cfg.top_k, residual,
                             projection)
@@ -781,7 +825,10 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
-    loads = {t: TileLoad(list(p.instructions), dict(p.spad_writes), [],
+    arrived = range(0) if handoff is None else range(
+        handoff, handoff + int(o.shape[0]) * ceil_div(o.shape[1], chip.tile.n))
+    loads = {t: TileLoad(list(p.instructions),
+                         {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
                          None if dispatch == "dense" else
                          [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]])
              for t, p in enumerate(program.tiles)}
@@ -830,14 +877,24 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     ``resident`` or None (:func:`moe_round`). The
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
-    computed on the home tile at the start of the MoE round (``golden.decoder``)."""
+    computed on the home tile at the start of the MoE round (``golden.decoder``). A
+    decode step whose tokens make one sparse MoE round, of a workload whose heads'
+    outputs are whole words, has its attention jobs hand their outputs to every tile
+    (:func:`handoff_at`; the host writes them otherwise)."""
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
     check_weights(weights, moe, chip)
+    # A decode step's tokens fit one sparse MoE round: its attention jobs hand their
+    # outputs to it on chip, when a head's outputs are whole words (their places in a
+    # row of the MoE round's input).
+    wcfg = get_workload(workload) if isinstance(workload, str) else workload
+    handoff = (moe == "sparse" and batch <= moe_tokens
+               and wcfg.v_head_dim % chip.tile.n == 0)
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
-                              schedule=schedule, prefill_chunk=prefill_chunk)
+                              schedule=schedule, prefill_chunk=prefill_chunk,
+                              handoff=handoff)
     if moe == "off":
         return rounds
     out: list[ChipRound] = []
@@ -863,10 +920,12 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         rounds_ = ceil_div(x.shape[0], moe_tokens)
         chain = (MoeChain(rounds_) if rounds_ > 1 and moe == "sparse"
                  and check_weights(weights, moe, chip) == "streamed" else None)
+        at = (handoff_at(chip, rnd.workloads[0].config, x.shape[0])
+              if handoff and rnd.phase == "decode" else None)
         for offset in range(0, x.shape[0], moe_tokens):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
-                                 layer, moe, weights, chain))
+                                 layer, moe, weights, chain, at))
         step = []
     # One layer's weights: every MoE round's image is the same, kept once, below the KV
     # pages a far placement keeps at the top of the channels.

@@ -362,11 +362,14 @@ class WeightMemory:
 class Projection:
     """The attention output and its projection, for a MoE layer whose input the home tile
     computes (``golden.decoder.project_residual``): ``o`` (T, H·d_v) int8, ``w_o``
-    (H·d_v, hidden) int8 and their scales."""
+    (H·d_v, hidden) int8 and their scales. ``at``: where the attention round left ``o``
+    on every tile, row after row (its hand-off, ``compiler.chip.handoff_at``), or None
+    (the host writes it; the sparse mapping only)."""
 
     o: np.ndarray
     w_o: np.ndarray
     scales: ProjectionScales
+    at: int | None = None
 
 
 def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,

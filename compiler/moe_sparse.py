@@ -209,7 +209,11 @@ class _SparseBuild(_ExpertTiles):
         self.words = [_Words(n) for _ in range(self.tiles)]
         # The weights first, from each tile's word 0, where no round's token count moves
         # them: the rounds of a step, whatever their sizes, share them (a chain).
-        held = [_bump(0, config.kv_start, "scratchpad",
+        # Up to the KV pages, or to the attention outputs the attention round left
+        # below them (its hand-off).
+        at = None if self.projection is None else self.projection.at
+        top = config.kv_start if at is None else at
+        held = [_bump(0, top, "scratchpad",
                       f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
                 for i in range(self.tiles)]
         self.router_addr = held[home].take(self.ec * self.hidden, "router weights", b)
@@ -229,8 +233,7 @@ class _SparseBuild(_ExpertTiles):
         # a round reads one and writes the other.
         self.flags = {ex: held[i].take(2, f"expert{ex} loaded flags")
                       for i in range(self.tiles) for ex in self.routed_on(i)}
-        glob = _bump(max(r.end for r in held), config.kv_start, "scratchpad", EVERY_TILE,
-                     config.banks)
+        glob = _bump(max(r.end for r in held), top, "scratchpad", EVERY_TILE, config.banks)
         self.xr = glob.take(t * hc, "token rows", a)
         self.meta = glob.take(self.experts * self.meta_words, "counts and result tables")
         self.slot_rows = glob.take(self.top_k * t * w, "result slices by top-k slot", b)
@@ -241,7 +244,7 @@ class _SparseBuild(_ExpertTiles):
         self.d_hi = glob.take(diag, "gate diagonals, high limbs", a)
         self.d_top = glob.take(diag, "gate diagonals, bit 14", a)
         self.d_two = glob.take(n, "2 on the diagonal", a)
-        self.spad = [_bump(glob.end, config.kv_start, "scratchpad",
+        self.spad = [_bump(glob.end, top, "scratchpad",
                            f"tile {i} ({i % self.k}, {i // self.k})", config.banks)
                      for i in range(self.tiles)]
         self._place_home()
@@ -304,14 +307,22 @@ class _SparseBuild(_ExpertTiles):
     def _place_projection(self) -> None:
         """Each tile with an identity (home and the expert tiles) projects a slice of the
         channels: the attention outputs and its columns of the residual (its columns of
-        ``W_o`` are with the weights)."""
+        ``W_o`` are with the weights). The attention outputs are the GEMM's A by blocks
+        of N tokens (a column of a block a word); or row after row where the attention
+        round handed them over (``Projection.at``; their words are still listed with
+        the host's, for a functional model's run of this round alone)."""
         n, t, a, b = self.n, self.tokens, self.a_bank, self.b_bank
+        at = self.projection.at
         self.o_addr, self.res_addr = {}, {}
         for i, (c0, c1) in self.slices.items():
             spad, words, w = self.spad[i], self.words[i], c1 - c0
             cols = slice(c0 * n, min(c1 * n, self.hidden))
-            self.o_addr[i] = spad.take(self.tb * self.channels, "attention outputs", a)
-            words.put(self.o_addr[i], _token_layout(self.attn_out, n))
+            if at is None:
+                self.o_addr[i] = spad.take(self.tb * self.channels, "attention outputs", a)
+                words.put(self.o_addr[i], _token_layout(self.attn_out, n))
+            else:
+                self.o_addr[i] = at
+                words.put(at, _row_layout(self.attn_out, n))
             self.res_addr[i] = spad.take(t * w, "residual rows", b)
             words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 
@@ -434,13 +445,17 @@ class _SparseBuild(_ExpertTiles):
         self._wait_front(i)
         proj, chunk = plan["proj"], plan["c_tiles"]
         for b, rows in enumerate(self.block_rows):
+            if self.projection.at is None:  # block b's columns
+                o = {"a": self.o_addr[i] + b * self.channels, "a_rows": 0}
+            else:  # its rows
+                o = {"a": self.o_addr[i] + b * n * ceil_div(self.channels, n), "a_rows": 1,
+                     "a_row_major": 1}
             for j0 in range(0, w, chunk):
                 width = min(chunk, w - j0)
                 cols = min(width * n, self.hidden - (c0 + j0) * n)
                 every = {"lo": 0, "hi": width * n}
-                e.gemm(a=self.o_addr[i] + b * self.channels,
-                       b=self.wo_addr[i] + j0 * self.channels, c=proj, m=rows,
-                       k=self.channels, p=cols, a_rows=0, b_rows=0)
+                e.gemm(**o, b=self.wo_addr[i] + j0 * self.channels, c=proj, m=rows,
+                       k=self.channels, p=cols, b_rows=0)
                 if meanwhile is not None:
                     meanwhile()
                     meanwhile = None

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from compiler.chip import first_programs, layer_rounds
+from compiler.chip import first_programs, handoff_at, layer_rounds
 from golden.io import compare, load_expected, load_workload
+from golden.workloads import get_workload
 from rtl.chip import Chip
 from sim.chip_run import chip_config, simulate_chip, simulate_layer
 from sim.faults import FaultPlan
@@ -125,6 +126,25 @@ def test_programs_stay_resident_between_rounds_on_the_chip(seed):
     assert written[0] == 0
     assert all(written[i] <= len(rounds[i].loads) for i in first.values()), written
     assert 0 < sum(written[-2:]) < sum(programs[-2:]) / 10, (written, programs)
+
+
+def test_decode_attention_hands_its_outputs_over_the_mesh(seed):
+    """tiny with heads of 16 channels (whole words): on the RTL a decode step's jobs
+    multicast their outputs to every tile, where the MoE round reads them and the host
+    writes none of them; every output bit-exact, the MoE round's included. Under local
+    placement no KV word moves, so the decode rounds' flits are the hand-off's: each of
+    the 4 jobs injects its 3 heads x 2 words once, the mesh copying them to 3 tiles."""
+    shaped = get_workload("tiny", v_head_dim=16)
+    rounds = layer_rounds(TINY, shaped, 1, batch=2, prefill=5, context=9, steps=2, seed=seed)
+    region = range(handoff_at(TINY, shaped, 2), TINY.tile.kv_start)
+    assert all(not set(load.spad_writes) & set(region)
+               for r in rounds if r.phase == "decode-moe" for load in r.loads.values())
+    result = simulate_layer(TINY, shaped, 1, batch=2, prefill=5, context=9, steps=2,
+                            rounds=rounds, seed=seed)
+    assert result["passed"] is True
+    decode = [r for r in result["rounds"] if r["phase"] == "decode"]
+    assert len(decode) == 2 and all(r["network_words"] == 0 for r in decode)
+    assert [r["flits"] for r in decode] == [4 * 3 * 2] * 2
 
 
 def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):

@@ -12,17 +12,20 @@ import pytest
 
 from compiler.chip import (
     PLACEMENTS,
+    SEM_HANDOFF,
     agent_schedule,
     attention_rounds,
     chunked,
     contexts,
     first_programs,
+    handoff_at,
     layer_rounds,
     moe_memory_words,
+    moe_round,
     place_programs,
 )
 from golden.chip_model import ChipModel
-from golden.workloads import get_workload
+from golden.workloads import generate, get_workload
 from rtl.scratchpad import KvOp
 from sim.chip_run import chip_config
 from spec.config import ChipConfig
@@ -113,6 +116,65 @@ def test_far_placement_loads_every_page_from_its_channel():
     # Decode steps at contexts 10 and 11 read the same pages at the same addresses.
     assert all(len(addresses) == 1 for (phase, _), addresses in seen.items()
                if phase == "decode")
+
+
+def _hand_offs(load) -> tuple[list[dict], list[int]]:
+    """A tile program's DMAs raising SEM_HANDOFF remotely and its WAITs' counts on it."""
+    ops = [decode(word) for word in load.instructions]
+    return ([f for op, f in ops if op == Opcode.DMA and f["remote_signal"]
+             and f["remote_semaphore"] == SEM_HANDOFF],
+            [f["count"] for op, f in ops if op == Opcode.WAIT and f["semaphore"] == SEM_HANDOFF])
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_decode_attention_hands_its_outputs_to_the_moe_round(placement):
+    """gpt-oss (heads of 32 channels, whole words), 2 sequences, sparse MoE: each decode
+    job ends with one DMA of its outputs, from where the MoE round reads them
+    (``handoff_at``), to every other tile, and waits for the other three jobs'; the host
+    writes none of those words before the MoE round. Run round after round on the
+    chip's functional model, every output is golden's (the MoE round's too: its input
+    came over the mesh)."""
+    config = chip_config("gpt-oss", k=2, n=8)
+    rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=8, context=40, steps=2,
+                          placement=placement)
+    region = range(handoff_at(config, get_workload("gpt-oss"), 2), config.tile.kv_start)
+    assert len(region) == 2 * 16 * 32 // 8  # two rows of 16 heads x 32 channels
+    for r in rounds:
+        if r.phase == "decode":
+            assert len(r.jobs) == 4
+            for t, load in r.loads.items():
+                sends, waits = _hand_offs(load)
+                assert [(f["src"] in region, f["dst"] == f["src"], f["length"], f["tiles"])
+                        for f in sends] == [(True, True, 8 * 32 // 8, sum(
+                            config.mask(d) for d in range(4) if d != t))]
+                assert waits == [3]
+        elif r.phase == "decode-moe":
+            assert not any(set(load.spad_writes) & set(region) for load in r.loads.values())
+        else:
+            assert not any(_hand_offs(load)[0] for load in r.loads.values())
+    run_rounds(config, rounds, resident=True)
+
+
+def test_no_hand_off_where_the_moe_round_cannot_take_it():
+    """The host writes the attention outputs instead when a head's outputs are not whole
+    words (tiny: 12 channels a head), when the MoE layer is dense-masked (it reads them
+    by token blocks), or when a decode step's tokens make more than one MoE round; a
+    dense round asked to read handed-off outputs is refused."""
+    gpt = chip_config("gpt-oss", k=2, n=8)
+    cases = [(chip_config("tiny", k=2), "tiny", {}),
+             (gpt, "gpt-oss", {"moe": "dense"}),
+             (gpt, "gpt-oss", {"moe_tokens": 1})]
+    for config, workload, options in cases:
+        rounds = layer_rounds(config, workload, 1, batch=2, prefill=4, context=12, steps=1,
+                              **options)
+        assert not any(_hand_offs(load)[0] or _hand_offs(load)[1]
+                       for r in rounds for load in r.loads.values()), (workload, options)
+    wl = generate(get_workload("gpt-oss"))
+    x = wl.tensors["moe.x"][:2]
+    o = np.zeros((2, 16 * 32), np.int8)
+    with pytest.raises(ValueError, match="dense-masked MoE layer reads the attention outputs"):
+        moe_round(gpt, wl, "decode", (9, 9), x, o, 0, "dense", None, None,
+                  handoff_at(gpt, wl.config, 2))
 
 
 def test_programs_stay_resident_where_they_are_placed():
