@@ -586,16 +586,13 @@ class _Batch:
             reference = attention_prefill_float(*args, window=window, sinks=sinks,
                                                 first=first)
         else:
-            rows = ceil_div(full.heads * full.v_head_dim, chip.tile.n)
-            out_at = (None if self.handoff is None else
-                      self.handoff + s * rows + g * full.group * ceil_div(full.v_head_dim,
-                                                                          chip.tile.n))
-            hand_off = None
-            if self.handoff is not None:  # to every other tile, from every other job
+            out_at = hand_off = None
+            if self.handoff is not None:  # its heads' place in row s, to every other tile
+                dvc = ceil_div(full.v_head_dim, chip.tile.n)
+                out_at = self.handoff + (s * full.heads + g * full.group) * dvc
                 jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
-                region = (self.handoff, self.handoff + len(self.data) * rows)
                 hand_off = HandOff(sum(chip.mask(d) for d in range(chip.tiles) if d != tile),
-                                   SEM_HANDOFF, jobs - 1, region)
+                                   SEM_HANDOFF, jobs - 1, (self.handoff, chip.tile.kv_start))
             program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
                                    allocator=allocator, first_row=2 * slot, out_at=out_at,
                                    hand_off=hand_off)
@@ -825,8 +822,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
-    arrived = range(0) if handoff is None else range(
-        handoff, handoff + int(o.shape[0]) * ceil_div(o.shape[1], chip.tile.n))
+    arrived = range(0) if handoff is None else range(handoff, chip.tile.kv_start)
     loads = {t: TileLoad(list(p.instructions),
                          {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
                          None if dispatch == "dense" else
