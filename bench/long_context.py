@@ -4,7 +4,7 @@ gpt-oss's full-attention layer (1) for one sequence: the prompt prefilled in chu
 ``compiler.chip.PREFILL_CHUNK`` tokens (each an extend step over the cache the chunks
 before it filled; attention programs with loops over the key blocks once the straight
 program would not fit the program memory), the MoE layer (sparse, the experts'
-weights resident: written by the host before each round, so the figures are the chip's
+weights resident: written by the host before the first round, so the figures are the chip's
 compute; streamed, every chunk's MoE rounds would wait about 0.9 M cycles on the memory
 channels, ``bench/moe.py``) after each chunk, then
 two decode steps at contexts 2,049 and 2,050; every output bit-exact with golden. Its

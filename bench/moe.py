@@ -38,8 +38,8 @@ default). Figures:
   ``moe__{streamed,resident}__decode__{energy_per_token_pj,memory_energy_share}``, the
   access model's energy of a decode step per token and the memory channels' share
   (docs/energy.md); ``..._energy_per_token_with_host_pj`` with the host port's
-  transfers before and after the step's rounds (resident weights cross it before every
-  MoE round).
+  transfers before and after the step's rounds (resident weights cross it before the
+  first MoE round, in the prefill).
 - ``chip__{deepseek-r1,kimi-k2}__...``: their decoder layer (attention + sparse MoE,
   weights streamed) on a 4 x 4 chip, prefill of 32 tokens and one decode step from
   contexts 256/200.

@@ -304,9 +304,10 @@ def add_moe_options(parser: argparse.ArgumentParser, after: str) -> None:
                              "in the memory channels, "
                              "loaded by the MoE programs within the counted cycles "
                              "(streamed; the default with --moe sparse), or written into "
-                             "the tiles' scratchpads through the host port before each "
-                             "MoE round (resident; the default, and the only "
-                             "choice, with --moe dense)")
+                             "the tiles' scratchpads through the host port before the "
+                             "first MoE round and where a round wrote over them "
+                             "(resident; the default, and the only choice, with "
+                             "--moe dense)")
 
 
 def policy(text: str) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from compiler.attention import AttentionLayer, HandOff, build_decode, build_extend
+from compiler.hazards import round_writes
 from compiler.kv import PageAllocator
 from compiler.program import TileProgram, relocated
 from golden.attention import (
@@ -45,9 +46,10 @@ from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
-           "ChipRound", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy", "agent_schedule",
-           "attention_rounds", "batch_workloads", "check_moe_tokens", "chunked", "contexts",
-           "first_programs", "layer_rounds", "moe_round", "moe_words", "place_programs"]
+           "ChipRound", "HeldWords", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy",
+           "agent_schedule", "attention_rounds", "batch_workloads", "check_moe_tokens",
+           "chunked", "contexts", "first_programs", "layer_rounds", "moe_round", "moe_words",
+           "place_programs"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -984,6 +986,42 @@ def first_programs(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
             for pc, word in load.image().items():
                 held.setdefault(pc, word)
     return image
+
+
+class HeldWords:
+    """The scratchpad words the host wrote that each tile still holds, so that before a
+    round the host writes only the words of its loads a tile does not hold already
+    (:meth:`load`): constants a step repeats, resident weights no round wrote over, as
+    the programs written once. After the round (:meth:`ran`) the words its programs
+    wrote over are forgotten (:func:`compiler.hazards.round_writes`: every GEMM, VEC and
+    DMA they dispatched, the other tiles' DMAs included), and on a tile given KV
+    requests every word of its KV pages."""
+
+    def __init__(self, chip: ChipConfig):
+        self.chip = chip
+        self.held: dict[int, dict[int, int]] = {}
+
+    def load(self, rnd: ChipRound) -> dict[int, dict[int, int]]:
+        """Each tile's words of ``rnd`` that the host writes, noted as held."""
+        out = {}
+        for t, load in rnd.loads.items():
+            held = self.held.setdefault(t, {})
+            out[t] = {a: w for a, w in load.spad_writes.items() if held.get(a) != w}
+            held.update(out[t])
+        return out
+
+    def ran(self, rnd: ChipRound) -> None:
+        """Forget the words ``rnd`` wrote over."""
+        written = round_writes(rnd.loads, self.chip.k, self.chip.tile.n)
+        for t, words in written.items():
+            held = self.held.get(t, {})
+            for address in words:
+                held.pop(address, None)
+        for t, load in rnd.loads.items():
+            if load.kv_requests:
+                held = self.held.get(t, {})
+                for address in [a for a in held if a >= self.chip.tile.kv_start]:
+                    del held[address]
 
 
 def accuracy(rounds: list[ChipRound]) -> dict[str, dict]:

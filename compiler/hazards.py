@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from compiler.program import Op
 from golden.vector_model import VectorOpcode as VOP
 from spec.config import ceil_div
-from spec.isa import DmaTarget, Opcode, VecDst
+from spec.isa import MASK_COLUMNS, DmaTarget, Opcode, VecDst, decode
 
-__all__ = ["accesses", "check_synchronisation", "executed_ops"]
+__all__ = ["accesses", "check_synchronisation", "executed_ops", "round_writes"]
 
 _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
 _REGISTER_OPCODES = (Opcode.SET, Opcode.ADD, Opcode.LOOP, Opcode.SKIP, Opcode.WITH)
@@ -105,6 +105,44 @@ def dma_target(f: dict) -> int:
     model's as a ``DmaTarget``; TILES when absent)."""
     target = f.get("target", DmaTarget.TILES)
     return target.value if isinstance(target, DmaTarget) else int(target)
+
+
+def round_writes(loads: dict, k: int, n: int) -> dict[int, set[int]]:
+    """Per tile of a k x k chip, the scratchpad words a round's programs write (``loads``:
+    tile -> ``compiler.chip.TileLoad``): its VEC and memory-LOAD destinations and every
+    tile DMA's destination on each tile of its mask (the sender's included when its own
+    bit is set), from the operations each program dispatched at run time
+    (``TileLoad.dispatched``: registers added, an IDMA's rows as DMAs) or, without
+    them, from its instructions. A GEMM with fields from registers (an attention loop's
+    page, read at run time) writes accumulator entries only; any other operation whose
+    fields come from registers, and an IDMA, need the dispatched operations
+    (ValueError)."""
+    writes: dict[int, set[int]] = {t: set() for t in loads}
+    for tile, load in loads.items():
+        ops = load.dispatched
+        if ops is None:
+            ops = [decode(word) for word in load.instructions]
+        after_with = False
+        for op, fields in ops:
+            dynamic, after_with = after_with, op == Opcode.WITH
+            if op == Opcode.IDMA:
+                raise ValueError(f"tile {tile}: an IDMA's rows come from its index table; "
+                                 "its writes need the operations it dispatched")
+            if op not in _ENGINES or op == Opcode.GEMM:  # a GEMM writes the accumulator
+                continue
+            if dynamic:
+                raise ValueError(f"tile {tile}: a {op.name} with fields from registers "
+                                 "needs the operations it dispatched")
+            put = {a for a in accesses(op, fields, n)[1] if a < _ACC}
+            if op == Opcode.DMA and dma_target(fields) == DmaTarget.TILES.value:
+                mask = fields["tiles"]
+                for bit in range(mask.bit_length()):
+                    x, y = bit % MASK_COLUMNS, bit // MASK_COLUMNS
+                    if mask >> bit & 1 and x < k and y < k:  # (the chip refuses others)
+                        writes.setdefault(y * k + x, set()).update(put)
+            else:
+                writes[tile] |= put
+    return writes
 
 
 def check_synchronisation(ops: Sequence[Op], n: int) -> None:

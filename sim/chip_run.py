@@ -133,7 +133,8 @@ def simulate_layer(config: ChipConfig, workload, layer: int, *, batch: int = 1,
     ``prefill_chunk``: prompt tokens per prefill step; ``moe_tokens``: tokens per MoE
     round (``config`` sized for them by :func:`chip_config`); ``weights``: the MoE
     layer's weights streamed from the memory channels or resident (written by the host before
-    each MoE round; None: ``compiler.chip.check_weights``'s default); the memory image
+    the first MoE round, and again where a round wrote over them; None:
+    ``compiler.chip.check_weights``'s default); the memory image
     is written once, before the first round. ``profile``: every so many cycles the
     harness notes each running tile's pc, in each round's ``pc_samples``
     (:mod:`sim.profile`)."""

@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from compiler.hazards import accesses, dma_target
+from compiler.hazards import accesses, round_writes
 from golden.ecc import Secded
-from spec.isa import MASK_COLUMNS, DmaTarget, Opcode, decode
+from spec.isa import Opcode, decode
 
 __all__ = ["FaultInjector", "FaultPlan", "round_targets"]
 
@@ -91,9 +91,9 @@ class FaultPlan:
 
 def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
     """Per tile of a round (``loads``: tile -> ``compiler.chip.TileLoad``): the scratchpad
-    words its program reads and nothing in the round writes, ascending."""
+    words its program reads and nothing in the round writes
+    (``compiler.hazards.round_writes``), ascending."""
     reads: dict[int, set[int]] = {t: set() for t in loads}
-    writes: dict[int, set[int]] = {t: set() for t in loads}
     for tile, load in loads.items():
         ops = load.dispatched
         if ops is None:
@@ -104,23 +104,9 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
             if op not in (Opcode.GEMM, Opcode.VEC, Opcode.DMA):
                 continue
             if dynamic:  # an attention loop's GEMM (a page from the page table, read
-                # at run time): its reads are not targets, its writes are accumulator
-                if op != Opcode.GEMM:
-                    raise ValueError(f"tile {tile}: a {op.name} with fields from "
-                                     "registers needs the operations it dispatched")
-                continue
-            got, put = accesses(op, fields, n)
-            reads[tile] |= {a for a in got if a < 1 << 20}  # not accumulator entries
-            if op == Opcode.DMA and dma_target(fields) == DmaTarget.LOAD.value:
-                writes[tile] |= put  # words from a memory channel into this tile
-            elif op == Opcode.DMA:
-                mask = fields["tiles"]
-                for bit in range(mask.bit_length()):
-                    x, y = bit % MASK_COLUMNS, bit // MASK_COLUMNS
-                    if mask >> bit & 1 and x < k and y < k:  # (the chip refuses others)
-                        writes.setdefault(y * k + x, set()).update(put)
-            else:
-                writes[tile] |= {a for a in put if a < 1 << 20}
+                continue  # at run time): its reads are not targets (round_writes checks)
+            reads[tile] |= {a for a in accesses(op, fields, n)[0] if a < 1 << 20}
+    writes = round_writes(loads, k, n)
     return {t: sorted(reads[t] - writes[t]) for t in loads}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from compiler.chip import first_programs
+from compiler.chip import HeldWords, first_programs
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
@@ -216,6 +216,9 @@ async def chip_layer(dut):
     await driver.load_tiles({t: (words, {}, []) for t, words in resident.items()})
     programs_once = {"words": sum(map(len, resident.values())),
                      "host_cycles": driver.host_cycles - began}
+    # The scratchpad words each tile still holds from the host: it writes the others.
+    # Under faults it writes every word (a held word may carry an injected flip).
+    holding = HeldWords(config)
     for index, rnd in enumerate(rounds):
         image = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
                  for c, words in rnd.memory.items()}
@@ -229,8 +232,10 @@ async def chip_layer(dut):
             held = resident.setdefault(t, {})
             programs[t] = {pc: w for pc, w in ld.image().items() if held.get(pc) != w}
             held.update(programs[t])
+        spad = ({t: ld.spad_writes for t, ld in rnd.loads.items()} if faults
+                else holding.load(rnd))
         began = driver.host_cycles
-        await driver.load_tiles({t: (programs[t], ld.spad_writes, ld.kv_requests)
+        await driver.load_tiles({t: (programs[t], spad[t], ld.kv_requests)
                                  for t, ld in rnd.loads.items()})
         host_cycles = {"load": driver.host_cycles - began}
         if faults:
@@ -244,6 +249,7 @@ async def chip_layer(dut):
             report(passed=False, rounds=out, programs_once=programs_once,
                    faults=faults.summary())
             return
+        holding.ran(rnd)
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
@@ -276,7 +282,7 @@ async def chip_layer(dut):
         assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words")
-        out.append(_round_record(rnd, run, flits, programs, host_cycles) | {
+        out.append(_round_record(rnd, run, flits, programs, spad, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
             "channel_reads": [c["reads"] for c in channels],
             **({"pc_samples": {t: sorted(c.items()) for t, c in run.pcs.items()}}
@@ -318,11 +324,11 @@ async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | Non
 
 
 def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
-                  host_cycles: dict[str, int]) -> dict:
+                  spad: dict[int, dict[int, int]], host_cycles: dict[str, int]) -> dict:
     """What the result says of a round: cycles, per-tile counters, work and traffic;
-    ``programs``, the instruction words the host wrote for it; ``host_cycles``, the
-    cycles the host port took to load the round (``load``) and read its outputs back
-    (``read``), measured by the harness."""
+    ``programs`` and ``spad``, the instruction and scratchpad words the host wrote for
+    it; ``host_cycles``, the cycles the host port took to load the round (``load``) and
+    read its outputs back (``read``), measured by the harness."""
     return {"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
             "tiles": {t: e.counters for t, e in run.tiles.items()},
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
@@ -333,7 +339,7 @@ def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
             # it, outside the round's cycles, and the host port's cycles for each.
             "host_words": {
                 "program": sum(map(len, programs.values())),
-                "scratchpad": sum(len(ld.spad_writes) for ld in rnd.loads.values()),
+                "scratchpad": sum(map(len, spad.values())),
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
                           for r in ld.kv_requests),
                 "output": sum(len(job.program.output_words) for job in rnd.jobs)},

@@ -106,12 +106,14 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         assert set(compare(expected, tmp_path / group / "rtl").values()) == {0}
 
 
-def test_programs_stay_resident_between_rounds_on_the_chip(seed):
+def test_programs_and_held_words_stay_between_rounds_on_the_chip(seed):
     """Three decode steps of tiny: the rounds run from where compiler.chip.place_programs
     puts their programs (a SKIP at pc 0), every output bit-exact; the host writes every
     phase's programs once, before the first round, and then per round pc 0 and the
     words that changed: the first round of a phase at most pc 0 of each tile, the last
-    step's two rounds under a tenth of their programs' words."""
+    step's two rounds under a tenth of their programs' words. Of the scratchpad words,
+    the host writes those the tiles do not hold (``compiler.chip.HeldWords``): every
+    word of the first round, fewer than its loads in the last MoE round."""
     rounds = layer_rounds(TINY, "tiny", 1, prefill=5, steps=3, seed=seed)
     result = simulate_layer(TINY, "tiny", 1, prefill=5, steps=3, rounds=rounds, seed=seed)
     once = first_programs(rounds)
@@ -126,6 +128,9 @@ def test_programs_stay_resident_between_rounds_on_the_chip(seed):
     assert written[0] == 0
     assert all(written[i] <= len(rounds[i].loads) for i in first.values()), written
     assert 0 < sum(written[-2:]) < sum(programs[-2:]) / 10, (written, programs)
+    spad = [r["host_words"]["scratchpad"] for r in result["rounds"]]
+    loads = [sum(len(load.spad_writes) for load in r.loads.values()) for r in rounds]
+    assert spad[0] == loads[0] and 0 < spad[-1] < loads[-1], (spad, loads)
 
 
 def test_decode_attention_hands_its_outputs_over_the_mesh(seed):

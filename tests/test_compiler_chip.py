@@ -13,6 +13,7 @@ import pytest
 from compiler.chip import (
     PLACEMENTS,
     SEM_HANDOFF,
+    HeldWords,
     agent_schedule,
     attention_rounds,
     chunked,
@@ -33,11 +34,14 @@ from spec.isa import DmaTarget, Opcode, decode, encode
 from spec.memory import nearest_channel
 
 
-def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
+def run_rounds(config: ChipConfig, rounds, resident: bool = False,
+               held: HeldWords | None = None) -> int:
     """Every round on a fresh chip model holding the pages so far (and the memory image
     in its channels); returns the words the striped DMAs moved. Asserts each job's output
     equals golden. ``resident``: each tile runs its instruction memory from pc 0 as the
-    rounds' images (``TileLoad.image``) leave it, not the round's program alone."""
+    rounds' images (``TileLoad.image``) leave it, not the round's program alone.
+    ``held``: the host writes only the scratchpad words it lets through, and every
+    word it holds back must be in the tile already."""
     cfg = config.tile
     chip = ChipModel(config.k, n=cfg.n, spad_words=cfg.spad_words, acc_depth=cfg.acc_depth,
                      slots=cfg.slots, memory_channels=len(config.memory_nodes),
@@ -47,9 +51,13 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
     for rnd in rounds:
         for channel, image in rnd.memory.items():
             chip.channels[channel].update(image)
+        writes = held.load(rnd) if held else {t: ld.spad_writes for t, ld in rnd.loads.items()}
         for tile, load in rnd.loads.items():
             model = chip.tiles[tile]
             for address, word in load.spad_writes.items():
+                assert address in writes[tile] or model.spad[address] == word, (
+                    f"{rnd.phase} round: tile {tile} no longer holds word {address}")
+            for address, word in writes[tile].items():
                 model.spad[address] = word
         for job in rnd.jobs:
             if rnd.loads[job.tile].kv_requests:  # local: the appends fill the pages
@@ -65,6 +73,8 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False) -> int:
                 programs[t] = [memory[t].get(pc, encode(Opcode.HALT))
                                for pc in range(max(memory[t]) + 1)]
         chip.run(programs)
+        if held:
+            held.ran(rnd)
         for job in rnd.jobs:
             got = job.program.read_output(chip.tiles[job.tile].spad.__getitem__)
             np.testing.assert_array_equal(got, job.expected)
@@ -153,6 +163,35 @@ def test_decode_attention_hands_its_outputs_to_the_moe_round(placement):
         else:
             assert not any(_hand_offs(load)[0] for load in r.loads.values())
     run_rounds(config, rounds, resident=True)
+
+
+@pytest.mark.parametrize("weights", ["streamed", "resident"])
+def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
+    """gpt-oss, 2 sequences, two decode steps, run round after round on the chip's
+    functional model with the host writing only what ``HeldWords`` lets through: every
+    word held back is still in its tile and every output is golden's. The prefill's
+    second MoE round writes less than its loads (its constants stay), the second decode
+    step's MoE round under a fifth (its token rows); with resident weights, which no
+    attention round writes over, under a tenth and a hundredth. Every attention round
+    writes all of its words (each step's queries, and constants the MoE rounds wrote
+    over)."""
+    config = chip_config("gpt-oss", k=2, n=8)
+    rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=32, context=40, steps=2,
+                          weights=weights)
+    run_rounds(config, rounds, resident=True, held=HeldWords(config))
+    host, written = HeldWords(config), []
+    for r in rounds:
+        written.append((r.phase, sum(map(len, host.load(r).values())),
+                        sum(len(load.spad_writes) for load in r.loads.values())))
+        host.ran(r)
+    phases = [phase for phase, *_ in written]
+    assert phases == ["prefill", *["prefill-moe"] * 2, *["decode", "decode-moe"] * 2], written
+    assert written[0][1] == written[0][2] and written[1][1] == written[1][2]
+    # The second MoE round of the prefill and of the decode steps: new tokens only.
+    share = {"streamed": (1, 1 / 5), "resident": (1 / 10, 1 / 100)}[weights]
+    for i, most in zip((2, 6), share, strict=True):
+        assert 0 < written[i][1] < written[i][2] * most, written
+    assert all(wrote == loads for phase, wrote, loads in written if phase == "decode")
 
 
 def test_no_hand_off_where_the_moe_round_cannot_take_it():
