@@ -317,6 +317,9 @@ def _host_line(metrics: dict) -> str:
                           for kind, name in (("program", "changed program words"),
                                              ("scratchpad", "scratchpad words"),
                                              ("kv", "KV appends")))
+        setup = metrics.get(f"chip__{phase}__host_kv_setup_bytes", 0)
+        if setup:
+            kinds += f", of which {setup:,} set up the context the run starts from"
         parts.append(f"{label} {metrics[f'chip__{phase}__host_bytes']:,} B in ({kinds}), "
                      f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
                      f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")

@@ -98,16 +98,21 @@ class Job:
     #: Outputs the integer model clamped to int8 while computing ``expected`` (the MoE
     #: layer's intermediate requantisations included).
     saturation: Saturation = field(default_factory=Saturation)
+    #: Tokens the step adds to the job's sequence: the host's KV appends of older tokens
+    #: set up a context the run starts from (:attr:`TileLoad.kv_setup`).
+    new_tokens: int = 0
 
 
 @dataclass
 class TileLoad:
     """What the host gives one tile before a round: program words, scratchpad words,
-    KV requests. ``dispatched``: for a program whose work depends on data (registers,
-    loops, indexed DMA), the GEMM, VEC and DMA operations it dispatches at run time,
-    as the chip's functional model ran it (registers added, an IDMA's rows as DMAs);
-    ``None`` when its instructions say it. ``looped``: instructions its loops run
-    beyond the program's length (what the simulation's time limit allows for)."""
+    KV requests (``kv_setup`` of its APPENDs are of tokens older than the step's own: a
+    context the run starts from, which no earlier round appended). ``dispatched``: for
+    a program whose work depends on data (registers, loops, indexed DMA), the GEMM, VEC
+    and DMA operations it dispatches at run time, as the chip's functional model ran it
+    (registers added, an IDMA's rows as DMAs); ``None`` when its instructions say it.
+    ``looped``: instructions its loops run beyond the program's length (what the
+    simulation's time limit allows for)."""
 
     instructions: list[int]
     spad_writes: dict[int, int]
@@ -116,6 +121,7 @@ class TileLoad:
     looped: int = 0
     #: Where the program sits in the instruction memory (:func:`place_programs`).
     base: int = 0
+    kv_setup: int = 0
 
     def image(self) -> dict[int, int]:
         """The instruction memory's words the round needs, {pc: word}: the program at
@@ -198,9 +204,11 @@ class _Tiles:
         self.appended.pop((tile, first_row), None)
         return [{"op": KvOp.RESET, "seq": row} for row in (first_row, first_row + 1)]
 
-    def kv_requests(self, tile: int, program: TileProgram, k, v) -> list[dict]:
-        """MAPs of new block-table entries and APPENDs of new tokens (local placement)."""
-        out = []
+    def kv_requests(self, tile: int, program: TileProgram, k, v,
+                    new: int) -> tuple[list[dict], int]:
+        """MAPs of new block-table entries and APPENDs of new tokens (local placement),
+        and how many of the APPENDs are of tokens before the step's ``new`` last ones."""
+        out, setup = [], 0
         for seq, index, phys in program.kv_map:
             known = self.mapped.get((tile, seq, index))
             if known is None:
@@ -211,10 +219,12 @@ class _Tiles:
                                  f"page {known} to {phys} as the context grew")
         key = (tile, program.kv.first_row)
         for t in range(self.appended.get(key, 0), k.shape[0]):
-            out += [{"op": KvOp.APPEND, "seq": s, "word": w, "data": d, "last": int(last)}
-                    for s, w, d, last in program.kv.token_appends(k[t], v[t])]
+            appends = [{"op": KvOp.APPEND, "seq": s, "word": w, "data": d, "last": int(last)}
+                       for s, w, d, last in program.kv.token_appends(k[t], v[t])]
+            out += appends
+            setup += len(appends) if t < k.shape[0] - new else 0
         self.appended[key] = k.shape[0]
-        return out
+        return out, setup
 
 
 def _job_layer(layer: AttentionLayer, g: int) -> AttentionLayer:
@@ -312,7 +322,9 @@ class LocalPlacement(Placement):
         load = rnd.loads[job.tile]
         if evict:
             load.kv_requests += tiles.evict(job.tile, job.program.kv.first_row)
-        load.kv_requests += tiles.kv_requests(job.tile, job.program, k, v)
+        requests, setup = tiles.kv_requests(job.tile, job.program, k, v, job.new_tokens)
+        load.kv_requests += requests
+        load.kv_setup += setup
 
 
 class StripedPlacement(Placement):
@@ -603,7 +615,8 @@ class _Batch:
             expected = attention_decode(*args, window=window, sinks=sinks,
                                         saturation=saturation)
             reference = attention_decode_float(*args, window=window, sinks=sinks)
-        job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation)
+        new = {"prefill": length, "extend": length - before}.get(phase, 1)
+        job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation, new)
         return job, kk, vv
 
 

@@ -342,6 +342,7 @@ def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
                 "scratchpad": sum(map(len, spad.values())),
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
                           for r in ld.kv_requests),
+                "kv_setup": sum(ld.kv_setup for ld in rnd.loads.values()),
                 "output": sum(len(job.program.output_words) for job in rnd.jobs)},
             "host_cycles": host_cycles,
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",

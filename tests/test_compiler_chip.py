@@ -94,6 +94,21 @@ def test_tiny_batch_on_2x2_is_exact(placement):
     assert (moved > 0) == (placement == "striped")
 
 
+def test_kv_appends_of_a_context_the_run_starts_from_are_set_up():
+    """Local placement, a 5-token prefill and two decode steps from context 9: the first
+    decode step's KV appends are of tokens 5 to 9, all but its own token set-up
+    (``TileLoad.kv_setup``); the prefill's and the second step's are their own."""
+    config = chip_config("tiny", k=2)
+    rounds = attention_rounds(config, "tiny", 1, prefill=5, context=9, steps=2)
+    assert [(r.phase, r.contexts) for r in rounds] == [
+        ("prefill", (5,)), ("decode", (10,)), ("decode", (11,))]
+    for r, older in zip(rounds, (0, 4, 0), strict=True):
+        for load in r.loads.values():
+            appends = sum(q["op"] == KvOp.APPEND for q in load.kv_requests)
+            tokens = {"prefill": 5, "decode": 5 if older else 1}[r.phase]
+            assert appends and load.kv_setup * tokens == appends * older, (r.phase, load)
+
+
 def test_far_placement_loads_every_page_from_its_channel():
     """Far: each job's program starts with a memory load of every page of its K and V
     rows from the channel of its tile's row, then one WAIT; the same pages keep their
