@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from compiler.chip import TileLoad
+from compiler.hazards import round_writes
+from golden.vector_model import VectorOpcode as VOP
 from sim.faults import FaultInjector, FaultPlan, round_targets
-from spec.isa import Opcode, encode, tile_bit
+from spec.isa import DmaTarget, Opcode, VecDst, encode, tile_bit
 
 
 @pytest.mark.parametrize(("text", "single", "double"), [
@@ -49,6 +51,35 @@ def test_targets_are_read_and_never_written_in_the_round():
     assert targets[0] == [10, 11]
     # Tile 1 reads 40..41 and 20; 20..23 arrive from tile 0.
     assert targets[1] == [40, 41]
+
+
+def test_round_writes_are_every_destination_a_round_writes():
+    """compiler.hazards.round_writes, which the targets and the host's held words read:
+    a VEC's scratchpad rows (strided), a memory LOAD's words on its own tile, a tile
+    DMA's on every tile of its mask; no word for a GEMM (the accumulator), a memory
+    STORE or a VEC into entries. An IDMA, or a VEC with fields from registers, needs
+    the operations dispatched."""
+    vec = dict(op=int(VOP.ADD), rows=2, beats=3, a=0, b=0)
+    loads = {
+        0: _load(encode(Opcode.VEC, dst=100, dst_kind=VecDst.SPAD, dst_stride=8, **vec),
+                 encode(Opcode.VEC, dst=5, dst_kind=VecDst.TILE, **vec),
+                 encode(Opcode.GEMM, a=0, b=0, c=0, m=8, k=8, p=8),
+                 encode(Opcode.DMA, target=DmaTarget.LOAD, channel=0, mem_addr=9, dst=300,
+                        length=2),
+                 encode(Opcode.DMA, target=DmaTarget.STORE, channel=0, src=0, length=4),
+                 encode(Opcode.DMA, src=0, dst=400, length=2,
+                        tiles=tile_bit(0, 0) | tile_bit(1, 1))),
+        1: _load(encode(Opcode.DMA, src=0, dst=500, length=1, tiles=tile_bit(0, 0))),
+    }
+    writes = round_writes(loads, 2, 8)
+    assert writes == {0: {100, 101, 102, 108, 109, 110, 300, 301, 400, 401, 500},
+                      1: set(), 3: {400, 401}}
+    idma = _load(encode(Opcode.IDMA, src=0, dst=0, table=0, count=1, row=1))
+    with pytest.raises(ValueError, match="IDMA's rows come from its index table"):
+        round_writes({0: idma}, 2, 8)
+    dynamic = _load(encode(Opcode.WITH), encode(Opcode.VEC, dst=0, dst_kind=VecDst.SPAD, **vec))
+    with pytest.raises(ValueError, match="fields from registers"):
+        round_writes({0: dynamic}, 2, 8)
 
 
 def test_faults_are_drawn_per_target_word_with_distinct_bits():
