@@ -31,7 +31,8 @@ from golden.vector_model import VectorOpcode as VOP
 from spec.config import ceil_div
 from spec.isa import MASK_COLUMNS, DmaTarget, Opcode, VecDst, decode
 
-__all__ = ["accesses", "check_synchronisation", "executed_ops", "round_writes"]
+__all__ = ["accesses", "check_synchronisation", "executed_ops", "load_ops",
+           "round_writes"]
 
 _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
 _REGISTER_OPCODES = (Opcode.SET, Opcode.ADD, Opcode.LOOP, Opcode.SKIP, Opcode.WITH)
@@ -107,6 +108,20 @@ def dma_target(f: dict) -> int:
     return target.value if isinstance(target, DmaTarget) else int(target)
 
 
+def load_ops(load) -> list[tuple[Opcode, dict, bool]]:
+    """A tile's operations in a round (``load``: a ``compiler.chip.TileLoad``): those it
+    dispatched at run time when known (``load.dispatched``), else its instructions
+    decoded; each with whether its fields come from registers (it follows a WITH)."""
+    ops = load.dispatched
+    if ops is None:
+        ops = [decode(word) for word in load.instructions]
+    out, after_with = [], False
+    for op, fields in ops:
+        out.append((op, fields, after_with))
+        after_with = op == Opcode.WITH
+    return out
+
+
 def round_writes(loads: dict, k: int, n: int) -> dict[int, set[int]]:
     """Per tile of a k x k chip, the scratchpad words a round's programs write (``loads``:
     tile -> ``compiler.chip.TileLoad``): its VEC and memory-LOAD destinations and every
@@ -119,12 +134,7 @@ def round_writes(loads: dict, k: int, n: int) -> dict[int, set[int]]:
     (ValueError)."""
     writes: dict[int, set[int]] = {t: set() for t in loads}
     for tile, load in loads.items():
-        ops = load.dispatched
-        if ops is None:
-            ops = [decode(word) for word in load.instructions]
-        after_with = False
-        for op, fields in ops:
-            dynamic, after_with = after_with, op == Opcode.WITH
+        for op, fields, dynamic in load_ops(load):
             if op == Opcode.IDMA:
                 raise ValueError(f"tile {tile}: an IDMA's rows come from its index table; "
                                  "its writes need the operations it dispatched")

@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from compiler.hazards import accesses, round_writes
+from compiler.hazards import accesses, load_ops, round_writes
 from golden.ecc import Secded
-from spec.isa import Opcode, decode
+from spec.isa import Opcode
 
 __all__ = ["FaultInjector", "FaultPlan", "round_targets"]
 
@@ -95,12 +95,7 @@ def round_targets(loads: dict, k: int, n: int) -> dict[int, list[int]]:
     (``compiler.hazards.round_writes``), ascending."""
     reads: dict[int, set[int]] = {t: set() for t in loads}
     for tile, load in loads.items():
-        ops = load.dispatched
-        if ops is None:
-            ops = [decode(word) for word in load.instructions]
-        after_with = False
-        for op, fields in ops:
-            dynamic, after_with = after_with, op == Opcode.WITH
+        for op, fields, dynamic in load_ops(load):
             if op not in (Opcode.GEMM, Opcode.VEC, Opcode.DMA):
                 continue
             if dynamic:  # an attention loop's GEMM (a page from the page table, read
