@@ -90,7 +90,7 @@ def test_tiny_batch_on_2x2_is_exact(placement):
                               placement=placement)
     # 3 sequences x 2 KV heads = 6 jobs on 4 tiles: two rounds per phase step.
     assert [r.phase for r in rounds] == ["prefill"] * 2 + ["decode"] * 4
-    moved = run_rounds(config, rounds)
+    moved = run_rounds(config, rounds, held=HeldWords(config))
     assert (moved > 0) == (placement == "striped")
 
 
@@ -158,7 +158,7 @@ def test_decode_attention_hands_its_outputs_to_the_moe_round(placement):
     (``handoff_at``), to every other tile, and waits for the other three jobs'; the host
     writes none of those words before the MoE round. Run round after round on the
     chip's functional model, every output is golden's (the MoE round's too: its input
-    came over the mesh)."""
+    came over the mesh), the host writing only the words a tile does not hold."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=8, context=40, steps=2,
                           placement=placement)
@@ -177,7 +177,7 @@ def test_decode_attention_hands_its_outputs_to_the_moe_round(placement):
             assert not any(set(load.spad_writes) & set(region) for load in r.loads.values())
         else:
             assert not any(_hand_offs(load)[0] for load in r.loads.values())
-    run_rounds(config, rounds, resident=True)
+    run_rounds(config, rounds, resident=True, held=HeldWords(config))
 
 
 @pytest.mark.parametrize("weights", ["streamed", "resident"])
