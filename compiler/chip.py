@@ -518,6 +518,13 @@ def _cached_contexts(schedule: list[Step], batch: int) -> list[tuple[int, ...]]:
     return cached
 
 
+def _new_tokens(phase: str, length: int, before: int) -> int:
+    """Tokens a step of ``phase`` adds to a sequence of ``length`` tokens after it,
+    ``before`` cached: a prefill all of them, an extend those past the cache, a decode
+    one."""
+    return {"prefill": length, "extend": length - before, "decode": 1}[phase]
+
+
 class _Batch:
     """A batch's attention layer on the chip: its sequences' tensors, the jobs' tiles
     and KV bookkeeping, and one :class:`ChipRound` per (step, job slot)."""
@@ -554,10 +561,10 @@ class _Batch:
         self.placement.finish(self.chip, build)
         if phase == "decode" and self.handoff is not None:
             self._hand_off(jobs, build.loads)
-        tokens = {"prefill": lengths[0], "extend": lengths[0] - before[0], "decode": 1}
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network,
-                        tokens=tokens[phase], workloads=[wl for wl, *_ in self.data],
-                        memory=build.memory, memory_words=build.memory_words)
+                        tokens=_new_tokens(phase, lengths[0], before[0]),
+                        workloads=[wl for wl, *_ in self.data], memory=build.memory,
+                        memory_words=build.memory_words)
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -615,8 +622,8 @@ class _Batch:
             expected = attention_decode(*args, window=window, sinks=sinks,
                                         saturation=saturation)
             reference = attention_decode_float(*args, window=window, sinks=sinks)
-        new = {"prefill": length, "extend": length - before}.get(phase, 1)
-        job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation, new)
+        job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation,
+                  _new_tokens(phase, length, before))
         return job, kk, vv
 
 

@@ -218,7 +218,7 @@ async def chip_layer(dut):
                      "host_cycles": driver.host_cycles - began}
     # The scratchpad words each tile still holds from the host: it writes the others.
     # Under faults it writes every word (a held word may carry an injected flip).
-    holding = HeldWords(config)
+    holding = None if faults else HeldWords(config)
     for index, rnd in enumerate(rounds):
         image = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
                  for c, words in rnd.memory.items()}
@@ -232,8 +232,8 @@ async def chip_layer(dut):
             held = resident.setdefault(t, {})
             programs[t] = {pc: w for pc, w in ld.image().items() if held.get(pc) != w}
             held.update(programs[t])
-        spad = ({t: ld.spad_writes for t, ld in rnd.loads.items()} if faults
-                else holding.load(rnd))
+        spad = (holding.load(rnd) if holding
+                else {t: ld.spad_writes for t, ld in rnd.loads.items()})
         began = driver.host_cycles
         await driver.load_tiles({t: (programs[t], spad[t], ld.kv_requests)
                                  for t, ld in rnd.loads.items()})
@@ -249,7 +249,8 @@ async def chip_layer(dut):
             report(passed=False, rounds=out, programs_once=programs_once,
                    faults=faults.summary())
             return
-        holding.ran(rnd)
+        if holding:
+            holding.ran(rnd)
         for t, e in run.tiles.items():
             assert e.error == ErrorCode.NONE, f"round {index}: tile {t} {e.error.name} at pc {e.pc}"
             assert e.engine_error == 0, f"round {index}: tile {t} engine errors {e.engine_error:#b}"
