@@ -124,6 +124,7 @@ class _Chunk:
     steps: list[_Step] = field(default_factory=list)
     q_addr: int = 0
     out_addr: int = 0
+    out_stride: int = 0  # words from one row's outputs to the next row's
     sink_entry: int = 0
 
     @property
@@ -237,12 +238,12 @@ def _prefill_head_chunks(layer: AttentionLayer, q: np.ndarray, rmax: int, first:
 
 @dataclass(frozen=True)
 class HandOff:
-    """Where a program's outputs go when they are done: one DMA of them (row after
-    row, at the same address) to ``tiles`` (a DMA mask), raising ``semaphore`` there;
-    then the program waits for ``incoming`` such arrivals from other tiles' programs
-    before it halts, so that every output is in place when the round ends. ``region``
-    (words [lo, hi)) holds every program's outputs: no other region of the program
-    is placed there, where the others' arrive."""
+    """Where a program's outputs go when they are done: a DMA of each token's outputs
+    (its heads' rows, at the same address) to ``tiles`` (a DMA mask), raising
+    ``semaphore`` there; then the program waits for ``incoming`` such arrivals from
+    other tiles' programs before it halts, so that every output is in place when the
+    round ends. ``region`` (words [lo, hi)) holds every program's outputs: no other
+    region of the program is placed there, where the others' arrive."""
 
     tiles: int
     semaphore: int
@@ -297,19 +298,25 @@ def _sink_digits(rows: list[np.ndarray]) -> list[np.ndarray]:
 
 def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
                 lanes: int, pv_double: bool, table_words: int = 0,
-                out_at: int | None = None, keep: tuple[int, int] | None = None) -> _Map:
+                out_at: int | None = None, keep: tuple[int, int] | None = None,
+                token_words: int | None = None) -> _Map:
     n, rmax = config.n, max(c.rows for c in chunks)
     nb, dq = ceil_div(layer.page_size, n), ceil_div(layer.head_dim, n)
     dvc = ceil_div(layer.v_head_dim, n)
-    # The outputs, row after row (a row's ⌈dv⌉ words consecutive), from ``out_at`` when
-    # given (where another round reads them), else anywhere; no other region in them or
-    # in ``keep`` (words [lo, hi) below the KV pages that others' outputs arrive in).
+    # The outputs: from ``out_at`` when given (where another round reads them), output
+    # (t, h) at word out_at + t·token_words + h·⌈dv⌉ (by default the tokens one after
+    # another); else anywhere, a chunk's rows one after another. No other region in
+    # them or in ``keep`` (words [lo, hi) below the KV pages that others' outputs
+    # arrive in).
     out_words = dvc * sum(c.rows for c in chunks)
     free = [(0, config.kv_start), (config.kv_end, config.spad_words)]
     if out_at is not None:
-        lo, hi = keep or (out_at, out_at + out_words)
-        if not 0 <= lo <= out_at <= out_at + out_words <= hi <= config.kv_start:
-            raise ValueError(f"the outputs' {out_words} words from {out_at} are not within "
+        token_words = layer.heads * dvc if token_words is None else token_words
+        tokens = 1 + max(t for c in chunks for t, _ in c.targets)
+        end = out_at + (tokens - 1) * token_words + layer.heads * dvc
+        lo, hi = keep or (out_at, end)
+        if not 0 <= lo <= out_at <= end <= hi <= config.kv_start:
+            raise ValueError(f"the outputs' words {out_at}..{end - 1} are not within "
                              f"words {lo}..{hi - 1}, below the KV pages (word "
                              f"{config.kv_start})")
         free = [(0, lo), (hi, config.kv_start), free[1]]
@@ -323,9 +330,20 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
     a_bank = config.banks // 2
     for c in chunks:
         c.q_addr = spad.take(dq * c.rows, "the queries", bank=a_bank)
-    at = spad.take(out_words, "the outputs") if out_at is None else out_at
-    for c in chunks:
-        c.out_addr, at = at, at + dvc * c.rows
+    if out_at is None:
+        at = spad.take(out_words, "the outputs")
+        for c in chunks:
+            c.out_addr, c.out_stride, at = at, dvc, at + dvc * c.rows
+    else:
+        for c in chunks:
+            places = [out_at + t * token_words + h * dvc for t, h in c.targets]
+            c.out_addr = places[0]
+            c.out_stride = places[1] - places[0] if c.rows > 1 else dvc
+            if places != list(range(c.out_addr, c.out_addr + c.rows * c.out_stride,
+                                    c.out_stride)) or not 0 < c.out_stride < 1 << 7:
+                raise ValueError(f"the outputs of a chunk of {c.rows} rows are not rows "
+                                 f"1..127 words apart from word {out_at} ({token_words} "
+                                 "words a token)")
 
     def per_block(take, size: int, what: str, double: bool = True) -> list[list[int]]:
         """[lane][parity] regions (one per lane, used for both parities, if not double)."""
@@ -419,11 +437,18 @@ class _Pipeline:
                 self.pv_gemm(g, r)
         self.bounds.append(len(self.e.ops))
         self.rescale(self.rounds - 1)
-        if self.hand_off is not None:
+        if self.hand_off is not None:  # a DMA of each token's outputs (its heads')
             h, e = self.hand_off, self.e
-            start = self.chunks[0].out_addr
-            e.dma(src=start, dst=start, length=self.dvc * sum(c.rows for c in self.chunks),
-                  tiles=h.tiles, remote_signal=1, remote_semaphore=h.semaphore)
+            tokens: dict[int, list[int]] = {}
+            for c in self.chunks:
+                for r, (t, _) in enumerate(c.targets):
+                    tokens.setdefault(t, []).append(c.out_addr + r * c.out_stride)
+            for _, rows in sorted(tokens.items()):
+                start = min(rows)
+                assert sorted(rows) == list(range(start, start + len(rows) * self.dvc,
+                                                  self.dvc)), "a token's outputs are apart"
+                e.dma(src=start, dst=start, length=self.dvc * len(rows), tiles=h.tiles,
+                      remote_signal=1, remote_semaphore=h.semaphore)
             e.wait_arrivals(h.semaphore, h.incoming)
         return self.e.halt()
 
@@ -525,7 +550,7 @@ class _Pipeline:
             end = [divide,
                    lambda: e.vec(VOP.REQUANT, rows, dvc, acc, mult=layer.out_mult,
                                  shift=layer.out_shift, dst=c.out_addr, dst_kind=VecDst.SPAD,
-                                 dst_stride=dvc,
+                                 dst_stride=c.out_stride,
                                  pack=VecPack.BYTE, lo=0, hi=layer.v_head_dim)]
         return ops, end
 
@@ -683,10 +708,12 @@ def _fewer_rows(rows: int, n: int) -> int:
 def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
            k: np.ndarray, v: np.ndarray, output_shape: tuple[int, ...],
            allocator: PageAllocator | None, first_row: int, loops: bool | None,
-           out_at: int | None = None, hand_off: HandOff | None = None) -> TileProgram:
+           out_at: int | None = None, hand_off: HandOff | None = None,
+           token_words: int | None = None) -> TileProgram:
     """``plan(rows)``: the chunks (with their steps) for chunks of at most ``rows`` rows.
     Chunks get as many rows as the slots allow, fewer if their buffers do not fit the
-    accumulator memory."""
+    accumulator memory. ``out_at``, ``token_words``: where the outputs go
+    (:func:`_memory_map`)."""
     n = config.n
     dq, dvc = ceil_div(layer.head_dim, n), ceil_div(layer.v_head_dim, n)
     rows = _check_fit(config, layer)
@@ -700,7 +727,7 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
         for lanes, pv_double in layouts + [(1, True)]:
             try:
                 mp = _memory_map(config, layer, chunks, lanes, pv_double, out_at=out_at,
-                                 keep=keep)
+                                 keep=keep, token_words=token_words)
                 break
             except MemoryFull as error:
                 if lanes == 1 and error.memory == "scratchpad":
@@ -727,7 +754,8 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
     blocks = ceil_div(k.shape[0], layer.page_size)
     if looped:  # the page table after every other region: their addresses stay
         mp = _memory_map(config, layer, chunks, mp.lanes, mp.pv_double,
-                         table_words=layer.kv_heads * blocks, out_at=out_at, keep=keep)
+                         table_words=layer.kv_heads * blocks, out_at=out_at, keep=keep,
+                         token_words=token_words)
     allocator = PageAllocator(config) if allocator is None else allocator
     kv = KvLayout.allocate(config, allocator, layer.kv_heads, layer.head_dim,
                            layer.v_head_dim, k.shape[0], first_row)
@@ -758,12 +786,12 @@ def _build(config: TileConfig, layer: AttentionLayer, kind: str, plan,
             for e_ in range(count):
                 writes[base + e_] = pack_word(digit[e_], n)
 
-    out_words = [c.out_addr + r * dvc + j for c in chunks for r in range(c.rows)
+    out_words = [c.out_addr + r * c.out_stride + j for c in chunks for r in range(c.rows)
                  for j in range(dvc)]
     dv = layer.v_head_dim
 
     reader = OutputRows(output_shape, n, dv, [
-        ((t, h), [c.out_addr + r * dvc + j for j in range(dvc)])
+        ((t, h), [c.out_addr + r * c.out_stride + j for j in range(dvc)])
         for c in chunks for r, (t, h) in enumerate(c.targets)])
 
     steps = sum(len(c.steps) for c in chunks)
@@ -793,13 +821,18 @@ def build_prefill(config: TileConfig, layer: AttentionLayer, q, k, v, *,
 
 def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
                  allocator: PageAllocator | None = None, first_row: int = 0,
-                 loops: bool | None = None) -> TileProgram:
+                 loops: bool | None = None, out_at: int | None = None,
+                 token_words: int | None = None,
+                 hand_off: HandOff | None = None) -> TileProgram:
     """Chunked prefill over a cached context: the last T of L tokens attend to all L.
     ``q`` (T, H, d) the queries of positions L - T .. L - 1; ``k`` (L, H_kv, d) and ``v``
     (L, H_kv, dv) every token so far. The output (T, H, dv) equals rows L - T .. L - 1 of
     ``attention_prefill`` of all L tokens (``block_keys=page_size``); with T = L it is
     :func:`build_prefill`. The host appends the tokens the cache does not hold yet
-    (``kv_appends`` lists all L; a caller that kept the cache sends only the new ones)."""
+    (``kv_appends`` lists all L; a caller that kept the cache sends only the new ones).
+    With ``out_at``, output (t, h) is at word ``out_at + t·token_words + h·⌈dv⌉``
+    (default ``token_words``: H·⌈dv⌉, token after token), handed to other tiles as
+    ``hand_off`` says."""
     q = np.asarray(q)
     tokens = q.shape[0] if q.ndim == 3 else 0
     if tokens < 1:
@@ -825,7 +858,8 @@ def build_extend(config: TileConfig, layer: AttentionLayer, q, k, v, *,
         return chunks
 
     return _build(config, layer, "prefill" if first == 0 else "extend", plan, k, v,
-                  (tokens, layer.heads, layer.v_head_dim), allocator, first_row, loops)
+                  (tokens, layer.heads, layer.v_head_dim), allocator, first_row, loops,
+                  out_at, hand_off, token_words)
 
 
 def build_decode(config: TileConfig, layer: AttentionLayer, q, k, v, *,

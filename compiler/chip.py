@@ -432,10 +432,25 @@ def chunked(schedule: list[Step], chunk: int = PREFILL_CHUNK) -> list[Step]:
 
 
 def handoff_at(chip: ChipConfig, wcfg: WorkloadConfig, tokens: int) -> int:
-    """Where a decode step's attention outputs wait for its MoE round on every tile:
-    ``tokens`` rows of H·d_v channels, row after row (⌈H·d_v⌉ words each), just below
-    the KV pages."""
+    """Where a step's attention outputs wait for its MoE round on every tile: ``tokens``
+    rows of H·d_v channels, row after row (⌈H·d_v⌉ words each), just below the KV
+    pages."""
     return chip.tile.kv_start - tokens * ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
+
+
+def _handoff_region(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
+                    tokens: int) -> int | None:
+    """Where a step that adds ``tokens`` to each of ``batch`` sequences hands its
+    attention outputs over (:func:`handoff_at`), or None, the host writing them: no
+    hand-off (``most`` None), more tokens than the one MoE round of at most ``most``
+    that reads them takes, or a prefill's rows of a head further apart than a VEC's
+    row stride reaches."""
+    if most is None or batch * tokens > most:
+        return None
+    row = ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
+    if tokens > 1 and row >= 1 << 7:
+        return None
+    return handoff_at(chip, wcfg, batch * tokens)
 
 
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
@@ -444,14 +459,15 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                      placement: str = "local", seed: int = 1,
                      schedule: list[Step] | None = None,
                      prefill_chunk: int = PREFILL_CHUNK,
-                     handoff: bool = False) -> list[ChipRound]:
+                     handoff: int | None = None) -> list[ChipRound]:
     """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
     then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
     or the steps of ``schedule`` (see :func:`agent_schedule`); a step that adds more
     than ``prefill_chunk`` tokens is prefilled in chunks (:func:`chunked`). With
-    ``handoff``, a decode step's jobs hand their outputs to every tile at
-    :func:`handoff_at` (row s the step's token of sequence s), where the MoE round that
-    follows reads them. Raises ValueError for a placement, shape or capacity the chip
+    ``handoff`` (the most tokens the MoE round that follows a step takes), the jobs of a
+    step that adds at most that many tokens hand their outputs to every tile at
+    :func:`handoff_at` (row s·T + t token t of the T each sequence s adds), where that
+    round reads them. Raises ValueError for a placement, shape or capacity the chip
     cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
@@ -491,7 +507,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"{placement} placement): a shorter context, a smaller batch or "
                          "--moe off (no room kept for the MoE layer) fit more")
     batch_ = _Batch(chip, wcfg, layer, batch_workloads(wcfg, batch, max(longest, 1), seed),
-                    PLACEMENTS[placement], handoff_at(chip, wcfg, batch) if handoff else None)
+                    PLACEMENTS[placement], handoff)
     return [batch_.round(phase, lengths, before, slot, evict)
             for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
             for slot in range(batch_.slots)]
@@ -531,7 +547,7 @@ class _Batch:
 
     def __init__(self, chip: ChipConfig, wcfg: WorkloadConfig, layer: int,
                  workloads: list[Workload], placement: Placement, handoff: int | None):
-        self.chip, self.layer, self.placement = chip, layer, placement
+        self.chip, self.wcfg, self.layer, self.placement = chip, wcfg, layer, placement
         self.handoff = handoff
         p = f"attn{layer}."
         self.data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
@@ -549,9 +565,11 @@ class _Batch:
         """Slot ``slot``'s jobs of one step: each tile's load, placed by the policy."""
         T = self.chip.tiles
         build, jobs = _RoundBuild(), []
+        tokens = _new_tokens(phase, lengths[0], before[0])
+        at = _handoff_region(self.chip, self.wcfg, self.handoff, len(lengths), tokens)
         for j in range(slot * T, min((slot + 1) * T, self.jobs_total)):
             s, g = divmod(j, self.kvh)
-            job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot)
+            job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot, at)
             jobs.append(job)
             load = build.loads.setdefault(job.tile, TileLoad([], {}, []))
             load.instructions = list(job.program.instructions)
@@ -559,10 +577,9 @@ class _Batch:
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
-        if phase == "decode" and self.handoff is not None:
-            self._hand_off(jobs, build.loads)
-        rnd = ChipRound(phase, lengths, build.loads, jobs, build.network,
-                        tokens=_new_tokens(phase, lengths[0], before[0]),
+        if at is not None:
+            self._hand_off(jobs, build.loads, tokens)
+        rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
                         workloads=[wl for wl, *_ in self.data], memory=build.memory,
                         memory_words=build.memory_words)
         for job in jobs:
@@ -572,21 +589,23 @@ class _Batch:
             rnd.summaries.append(summary.as_dict())
         return rnd
 
-    def _hand_off(self, jobs: list[Job], loads: dict[int, TileLoad]) -> None:
-        """A tile without a job in a decode round with hand-off waits for the jobs'
-        outputs (:class:`compiler.attention.HandOff`) before its HALT."""
+    def _hand_off(self, jobs: list[Job], loads: dict[int, TileLoad], tokens: int) -> None:
+        """A tile without a job in a round with hand-off waits for the jobs' outputs,
+        a DMA per job and token (:class:`compiler.attention.HandOff`), before its HALT."""
         busy = {job.tile for job in jobs}
         for t in range(self.chip.tiles):
             if t not in busy:  # none, or a striped owner's page sends only
                 load = loads.setdefault(t, TileLoad([encode(Opcode.HALT)], {}, []))
                 load.instructions = load.instructions[:-1] + [
-                    encode(Opcode.WAIT, semaphore=SEM_HANDOFF, count=len(jobs)),
+                    encode(Opcode.WAIT, semaphore=SEM_HANDOFF, count=len(jobs) * tokens),
                     encode(Opcode.HALT)]
 
     def _job(self, phase: str, s: int, g: int, tile: int, length: int, before: int,
-             slot: int) -> tuple[Job, np.ndarray, np.ndarray]:
+             slot: int, at: int | None) -> tuple[Job, np.ndarray, np.ndarray]:
         """Sequence ``s``'s KV head ``g`` on ``tile``: its program, golden output and
-        float64 twin; and its K and V so far."""
+        float64 twin; and its K and V so far. With ``at``, the outputs go to their heads'
+        places in rows s·T .. s·T + T - 1 of the step's hand-off region from there,
+        and to every other tile."""
         chip, full, scales, window = self.chip, self.full, self.scales, self.window
         wl, q, k, v = self.data[s]
         jl = _job_layer(full, g)
@@ -596,10 +615,23 @@ class _Batch:
         sinks = None if sinks is None else sinks[heads]
         saturation = Saturation()
         allocator = self.tiles.allocator(slot)
+        tokens = _new_tokens(phase, length, before)
+        place = {}
+        if at is not None:
+            row = ceil_div(full.heads * full.v_head_dim, chip.tile.n)
+            jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
+            place = {"out_at": at + s * tokens * row
+                     + g * full.group * ceil_div(full.v_head_dim, chip.tile.n),
+                     "hand_off": HandOff(sum(chip.mask(d) for d in range(chip.tiles)
+                                             if d != tile),
+                                         SEM_HANDOFF, (jobs - 1) * tokens,
+                                         (at, chip.tile.kv_start))}
         if phase != "decode":
-            first = before if phase == "extend" else 0
+            first = length - tokens
+            if at is not None:
+                place["token_words"] = row
             program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
-                                   allocator=allocator, first_row=2 * slot)
+                                   allocator=allocator, first_row=2 * slot, **place)
             args = (q[:length, heads], kk, vv, scales)
             expected = attention_prefill(*args, window=window, sinks=sinks,
                                          block_keys=chip.tile.page_size, first=first,
@@ -607,23 +639,15 @@ class _Batch:
             reference = attention_prefill_float(*args, window=window, sinks=sinks,
                                                 first=first)
         else:
-            out_at = hand_off = None
-            if self.handoff is not None:  # its heads' place in row s, to every other tile
-                dvc = ceil_div(full.v_head_dim, chip.tile.n)
-                out_at = self.handoff + (s * full.heads + g * full.group) * dvc
-                jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
-                hand_off = HandOff(sum(chip.mask(d) for d in range(chip.tiles) if d != tile),
-                                   SEM_HANDOFF, jobs - 1, (self.handoff, chip.tile.kv_start))
             program = build_decode(chip.tile, jl, q[length - 1, heads], kk, vv,
-                                   allocator=allocator, first_row=2 * slot, out_at=out_at,
-                                   hand_off=hand_off)
+                                   allocator=allocator, first_row=2 * slot, **place)
             cache, table = build_cache([kk], [vv], chip.tile.page_size)
             args = (q[length - 1, heads][None], cache, table, np.array([length]), scales)
             expected = attention_decode(*args, window=window, sinks=sinks,
                                         saturation=saturation)
             reference = attention_decode_float(*args, window=window, sinks=sinks)
         job = Job(s, g, tile, program, expected, wl, reference, scales.out, saturation,
-                  _new_tokens(phase, length, before))
+                  tokens)
         return job, kk, vv
 
 
@@ -896,19 +920,19 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
     computed on the home tile at the start of the MoE round (``golden.decoder``). A
-    decode step whose tokens make one sparse MoE round, of a workload whose heads'
-    outputs are whole words, has its attention jobs hand their outputs to every tile
+    step whose tokens make one sparse MoE round, of a workload whose heads' outputs are
+    whole words, has its attention jobs hand their outputs to every tile
     (:func:`handoff_at`; the host writes them otherwise)."""
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
     check_weights(weights, moe, chip)
-    # A decode step's tokens fit one sparse MoE round: its attention jobs hand their
+    # A step whose tokens fit one sparse MoE round: its attention jobs hand their
     # outputs to it on chip, when a head's outputs are whole words (their places in a
     # row of the MoE round's input).
     wcfg = get_workload(workload) if isinstance(workload, str) else workload
-    handoff = (moe == "sparse" and batch <= moe_tokens
-               and wcfg.v_head_dim % chip.tile.n == 0)
+    handoff = (moe_tokens if moe == "sparse" and wcfg.v_head_dim % chip.tile.n == 0
+               else None)
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule, prefill_chunk=prefill_chunk,
@@ -938,8 +962,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         rounds_ = ceil_div(x.shape[0], moe_tokens)
         chain = (MoeChain(rounds_) if rounds_ > 1 and moe == "sparse"
                  and check_weights(weights, moe, chip) == "streamed" else None)
-        at = (handoff_at(chip, rnd.workloads[0].config, x.shape[0])
-              if handoff and rnd.phase == "decode" else None)
+        at = _handoff_region(chip, wcfg, handoff, len(rnd.contexts), rnd.tokens)
         for offset in range(0, x.shape[0], moe_tokens):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],

@@ -152,31 +152,38 @@ def _hand_offs(load) -> tuple[list[dict], list[int]]:
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_decode_attention_hands_its_outputs_to_the_moe_round(placement):
-    """gpt-oss (heads of 32 channels, whole words), 2 sequences, sparse MoE: each decode
-    job ends with one DMA of its outputs, from where the MoE round reads them
-    (``handoff_at``), to every other tile, and waits for the other three jobs'; the host
-    writes none of those words before the MoE round. Run round after round on the
-    chip's functional model, every output is golden's (the MoE round's too: its input
-    came over the mesh), the host writing only the words a tile does not hold."""
+def test_attention_hands_its_outputs_to_the_moe_round(placement):
+    """gpt-oss (heads of 32 channels, whole words), 2 sequences, sparse MoE: each job
+    ends with a DMA of each of its tokens' outputs (its 8 heads', 32 words), from where
+    the MoE round reads them (``handoff_at``: row s·T + t), to every other tile, and
+    waits for the other three jobs'; the host writes none of those words before the MoE
+    round. The prefill's 8 tokens a sequence (16 rows) go over as the decode steps'
+    token (2 rows). Run round after round on the chip's functional model, every output
+    is golden's (the MoE rounds' too: their input came over the mesh), the host writing
+    only the words a tile does not hold."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=8, context=40, steps=2,
                           placement=placement)
-    region = range(handoff_at(config, get_workload("gpt-oss"), 2), config.tile.kv_start)
-    assert len(region) == 2 * 16 * 32 // 8  # two rows of 16 heads x 32 channels
+    rows = {"prefill": 16, "decode": 2}
+    regions = {phase: range(handoff_at(config, get_workload("gpt-oss"), n),
+                            config.tile.kv_start) for phase, n in rows.items()}
+    assert len(regions["decode"]) == 2 * 16 * 32 // 8  # two rows of 16 heads x 32 channels
+    assert [r.phase for r in rounds] == ["prefill", "prefill-moe",
+                                         *["decode", "decode-moe"] * 2]
     for r in rounds:
-        if r.phase == "decode":
+        phase = r.phase.removesuffix("-moe")
+        region, tokens = regions[phase], rows[phase] // 2
+        if r.phase in rows:
             assert len(r.jobs) == 4
             for t, load in r.loads.items():
                 sends, waits = _hand_offs(load)
                 assert [(f["src"] in region, f["dst"] == f["src"], f["length"], f["tiles"])
                         for f in sends] == [(True, True, 8 * 32 // 8, sum(
-                            config.mask(d) for d in range(4) if d != t))]
-                assert waits == [3]
-        elif r.phase == "decode-moe":
-            assert not any(set(load.spad_writes) & set(region) for load in r.loads.values())
+                            config.mask(d) for d in range(4) if d != t))] * tokens
+                assert len({f["src"] for f in sends}) == tokens
+                assert waits == [3 * tokens]
         else:
-            assert not any(_hand_offs(load)[0] for load in r.loads.values())
+            assert not any(set(load.spad_writes) & set(region) for load in r.loads.values())
     run_rounds(config, rounds, resident=True, held=HeldWords(config))
 
 
@@ -212,17 +219,23 @@ def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
 def test_no_hand_off_where_the_moe_round_cannot_take_it():
     """The host writes the attention outputs instead when a head's outputs are not whole
     words (tiny: 12 channels a head), when the MoE layer is dense-masked (it reads them
-    by token blocks), or when a decode step's tokens make more than one MoE round; a
-    dense round asked to read handed-off outputs is refused."""
+    by token blocks), or when a step's tokens make more than one MoE round (a prefill of
+    2 x 20 tokens, 32 a round; a decode step's 2 still go over), or when a prefill's
+    rows of a head are 128 words apart, past a VEC's row stride (16 heads of 64
+    channels); a dense round asked to read handed-off outputs is refused."""
     gpt = chip_config("gpt-oss", k=2, n=8)
-    cases = [(chip_config("tiny", k=2), "tiny", {}),
-             (gpt, "gpt-oss", {"moe": "dense"}),
-             (gpt, "gpt-oss", {"moe_tokens": 1})]
-    for config, workload, options in cases:
-        rounds = layer_rounds(config, workload, 1, batch=2, prefill=4, context=12, steps=1,
-                              **options)
-        assert not any(_hand_offs(load)[0] or _hand_offs(load)[1]
-                       for r in rounds for load in r.loads.values()), (workload, options)
+    wide = get_workload("gpt-oss", v_head_dim=64)
+    cases = [(chip_config("tiny", k=2), "tiny", {}, False),
+             (gpt, "gpt-oss", {"moe": "dense"}, False),
+             (gpt, "gpt-oss", {"moe_tokens": 1}, False),
+             (gpt, "gpt-oss", {"prefill": 20}, True),
+             (chip_config(wide, k=2, n=8), wide, {}, True)]
+    for config, workload, options, decodes in cases:
+        rounds = layer_rounds(config, workload, 1, **{"batch": 2, "prefill": 4, "context": 24,
+                                                      "steps": 1, **options})
+        hands = {r.phase for r in rounds for load in r.loads.values()
+                 if _hand_offs(load)[0] or _hand_offs(load)[1]}
+        assert hands == ({"decode"} if decodes else set()), (workload, options, hands)
     wl = generate(get_workload("gpt-oss"))
     x = wl.tensors["moe.x"][:2]
     o = np.zeros((2, 16 * 32), np.int8)
