@@ -313,13 +313,17 @@ def _host_line(metrics: dict) -> str:
                                ("decode", "per decode step", "cycles_per_token")):
         if f"chip__{phase}__host_bytes" not in metrics:
             continue
-        kinds = ", ".join(f"{name} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}"
-                          for kind, name in (("program", "changed program words"),
-                                             ("scratchpad", "scratchpad words"),
-                                             ("kv", "KV appends")))
-        setup = metrics.get(f"chip__{phase}__host_kv_setup_bytes", 0)
-        if setup:
-            kinds += f", of which {setup:,} set up the context the run starts from"
+        items = []
+        for kind, what, part, which in (
+                ("program", "changed program words", None, ""),
+                ("scratchpad", "scratchpad words", "attention",
+                 "attention outputs written back (not handed over on chip)"),
+                ("kv", "KV appends", "kv_setup", "set up the context the run starts from")):
+            items.append(f"{what} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}")
+            share = metrics.get(f"chip__{phase}__host_{part}_bytes", 0) if part else 0
+            if share:
+                items[-1] += f", of which {share:,} {which}"
+        kinds = ", ".join(items)
         parts.append(f"{label} {metrics[f'chip__{phase}__host_bytes']:,} B in ({kinds}), "
                      f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
                      f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")

@@ -122,6 +122,9 @@ class TileLoad:
     #: Where the program sits in the instruction memory (:func:`place_programs`).
     base: int = 0
     kv_setup: int = 0
+    #: The scratchpad words that hold attention outputs an earlier round computed, the
+    #: host writing them back (a step of several MoE rounds: no hand-off on chip).
+    attention_words: range = range(0)
 
     def image(self) -> dict[int, int]:
         """The instruction memory's words the round needs, {pc: word}: the program at
@@ -872,7 +875,8 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     loads = {t: TileLoad(list(p.instructions),
                          {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
                          None if dispatch == "dense" else
-                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]])
+                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
+                         attention_words=program.attention_words.get(t, range(0)))
              for t, p in enumerate(program.tiles)}
     # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},

@@ -321,7 +321,9 @@ class MoeChipProgram:
     address -> word) give the int8 (T, hidden) result. ``expert_tile[e]``: where expert e
     runs. ``summary``: see :func:`build_moe`. ``memory``: with streamed weights,
     {channel: {address: word}}, the image the host writes into the memory channels once
-    (empty when every weight is written into the scratchpads).
+    (empty when every weight is written into the scratchpads). ``attention_words``:
+    with a projection whose attention outputs the host writes (not handed over by the
+    attention round), the words of each tile's ``spad_writes`` that hold them.
     """
 
     config: TileConfig
@@ -334,6 +336,7 @@ class MoeChipProgram:
     summary: dict
     _reader: OutputRows = field(repr=False)
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
+    attention_words: dict[int, range] = field(default_factory=dict)
 
     def read_output(self, words) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
@@ -901,8 +904,10 @@ class _MoeBuild(_ExpertTiles):
                            else self.tokens * self.channels * self.hidden)
         summary = _chip_summary(self.layer, self.weights, self.x, programs, self.expert_tile,
                                 self.tiles, home, k, projection_macs)
+        attention = ({} if self.projection is None else
+                     {home: range(self.o_addr, self.o_addr + self.tb * self.channels)})
         return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
-                              shape, summary, reader)
+                              shape, summary, reader, attention_words=attention)
 
 
 def _chip_summary(layer: MoeLayer, weights: MoEWeights, x: np.ndarray,

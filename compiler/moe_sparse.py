@@ -1008,5 +1008,8 @@ class _SparseBuild(_ExpertTiles):
             "scratchpad_words": [p.summary.spad_words for p in programs],
             "memory_words": streamed,
         }
+        attention = ({} if self.projection is None or self.projection.at is not None else
+                     {i: range(at, at + self.tb * self.channels)
+                      for i, at in self.o_addr.items()})
         return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
-                              shape, summary, reader, self.image)
+                              shape, summary, reader, self.image, attention)

@@ -310,7 +310,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
     network; bytes loaded from the memory channels; bytes the host wrote into the tiles
     before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``; of the
-    KV appends, ``host_kv_setup_bytes`` are of tokens older than the step's own: a
+    scratchpad words, ``host_attention_bytes`` are attention outputs an earlier round
+    computed, written back where the attention round did not hand them over; of the KV
+    appends, ``host_kv_setup_bytes`` are of tokens older than the step's own: a
     context the run starts from) and read back after them (``host_output_bytes``), the
     host port's cycles for both
     (``host_cycles``, outside the rounds' cycles) and the phase's cycles with them
@@ -365,8 +367,8 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         # pages) and read back after them (outputs), and the host port's cycles for
         # them (measured; the tiles are idle meanwhile): the rounds' cycles leave them
         # out, ``{name}_with_host`` adds them.
-        for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n), ("kv", n),
-                           ("kv_setup", n), ("output", n)):
+        for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n),
+                           ("attention", n), ("kv", n), ("kv_setup", n), ("output", n)):
             out[f"chip__{phase}__host_{kind}_bytes"] = sum(
                 r.get("host_words", {}).get(kind, 0) for r in attn + moe) * size // steps
         out[f"chip__{phase}__host_bytes"] = sum(

@@ -344,6 +344,8 @@ def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
                           for r in ld.kv_requests),
                 "kv_setup": sum(ld.kv_setup for ld in rnd.loads.values()),
+                "attention": sum(a in rnd.loads[t].attention_words
+                                 for t, words in spad.items() for a in words),
                 "output": sum(len(job.program.output_words) for job in rnd.jobs)},
             "host_cycles": host_cycles,
             **({key: rnd.summaries[0][key] for key in ("dispatch", "macs_sparse",

@@ -87,21 +87,23 @@ def test_round_energy_is_each_counter_times_its_energy_per_access():
 
 def test_host_bytes_and_cycles_are_per_step():
     """Program words are 32 bytes (256-bit instructions), scratchpad, KV and output words
-    N (the set-up KV appends among the KV appends); the host port's cycles (loads and
+    N (the attention outputs written back among the scratchpad words, the set-up KV
+    appends among the KV appends); the host port's cycles (loads and
     read-backs) are per step, added to the step's cycles only in ``..._with_host``."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = [_record("decode", 500, macs=0, beats=[1], reads=[0, 0]) for _ in range(2)]
     rounds[1]["contexts"] = [9]  # a second decode step
     for r in rounds:
-        r["host_words"] = {"program": 10, "scratchpad": 100, "kv": 4, "kv_setup": 0,
-                           "output": 6}
+        r["host_words"] = {"program": 10, "scratchpad": 100, "attention": 0, "kv": 4,
+                           "kv_setup": 0, "output": 6}
         r["host_cycles"] = {"load": 110, "read": 12}
     rounds[0]["host_words"]["kv_setup"] = 3  # KV of a context the run starts from
+    rounds[1]["host_words"]["attention"] = 50  # attention outputs written back
     f = chip_figures({"rounds": rounds}, config)
     assert [f[f"chip__decode__host_{kind}_bytes"]
-            for kind in ("program", "scratchpad", "kv", "kv_setup", "output")] == [
-                320, 800, 32, 12, 48]
-    assert f["chip__decode__host_bytes"] == 1152  # written (set-up among the KV appends)
+            for kind in ("program", "scratchpad", "attention", "kv", "kv_setup", "output")
+            ] == [320, 800, 200, 32, 12, 48]
+    assert f["chip__decode__host_bytes"] == 1152  # written (the parts among their kinds)
     assert f["chip__decode__host_cycles"] == 122
     assert f["chip__decode__cycles_per_token"] == 500
     assert f["chip__decode__cycles_per_token_with_host"] == 622

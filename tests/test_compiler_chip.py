@@ -222,7 +222,9 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
     by token blocks), or when a step's tokens make more than one MoE round (a prefill of
     2 x 20 tokens, 32 a round; a decode step's 2 still go over), or when a prefill's
     rows of a head are 128 words apart, past a VEC's row stride (16 heads of 64
-    channels); a dense round asked to read handed-off outputs is refused."""
+    channels); its MoE rounds' loads name the words that hold them
+    (``TileLoad.attention_words``, which the report counts apart), those of a step that
+    hands them over none. A dense round asked to read handed-off outputs is refused."""
     gpt = chip_config("gpt-oss", k=2, n=8)
     wide = get_workload("gpt-oss", v_head_dim=64)
     cases = [(chip_config("tiny", k=2), "tiny", {}, False),
@@ -236,6 +238,13 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
         hands = {r.phase for r in rounds for load in r.loads.values()
                  if _hand_offs(load)[0] or _hand_offs(load)[1]}
         assert hands == ({"decode"} if decodes else set()), (workload, options, hands)
+        for r in rounds:
+            if r.phase.endswith("-moe"):
+                handed = r.phase == "decode-moe" and decodes
+                words = [set(load.attention_words) for load in r.loads.values()]
+                assert all(w <= set(load.spad_writes)
+                           for w, load in zip(words, r.loads.values(), strict=True))
+                assert any(words) != handed, (workload, options, r.phase)
     wl = generate(get_workload("gpt-oss"))
     x = wl.tensors["moe.x"][:2]
     o = np.zeros((2, 16 * 32), np.int8)
