@@ -10,7 +10,10 @@ channels, ``bench/moe.py``) after each chunk, then
 two decode steps at contexts 2,049 and 2,050; every output bit-exact with golden. Its
 sliding-window layer (0, window 128) prefills the same prompt, attention alone (its
 chunks see at most 9 key blocks each, so the run is short; the MoE layer is the same
-as layer 1's). Only two of the four tiles compute attention (one sequence, two KV
+as layer 1's). Each chunk's attention outputs go to its MoE round over the mesh (a
+chunk of one sequence makes one MoE round), so the host writes none of them back
+(``host_attention_bytes``, among the ``host_bytes`` it writes into the tiles before the
+prefill's rounds). Only two of the four tiles compute attention (one sequence, two KV
 heads), so the prefill's utilisation of the chip's peak is at most about 0.5 in the
 attention rounds.
 
@@ -33,7 +36,8 @@ def run(quick: bool) -> dict:
     out: dict = {}
     full = chip_figures(simulate_layer(config, WORKLOAD, 1, batch=1, prefill=prompt,
                                        steps=2, weights="resident"), config)
-    for key in ("cycles", "attention_cycles", "moe_cycles", "utilisation"):
+    for key in ("cycles", "attention_cycles", "moe_cycles", "utilisation", "host_bytes",
+                "host_attention_bytes"):
         out[f"chip__{WORKLOAD}__{name}__{key}"] = full[f"chip__prefill__{key}"]
     out[f"chip__{WORKLOAD}__{name}__decode_cycles_per_token"] = \
         full["chip__decode__cycles_per_token"]
