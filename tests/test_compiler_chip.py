@@ -187,6 +187,28 @@ def test_attention_hands_its_outputs_to_the_moe_round(placement):
     run_rounds(config, rounds, resident=True, held=HeldWords(config))
 
 
+def test_a_steps_hand_off_spans_its_rounds():
+    """gpt-oss, 4 sequences of 8 prompt tokens: 8 jobs, two attention rounds a step on
+    the 4 tiles, whose 32 token rows make one MoE round. Both prefill rounds hand their
+    jobs' outputs over (a DMA a token, a WAIT for the round's three other jobs' 24),
+    the second round's programs kept clear of the rows the first left; the MoE round
+    reads all 32 rows, none written by the host. Run on the chip's functional model,
+    every output is golden's."""
+    config = chip_config("gpt-oss", k=2, n=8)
+    rounds = layer_rounds(config, "gpt-oss", 1, batch=4, prefill=8, steps=0)
+    assert [r.phase for r in rounds] == ["prefill", "prefill", "prefill-moe"]
+    region = range(handoff_at(config, get_workload("gpt-oss"), 32), config.tile.kv_start)
+    for r in rounds[:2]:
+        for load in r.loads.values():
+            sends, waits = _hand_offs(load)
+            assert len(sends) == 8 and all(f["src"] in region for f in sends)
+            assert waits == [24]
+            assert not set(load.spad_writes) & set(region)
+    moe = rounds[2].loads.values()
+    assert not any(set(load.spad_writes) & set(region) or load.attention_words for load in moe)
+    run_rounds(config, rounds, resident=True, held=HeldWords(config))
+
+
 @pytest.mark.parametrize("weights", ["streamed", "resident"])
 def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
     """gpt-oss, 2 sequences, two decode steps, run round after round on the chip's
