@@ -317,7 +317,7 @@ def _host_line(metrics: dict) -> str:
         for kind, what, part, which in (
                 ("program", "changed program words", None, ""),
                 ("scratchpad", "scratchpad words", "attention",
-                 "attention outputs written back (not handed over on chip)"),
+                 "attention outputs written back, not handed over on chip"),
                 ("kv", "KV appends", "kv_setup", "set up the context the run starts from")):
             items.append(f"{what} {metrics[f'chip__{phase}__host_{kind}_bytes']:,}")
             share = metrics.get(f"chip__{phase}__host_{part}_bytes", 0) if part else 0
