@@ -339,11 +339,11 @@ def _memory_map(config: TileConfig, layer: AttentionLayer, chunks: list[_Chunk],
             places = [out_at + t * token_words + h * dvc for t, h in c.targets]
             c.out_addr = places[0]
             c.out_stride = places[1] - places[0] if c.rows > 1 else dvc
-            if places != list(range(c.out_addr, c.out_addr + c.rows * c.out_stride,
-                                    c.out_stride)) or not 0 < c.out_stride < 1 << 7:
+            evenly = places == [c.out_addr + r * c.out_stride for r in range(c.rows)]
+            if not evenly or not 0 < c.out_stride < 1 << COUNT_FIELD_BITS:  # dst_stride
                 raise ValueError(f"the outputs of a chunk of {c.rows} rows are not rows "
-                                 f"1..127 words apart from word {out_at} ({token_words} "
-                                 "words a token)")
+                                 f"1..{(1 << COUNT_FIELD_BITS) - 1} words apart from word "
+                                 f"{out_at} ({token_words} words a token)")
 
     def per_block(take, size: int, what: str, double: bool = True) -> list[list[int]]:
         """[lane][parity] regions (one per lane, used for both parities, if not double)."""

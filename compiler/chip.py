@@ -42,7 +42,7 @@ from golden.kv_cache import build_cache
 from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
 from rtl.scratchpad import KvOp
 from spec.config import ChipConfig, ceil_div
-from spec.isa import MEM_ADDR_BITS, DmaTarget, Opcode, encode
+from spec.isa import COUNT_FIELD_BITS, MEM_ADDR_BITS, DmaTarget, Opcode, encode
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
@@ -434,11 +434,16 @@ def chunked(schedule: list[Step], chunk: int = PREFILL_CHUNK) -> list[Step]:
     return out
 
 
+def _row_words(chip: ChipConfig, wcfg: WorkloadConfig) -> int:
+    """Words of a token's attention outputs, every head's: ⌈H·d_v / N⌉."""
+    return ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
+
+
 def handoff_at(chip: ChipConfig, wcfg: WorkloadConfig, tokens: int) -> int:
     """Where a step's attention outputs wait for its MoE round on every tile: ``tokens``
-    rows of H·d_v channels, row after row (⌈H·d_v⌉ words each), just below the KV
+    rows of H·d_v channels, row after row (:func:`_row_words` each), just below the KV
     pages."""
-    return chip.tile.kv_start - tokens * ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
+    return chip.tile.kv_start - tokens * _row_words(chip, wcfg)
 
 
 def _handoff_region(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
@@ -447,11 +452,10 @@ def _handoff_region(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, ba
     attention outputs over (:func:`handoff_at`), or None, the host writing them: no
     hand-off (``most`` None), more tokens than the one MoE round of at most ``most``
     that reads them takes, or a prefill's rows of a head further apart than a VEC's
-    row stride reaches."""
+    row stride (``dst_stride``) reaches."""
     if most is None or batch * tokens > most:
         return None
-    row = ceil_div(wcfg.heads * wcfg.v_head_dim, chip.tile.n)
-    if tokens > 1 and row >= 1 << 7:
+    if tokens > 1 and _row_words(chip, wcfg) >= 1 << COUNT_FIELD_BITS:
         return None
     return handoff_at(chip, wcfg, batch * tokens)
 
@@ -551,7 +555,7 @@ class _Batch:
     def __init__(self, chip: ChipConfig, wcfg: WorkloadConfig, layer: int,
                  workloads: list[Workload], placement: Placement, handoff: int | None):
         self.chip, self.wcfg, self.layer, self.placement = chip, wcfg, layer, placement
-        self.handoff = handoff
+        self.handoff_tokens = handoff
         p = f"attn{layer}."
         self.data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
                       wl.tensors[p + "v_prefill"]) for wl in workloads]
@@ -569,7 +573,7 @@ class _Batch:
         T = self.chip.tiles
         build, jobs = _RoundBuild(), []
         tokens = _new_tokens(phase, lengths[0], before[0])
-        at = _handoff_region(self.chip, self.wcfg, self.handoff, len(lengths), tokens)
+        at = _handoff_region(self.chip, self.wcfg, self.handoff_tokens, len(lengths), tokens)
         for j in range(slot * T, min((slot + 1) * T, self.jobs_total)):
             s, g = divmod(j, self.kvh)
             job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot, at)
@@ -621,7 +625,7 @@ class _Batch:
         tokens = _new_tokens(phase, length, before)
         place = {}
         if at is not None:
-            row = ceil_div(full.heads * full.v_head_dim, chip.tile.n)
+            row = _row_words(chip, self.wcfg)
             jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
             place = {"out_at": at + s * tokens * row
                      + g * full.group * ceil_div(full.v_head_dim, chip.tile.n),
