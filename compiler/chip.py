@@ -159,6 +159,9 @@ class ChipRound:
     #: by the host once, before the first round that needs it) and the words they load.
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
     memory_words: int = 0
+    #: Where the round's jobs left their outputs for the step's MoE round on every tile
+    #: (:func:`handoff_at`), or None: the host writes them.
+    handoff: int | None = None
 
 
 def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
@@ -588,7 +591,7 @@ class _Batch:
             self._hand_off(jobs, build.loads, tokens)
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
                         workloads=[wl for wl, *_ in self.data], memory=build.memory,
-                        memory_words=build.memory_words)
+                        memory_words=build.memory_words, handoff=at)
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -970,11 +973,10 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         rounds_ = ceil_div(x.shape[0], moe_tokens)
         chain = (MoeChain(rounds_) if rounds_ > 1 and moe == "sparse"
                  and check_weights(weights, moe, chip) == "streamed" else None)
-        at = _handoff_region(chip, wcfg, handoff, len(rnd.contexts), rnd.tokens)
         for offset in range(0, x.shape[0], moe_tokens):
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
-                                 layer, moe, weights, chain, at))
+                                 layer, moe, weights, chain, rnd.handoff))
         step = []
     # One layer's weights: every MoE round's image is the same, kept once, below the KV
     # pages a far placement keeps at the top of the channels.
