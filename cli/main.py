@@ -272,7 +272,7 @@ def _sim_rows(args: argparse.Namespace, config, rounds, result: dict, metrics: d
 
 
 def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
-    """The chip's memory channels, what the programs loaded from them, and what of the
+    """The chip's memory channels, what the programs moved to and from them, and what of the
     run's data movement is not counted."""
     from compiler.chip import check_weights
 
@@ -287,18 +287,25 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
                                                    config) == "streamed"
     what = ([] if args.placement != "far" else ["KV pages (far placement)"]) + (
         ["MoE weights"] if streamed else [])
-    if what:
+    labels = (("prefill", "memory_bytes", "in prefill"),
+              ("decode", "memory_bytes_per_token", "per decode step"))
+    handed = [f"{metrics[f'chip__{phase}__memory_handoff_bytes']:,} B {label}"
+              for phase, _, label in labels
+              if metrics.get(f"chip__{phase}__memory_handoff_bytes")]
+    if what or handed:
         host = (["tokens", "constants"] + ([] if streamed or args.moe == "off" else
                                             ["MoE weights"])
                 + ([] if args.placement == "far" else ["KV pages"]))
-        loaded = [f"{metrics[key]:,} B {label}" for key, label in (
-            ("chip__prefill__memory_bytes", "in prefill"),
-            ("chip__decode__memory_bytes_per_token", "per decode step")) if key in metrics]
-        return line + (f"{' and '.join(what)} loaded from them within the count "
-                       f"({', '.join(loaded)}); not counted: the memory image (written by "
-                       "the host once, before the rounds that read it); the "
-                       f"{', '.join(host)} go through the host port (next line, "
-                       "docs/chip.md)")
+        moved = [f"{metrics[f'chip__{phase}__{key}']:,} B {label}"
+                 for phase, key, label in labels if f"chip__{phase}__{key}" in metrics]
+        parts = [f"{' and '.join(what)} loaded from them"] if what else []
+        if handed:
+            parts.append("attention outputs an attention round stored in them for its step's "
+                         f"later MoE rounds to load ({', '.join(handed)}, stored and loaded)")
+        return line + (f"{', and '.join(parts)}, within the count ({', '.join(moved)} in "
+                       "all); not counted: the memory image (written by the host once, "
+                       f"before the rounds that read it); the {', '.join(host)} go through "
+                       "the host port (next line, docs/chip.md)")
     return line + ("not used by these programs: weights, tokens and KV pages go through the "
                    "host port before their round (next line, docs/chip.md)")
 

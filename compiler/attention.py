@@ -38,7 +38,15 @@ from golden.attention import _multipliers
 from golden.exp import NEG_INF, quantize_log2_logit
 from golden.vector_model import VectorOpcode as VOP
 from spec.config import TileConfig, ceil_div
-from spec.isa import BOUND_BITS, COUNT_FIELD_BITS, MAX_GEMM_DIM, Opcode, VecDst, VecPack
+from spec.isa import (
+    BOUND_BITS,
+    COUNT_FIELD_BITS,
+    MAX_GEMM_DIM,
+    DmaTarget,
+    Opcode,
+    VecDst,
+    VecPack,
+)
 from spec.numerics import NUMERICS
 
 __all__ = [
@@ -243,12 +251,18 @@ class HandOff:
     ``semaphore`` there; then the program waits for ``incoming`` such arrivals from
     other tiles' programs before it halts, so that every output is in place when the
     round ends. ``region`` (words [lo, hi)) holds every program's outputs: no other
-    region of the program is placed there, where the others' arrive."""
+    region of the program is placed there, where the others' arrive. ``stored``: the
+    tokens whose outputs go to a memory channel instead ({token: (channel, the word of
+    its first head's)}, a STORE each, in that order), for a later round that loads
+    them; the program then fences each channel it stored to (a LOAD of no words,
+    raising ``semaphore`` here once the channel holds them) and waits for those signals
+    too."""
 
     tiles: int
     semaphore: int
     incoming: int
     region: tuple[int, int]
+    stored: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 # --- memory map ------------------------------------------------------------------------------
@@ -443,13 +457,25 @@ class _Pipeline:
             for c in self.chunks:
                 for r, (t, _) in enumerate(c.targets):
                     tokens.setdefault(t, []).append(c.out_addr + r * c.out_stride)
-            for _, rows in sorted(tokens.items()):
+            # Over the mesh first, then the stores in the order ``stored`` gives.
+            order = [t for t in sorted(tokens) if t not in h.stored] + list(h.stored)
+            for t in order:
+                rows = tokens[t]
                 start = min(rows)
                 assert sorted(rows) == list(range(start, start + len(rows) * self.dvc,
                                                   self.dvc)), "a token's outputs are apart"
-                e.dma(src=start, dst=start, length=self.dvc * len(rows), tiles=h.tiles,
-                      remote_signal=1, remote_semaphore=h.semaphore)
-            e.wait_arrivals(h.semaphore, h.incoming)
+                if t in h.stored:
+                    channel, word = h.stored[t]
+                    e.dma(src=start, length=self.dvc * len(rows), target=DmaTarget.STORE,
+                          channel=channel, mem_addr=word)
+                else:
+                    e.dma(src=start, dst=start, length=self.dvc * len(rows), tiles=h.tiles,
+                          remote_signal=1, remote_semaphore=h.semaphore)
+            fenced = sorted({channel for channel, _ in h.stored.values()})
+            for channel in fenced:
+                e.dma(dst=0, length=0, target=DmaTarget.LOAD, channel=channel, remote_signal=1,
+                      remote_semaphore=h.semaphore)
+            e.wait_arrivals(h.semaphore, h.incoming + len(fenced))
         return self.e.halt()
 
     def sink_constants(self) -> None:

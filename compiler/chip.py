@@ -159,9 +159,11 @@ class ChipRound:
     #: by the host once, before the first round that needs it) and the words they load.
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
     memory_words: int = 0
-    #: Where the round's jobs left their outputs for the step's MoE round on every tile
-    #: (:func:`handoff_at`), or None: the host writes them.
-    handoff: int | None = None
+    #: How the round's jobs hand their outputs to the step's MoE rounds, or None: the
+    #: host writes them.
+    handoff: HandOffPlan | None = None
+    #: Words the round's programs store into the memory channels.
+    stored_words: int = 0
 
 
 def contexts(batch: int, context: int, prefill: int) -> tuple[int, ...]:
@@ -449,18 +451,70 @@ def handoff_at(chip: ChipConfig, wcfg: WorkloadConfig, tokens: int) -> int:
     return chip.tile.kv_start - tokens * _row_words(chip, wcfg)
 
 
-def _handoff_region(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
-                    tokens: int) -> int | None:
-    """Where a step that adds ``tokens`` to each of ``batch`` sequences hands its
-    attention outputs over (:func:`handoff_at`), or None, the host writing them: no
-    hand-off (``most`` None), more tokens than the one MoE round of at most ``most``
-    that reads them takes, or a prefill's rows of a head further apart than a VEC's
-    row stride (``dst_stride``) reaches."""
-    if most is None or batch * tokens > most:
+@dataclass(frozen=True)
+class HandOffPlan:
+    """How a step's attention jobs hand their outputs to the MoE rounds after them.
+    The step's ``rows`` token rows (row s·T + t: token t of the T sequence s adds) are
+    ``row`` words each. The first MoE round's ``first`` rows go over the mesh to every
+    tile, where that round reads them (from ``at``, :func:`handoff_at`); every later
+    round's are stored in the memory channels (``stored``: row -> (channel, its first
+    word)), in ``parts``, one list per later round of (tile, channel, first word, its
+    first row in the round, rows): that round's tile loads its part and multicasts it
+    to the others. In the attention round the rows sit from ``lo`` up to the KV pages,
+    the first round's at the top."""
+
+    at: int
+    lo: int
+    row: int
+    first: int
+    rows: int
+    stored: dict[int, tuple[int, int]] = field(default_factory=dict)
+    parts: tuple[tuple[tuple[int, int, int, int, int], ...], ...] = ()
+
+    def row_at(self, r: int) -> int:
+        """The attention round's word of row r's first channel."""
+        return self.at + r * self.row if r < self.first else self.lo + (r - self.first) * self.row
+
+
+def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
+                  tokens: int) -> HandOffPlan | None:
+    """How a step that adds ``tokens`` to each of ``batch`` sequences hands its
+    attention outputs to its MoE rounds of at most ``most`` tokens
+    (:class:`HandOffPlan`), or None, the host writing them: no hand-off (``most``
+    None); a prefill's rows of a head further apart than a VEC's row stride
+    (``dst_stride``) reaches; or more rows than one round takes where a sequence's rows
+    would span the first round and the next (``most`` not a multiple of ``tokens``),
+    the chip has no memory channels, or the channels have no room for the rows between
+    the streamed weights and the far KV pages."""
+    if most is None:
         return None
-    if tokens > 1 and _row_words(chip, wcfg) >= 1 << COUNT_FIELD_BITS:
+    row, rows = _row_words(chip, wcfg), batch * tokens
+    if tokens > 1 and row >= 1 << COUNT_FIELD_BITS:
         return None
-    return handoff_at(chip, wcfg, batch * tokens)
+    first = min(rows, most)
+    if rows > most and (most % tokens or not chip.memory_nodes):
+        return None
+    parts, words = [], {}  # each later round's parts; each channel's words so far
+    for start in range(most, rows, most):
+        count = min(most, rows - start)
+        size = ceil_div(count, chip.tiles)
+        parts.append([])
+        for tile, lo in enumerate(range(0, count, size)):
+            channel = chip.tile_channels[tile]
+            parts[-1].append((tile, channel, words.get(channel, 0), lo, min(size, count - lo)))
+            words[channel] = words.get(channel, 0) + parts[-1][-1][-1] * row
+    # Below the far KV pages, above the streamed weights.
+    base = {c: chip.memory_words - chip.far_kv_words - n for c, n in words.items()}
+    if words and min(base.values()) < moe_memory_words(wcfg, chip.k, chip.tile.n,
+                                                       chip.memory_nodes, most):
+        return None
+    parts = tuple(tuple((tile, c, base[c] + offset, lo, n) for tile, c, offset, lo, n in rnd)
+                  for rnd in parts)
+    stored = {start + lo + r: (c, word + r * row)
+              for start, rnd in zip(range(most, rows, most), parts, strict=True)
+              for _, c, word, lo, n in rnd for r in range(n)}
+    return HandOffPlan(handoff_at(chip, wcfg, first), handoff_at(chip, wcfg, rows), row,
+                       first, rows, stored, parts)
 
 
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
@@ -576,10 +630,10 @@ class _Batch:
         T = self.chip.tiles
         build, jobs = _RoundBuild(), []
         tokens = _new_tokens(phase, lengths[0], before[0])
-        at = _handoff_region(self.chip, self.wcfg, self.handoff_tokens, len(lengths), tokens)
+        plan = _handoff_plan(self.chip, self.wcfg, self.handoff_tokens, len(lengths), tokens)
         for j in range(slot * T, min((slot + 1) * T, self.jobs_total)):
             s, g = divmod(j, self.kvh)
-            job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot, at)
+            job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot, plan)
             jobs.append(job)
             load = build.loads.setdefault(job.tile, TileLoad([], {}, []))
             load.instructions = list(job.program.instructions)
@@ -587,11 +641,14 @@ class _Batch:
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
-        if at is not None:
-            self._hand_off(jobs, build.loads, tokens)
+        if plan is not None:
+            self._hand_off(jobs, build.loads, plan, tokens)
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
                         workloads=[wl for wl, *_ in self.data], memory=build.memory,
-                        memory_words=build.memory_words, handoff=at)
+                        memory_words=build.memory_words, handoff=plan)
+        if plan is not None:
+            rnd.stored_words = sum(tokens for job in jobs if job.sequence * tokens >= plan.first) \
+                * self.full.group * ceil_div(self.full.v_head_dim, self.chip.tile.n)
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -599,23 +656,26 @@ class _Batch:
             rnd.summaries.append(summary.as_dict())
         return rnd
 
-    def _hand_off(self, jobs: list[Job], loads: dict[int, TileLoad], tokens: int) -> None:
-        """A tile without a job in a round with hand-off waits for the jobs' outputs,
-        a DMA per job and token (:class:`compiler.attention.HandOff`), before its HALT."""
+    def _hand_off(self, jobs: list[Job], loads: dict[int, TileLoad], plan: HandOffPlan,
+                  tokens: int) -> None:
+        """A tile without a job in a round with hand-off waits for the jobs' outputs
+        that go over the mesh, a DMA per job and token of the first MoE round's
+        (:class:`compiler.attention.HandOff`), before its HALT."""
         busy = {job.tile for job in jobs}
+        count = sum(tokens for job in jobs if job.sequence * tokens < plan.first)
         for t in range(self.chip.tiles):
-            if t not in busy:  # none, or a striped owner's page sends only
+            if t not in busy and count:  # none, or a striped owner's page sends only
                 load = loads.setdefault(t, TileLoad([encode(Opcode.HALT)], {}, []))
                 load.instructions = load.instructions[:-1] + [
-                    encode(Opcode.WAIT, semaphore=SEM_HANDOFF, count=len(jobs) * tokens),
+                    encode(Opcode.WAIT, semaphore=SEM_HANDOFF, count=count),
                     encode(Opcode.HALT)]
 
     def _job(self, phase: str, s: int, g: int, tile: int, length: int, before: int,
-             slot: int, at: int | None) -> tuple[Job, np.ndarray, np.ndarray]:
+             slot: int, plan: HandOffPlan | None) -> tuple[Job, np.ndarray, np.ndarray]:
         """Sequence ``s``'s KV head ``g`` on ``tile``: its program, golden output and
-        float64 twin; and its K and V so far. With ``at``, the outputs go to their heads'
-        places in rows s·T .. s·T + T - 1 of the step's hand-off region from there,
-        and to every other tile."""
+        float64 twin; and its K and V so far. With ``plan``, the outputs go to their
+        heads' places in rows s·T .. s·T + T - 1 of the step's hand-off region, and to
+        every other tile or, rows of a later MoE round, to the memory channels."""
         chip, full, scales, window = self.chip, self.full, self.scales, self.window
         wl, q, k, v = self.data[s]
         jl = _job_layer(full, g)
@@ -627,19 +687,30 @@ class _Batch:
         allocator = self.tiles.allocator(slot)
         tokens = _new_tokens(phase, length, before)
         place = {}
-        if at is not None:
-            row = _row_words(chip, self.wcfg)
-            jobs = min(self.jobs_total - slot * chip.tiles, chip.tiles)
-            place = {"out_at": at + s * tokens * row
-                     + g * full.group * ceil_div(full.v_head_dim, chip.tile.n),
+        if plan is not None:
+            head = g * full.group * ceil_div(full.v_head_dim, chip.tile.n)
+            # The round's other jobs' rows that come over the mesh (a sequence's rows
+            # are all the first MoE round's or all a later one's).
+            others = [j // self.kvh for j in range(slot * chip.tiles, min(
+                (slot + 1) * chip.tiles, self.jobs_total)) if j != s * self.kvh + g]
+            # Its stores tile by tile from a different channel, so that the jobs of a
+            # round keep every channel busy at once.
+            stored = {t: (c, word + head) for t in range(tokens)
+                      for c, word in [plan.stored.get(s * tokens + t, (None, 0))]
+                      if c is not None}
+            channels = len(chip.memory_nodes)
+            stored = dict(sorted(stored.items(),
+                                 key=lambda item: ((item[1][0] - tile) % channels, item[0])))
+            place = {"out_at": plan.row_at(s * tokens) + head,
                      "hand_off": HandOff(sum(chip.mask(d) for d in range(chip.tiles)
                                              if d != tile),
-                                         SEM_HANDOFF, (jobs - 1) * tokens,
-                                         (at, chip.tile.kv_start))}
+                                         SEM_HANDOFF,
+                                         tokens * sum(o * tokens < plan.first for o in others),
+                                         (plan.lo, chip.tile.kv_start), stored)}
         if phase != "decode":
             first = length - tokens
-            if at is not None:
-                place["token_words"] = row
+            if plan is not None:
+                place["token_words"] = plan.row
             program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
                                    allocator=allocator, first_row=2 * slot, **place)
             args = (q[:length, heads], kk, vv, scales)
@@ -796,7 +867,8 @@ class _MoeOutput:
 def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, ...],
               x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
               dispatch: str = "sparse", weight_mode: str | None = None,
-              chain: MoeChain | None = None, handoff: int | None = None) -> ChipRound:
+              chain: MoeChain | None = None, handoff: int | None = None,
+              fetch: tuple | None = None) -> ChipRound:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
@@ -814,8 +886,10 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     weights, the step's chain of rounds this one continues (:class:`MoeChain`: its
     programs load only the experts no earlier round of the chain loaded, and its
     functional run starts from the tiles the chain's previous round left).
-    ``handoff``: where the attention round left ``o`` on every tile (sparse dispatch;
-    :func:`handoff_at`), not written by the host."""
+    ``handoff``: where ``o`` is on every tile when the projection reads it (sparse
+    dispatch; :func:`handoff_at`), not written by the host: the attention round left it
+    there or, with ``fetch`` (a later round's parts of :attr:`HandOffPlan.parts`), the
+    round's tiles load it from the memory channels the attention round stored it in."""
     from compiler.moe import (
         Projection,
         WeightMemory,
@@ -833,7 +907,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     projection, residual = None, x
     if o is not None:
         projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer),
-                                handoff)
+                                handoff, fetch)
         x = project_residual(o, projection.w_o, residual, projection.scales,
                              saturation=saturation)
     if dispatch not in ("sparse", "dense"):
@@ -930,17 +1004,17 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     ``resident`` or None (:func:`moe_round`). The
     MoE layer's input of token t of a sequence is that token's attention output,
     projected by the layer's ``W_o`` and added to its residual stream (``moe.x[t]``),
-    computed on the home tile at the start of the MoE round (``golden.decoder``). A
-    step whose tokens make one sparse MoE round, of a workload whose heads' outputs are
-    whole words, has its attention jobs hand their outputs to every tile
-    (:func:`handoff_at`; the host writes them otherwise)."""
+    computed on the home tile at the start of the MoE round (``golden.decoder``). With
+    sparse MoE rounds, of a workload whose heads' outputs are whole words, a step's
+    attention jobs hand their outputs over (:class:`HandOffPlan`; the host writes them
+    where :func:`_handoff_plan` says none): the first MoE round's to every tile, the
+    later rounds' into the memory channels, where those rounds load them."""
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
     check_weights(weights, moe, chip)
-    # A step whose tokens fit one sparse MoE round: its attention jobs hand their
-    # outputs to it on chip, when a head's outputs are whole words (their places in a
-    # row of the MoE round's input).
+    # Sparse MoE rounds take the attention outputs from the attention jobs, when a
+    # head's outputs are whole words (their places in a row of the MoE round's input).
     wcfg = get_workload(workload) if isinstance(workload, str) else workload
     handoff = (moe_tokens if moe == "sparse" and wcfg.v_head_dim % chip.tile.n == 0
                else None)
@@ -973,10 +1047,15 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         rounds_ = ceil_div(x.shape[0], moe_tokens)
         chain = (MoeChain(rounds_) if rounds_ > 1 and moe == "sparse"
                  and check_weights(weights, moe, chip) == "streamed" else None)
-        for offset in range(0, x.shape[0], moe_tokens):
+        plan = rnd.handoff
+        for q, offset in enumerate(range(0, x.shape[0], moe_tokens)):
+            at = fetch = None
+            if plan is not None:  # the first round's rows came over the mesh
+                at = plan.at if q == 0 else handoff_at(chip, wcfg, len(x[offset:][:moe_tokens]))
+                fetch = plan.parts[q - 1] if q else None
             out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
-                                 layer, moe, weights, chain, rnd.handoff))
+                                 layer, moe, weights, chain, at, fetch))
         step = []
     # One layer's weights: every MoE round's image is the same, kept once, below the KV
     # pages a far placement keeps at the top of the channels.
@@ -988,10 +1067,13 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     for channel, stored in image.items():
         pages = [a for r in out if not r.phase.endswith("moe")
                  for a in r.memory.get(channel, ())]
-        if pages and min(pages) < len(stored):
-            raise ValueError(f"memory channel {channel}: the experts' weights ({len(stored)} "
-                             f"words) and the far KV pages (from word {min(pages)} up) "
-                             f"overlap in its {chip.memory_words} words")
+        rows = [a for r in out if r.handoff is not None
+                for c, a in r.handoff.stored.values() if c == channel]
+        for what, words in (("far KV pages", pages), ("handed-over attention outputs", rows)):
+            if words and min(words) < len(stored):
+                raise ValueError(f"memory channel {channel}: the experts' weights "
+                                 f"({len(stored)} words) and the {what} (from word "
+                                 f"{min(words)} up) overlap in its {chip.memory_words} words")
     place_programs(chip, out)
     return out
 

@@ -324,7 +324,9 @@ class MoeChipProgram:
     (empty when every weight is written into the scratchpads). ``attention_words``:
     with a projection whose attention outputs the host writes (not handed over by the
     attention round), the words of each tile's ``spad_writes`` that hold them.
-    """
+    ``handed``: the memory words an attention round stored that the programs load (a
+    projection's ``fetch``), {channel: {address: word}}: for a functional model's run
+    of this round alone, not the host's image."""
 
     config: TileConfig
     k: int
@@ -337,6 +339,7 @@ class MoeChipProgram:
     _reader: OutputRows = field(repr=False)
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
     attention_words: dict[int, range] = field(default_factory=dict)
+    handed: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def read_output(self, words) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
@@ -365,14 +368,19 @@ class WeightMemory:
 class Projection:
     """The attention output and its projection, for a MoE layer whose input the home tile
     computes (``golden.decoder.project_residual``): ``o`` (T, H·d_v) int8, ``w_o``
-    (H·d_v, hidden) int8 and their scales. ``at``: where the attention round left ``o``
-    on every tile, row after row (its hand-off, ``compiler.chip.handoff_at``), or None
-    (the host writes it; the sparse mapping only)."""
+    (H·d_v, hidden) int8 and their scales. ``at``: where ``o`` is on every tile, row
+    after row, when the projection reads it (the attention round's hand-off,
+    ``compiler.chip.handoff_at``), or None (the host writes it; the sparse mapping
+    only). ``fetch``: with ``at``, the attention round stored ``o`` in the memory
+    channels instead, in parts ((tile, channel, first word, first row, rows) each):
+    each part's tile loads it to its rows and multicasts it to the other tiles that
+    project."""
 
     o: np.ndarray
     w_o: np.ndarray
     scales: ProjectionScales
     at: int | None = None
+    fetch: tuple | None = None
 
 
 def build_moe(config: TileConfig, k: int, weights: MoEWeights, scales: MoEScales,
@@ -975,10 +983,13 @@ def run_on_chip_model(program: MoeChipProgram, chip=None):
     if chip is None:
         chip = ChipModel(program.k, n=cfg.n, spad_words=cfg.spad_words,
                          acc_depth=cfg.acc_depth, slots=cfg.slots,
-                         memory_channels=1 + max(program.memory, default=-1),
-                         channel_words=1 << MEM_ADDR_BITS if program.memory else 0)
-    for channel, image in program.memory.items():
-        chip.channels[channel].update(image)
+                         memory_channels=1 + max([*program.memory, *program.handed],
+                                                 default=-1),
+                         channel_words=1 << MEM_ADDR_BITS
+                         if program.memory or program.handed else 0)
+    for image in (program.memory, program.handed):
+        for channel, words in image.items():
+            chip.channels[channel].update(words)
     for tile, p in zip(chip.tiles, program.tiles, strict=True):
         for address, word in p.spad_writes.items():
             tile.spad[address] = word

@@ -80,6 +80,7 @@ from spec.isa import (
     tile_bit,
     tile_index,
 )
+from spec.memory import length_bits
 
 __all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "StepRound", "build_sparse_moe"]
 
@@ -163,6 +164,9 @@ class _SparseBuild(_ExpertTiles):
         self.shared_dmas: dict[int, int] = {}  # a tile's shared experts' result DMAs
         self.front_waited: set[int] = set()  # tiles that waited for their first weights
         self.meta_dmas: dict[int, int] = {}  # the DMAs of a tile's experts' metadata
+        # The attention outputs an attention round stored, loaded from memory.
+        self.handed: dict[int, dict[int, int]] = {}
+        self.fetched_words = 0
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
@@ -310,7 +314,9 @@ class _SparseBuild(_ExpertTiles):
         ``W_o`` are with the weights). The attention outputs are the GEMM's A by blocks
         of N tokens (a column of a block a word); or row after row where the attention
         round handed them over (``Projection.at``; their words are still listed with
-        the host's, for a functional model's run of this round alone)."""
+        the host's, for a functional model's run of this round alone, or with
+        ``Projection.fetch`` in :attr:`MoeChipProgram.handed`, where its parts are in
+        memory)."""
         n, t, a, b = self.n, self.tokens, self.a_bank, self.b_bank
         at = self.projection.at
         self.o_addr, self.res_addr = {}, {}
@@ -322,7 +328,8 @@ class _SparseBuild(_ExpertTiles):
                 words.put(self.o_addr[i], _token_layout(self.attn_out, n))
             else:
                 self.o_addr[i] = at
-                words.put(at, _row_layout(self.attn_out, n))
+                if self.projection.fetch is None:
+                    words.put(at, _row_layout(self.attn_out, n))
             self.res_addr[i] = spad.take(t * w, "residual rows", b)
             words.put(self.res_addr[i], _row_layout(self.residual[:, cols], n))
 
@@ -404,6 +411,8 @@ class _SparseBuild(_ExpertTiles):
         for i in range(self.tiles):  # streamed: each tile's first weights on their way
             if not self.step.index:  # (a later round of a chain finds them loaded)
                 self.emitters[i].ops.extend(self._loads(("front", i)))
+        if self.projection is not None and self.projection.fetch is not None:
+            self._emit_fetch()
         self.load_words(home, self.const_addr, plan["zero"], 4 * n)
         self.load_words(home, self.iota[home], plan["iota"], self.q_words)
 
@@ -432,6 +441,40 @@ class _SparseBuild(_ExpertTiles):
             self.x_inputs = {r: ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
                              for r in shared_tiles - {home}}
         e.wait_arrivals(SEM_INPUTS, self.x_inputs.get(home, 0))
+
+    def _emit_fetch(self) -> None:
+        """The attention outputs from the memory channels (``Projection.fetch``): each
+        part's tile loads its rows (raising :data:`SEM_WEIGHTS`, which no load of this
+        round's weights raises before them) and multicasts them to the other tiles that
+        project (raising :data:`SEM_RESULTS` there, no result arriving before every
+        tile has projected), which wait for every part."""
+        at, n = self.projection.at, self.n
+        row = ceil_div(self.channels, n)
+        most = min(MAX_DMA_LENGTH, (1 << length_bits(n)) - 1)
+        arrivals = dict.fromkeys(self.slices, 0)
+        for tile, channel, word, first, rows in self.projection.fetch:
+            e, size = self.emitters[tile], rows * row
+            part = _Words(n)
+            part.put(0, _row_layout(self.attn_out[first:first + rows], n))
+            self.handed.setdefault(channel, {}).update(
+                (word + a, w) for a, w in part.writes.items())
+            dst = at + first * row
+            loads = range(0, size, most)
+            for p in loads:
+                e.dma(target=DmaTarget.LOAD, channel=channel, mem_addr=word + p, dst=dst + p,
+                      length=min(most, size - p), remote_signal=1,
+                      remote_semaphore=SEM_WEIGHTS)
+            e.wait_arrivals(SEM_WEIGHTS, len(loads))
+            others = set(self.slices) - {tile}
+            for p in range(0, size, MAX_DMA_LENGTH) if others else ():
+                e.dma(src=dst + p, dst=dst + p, length=min(MAX_DMA_LENGTH, size - p),
+                      tiles=self._mask(others), remote_signal=1,
+                      remote_semaphore=SEM_RESULTS)
+                for r in others:
+                    arrivals[r] += 1
+            self.fetched_words += size
+        for i, count in arrivals.items():
+            self.emitters[i].wait_arrivals(SEM_RESULTS, count)
 
     def _emit_projection(self, i: int, readers: set[int], meanwhile=None) -> None:
         """Tile i's slice of x = clamp(residual + rq(o · W_o)) into its token rows, block
@@ -1006,10 +1049,10 @@ class _SparseBuild(_ExpertTiles):
             "instructions": [p.summary.length for p in programs],
             "experts_per_tile": [len(self.experts_on(i)) for i in range(self.tiles)],
             "scratchpad_words": [p.summary.spad_words for p in programs],
-            "memory_words": streamed,
+            "memory_words": streamed + self.fetched_words,
         }
         attention = ({} if self.projection is None or self.projection.at is not None else
                      {i: range(at, at + self.tb * self.channels)
                       for i, at in self.o_addr.items()})
         return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
-                              shape, summary, reader, self.image, attention)
+                              shape, summary, reader, self.image, attention, self.handed)

@@ -10,6 +10,7 @@ import math
 import pickle
 import tempfile
 from dataclasses import asdict, replace
+from itertools import zip_longest
 from pathlib import Path
 
 from compiler.chip import MOE_TOKENS, PREFILL_CHUNK
@@ -248,28 +249,31 @@ def mesh_links(k: int) -> list[int]:
 
 
 def memory_words(record: dict) -> int:
-    """The words a round's programs loaded from the memory channels (all channels)."""
-    return sum(record.get("channel_reads") or [])
+    """The words a round's programs loaded from and stored into the memory channels (all
+    channels)."""
+    return sum(record.get("channel_reads") or []) + sum(record.get("channel_writes") or [])
 
 
 def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
     """Lower bounds on one round's cycles (the roofline, docs/chip.md#roofline), from what
     the round did: ``compute``, its useful MACs (a MoE round's sparse-dispatch MACs) at
     the chip's peak of tiles x N² a cycle; ``tile_compute``, the busiest tile's MACs at
-    its N² a cycle; ``memory``, the busiest channel's bytes at its share of the
-    channels' bandwidth; ``streaming``, the busiest tile's tensor-core operand beats,
-    one a cycle from its scratchpad; ``injection``, the busiest memory node's words into
-    the mesh, one flit a cycle; ``network``, the busiest router's flits to its
-    neighbours, one a cycle on each of its links."""
+    its N² a cycle; ``memory``, the busiest channel's bytes (read and written, one data
+    bus) at its share of the channels' bandwidth; ``streaming``, the busiest tile's
+    tensor-core operand beats, one a cycle from its scratchpad; ``injection``, the
+    busiest memory node's words into the mesh, one flit a cycle; ``network``, the
+    busiest router's flits to its neighbours, one a cycle on each of its links."""
     n = config.tile.n
     reads = record.get("channel_reads") or [0]
+    moved = [r + w for r, w in zip_longest(reads, record.get("channel_writes") or [],
+                                           fillvalue=0)]
     per_channel = config.memory_bytes_per_cycle / max(len(config.memory_nodes), 1)
     sent = record.get("router_link_flits") or [0]
     return {"compute": math.ceil(record.get("macs_sparse", record["macs"])
                                  / (config.tiles * n * n)),
             "tile_compute": math.ceil(max(c["macs"] for c in record["tiles"].values())
                                       / (n * n)),
-            "memory": math.ceil(max(reads) * n / per_channel),
+            "memory": math.ceil(max(moved) * n / per_channel),
             "streaming": max(c["tc_beats"] for c in record["tiles"].values()),
             "injection": max(reads),
             "network": max((math.ceil(f / links) for f, links
@@ -308,7 +312,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     rounds run one after another); utilisation = useful MACs (the attention programs'
     GEMMs, the MoE rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares
     summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
-    network; bytes loaded from the memory channels; bytes the host wrote into the tiles
+    network; bytes loaded from and stored into the memory channels (of them,
+    ``memory_handoff_bytes``: attention outputs an attention round stored and a later
+    MoE round of its step loaded); bytes the host wrote into the tiles
     before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``; of the
     scratchpad words, ``host_attention_bytes`` are attention outputs an earlier round
     computed, written back where the attention round did not hand them over; of the KV
@@ -360,8 +366,12 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             waited = sum(c["wait"] for r in moe for c in r["tiles"].values())
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
-        # Bytes the programs loaded from the memory channels (streamed weights, far KV).
+        # Bytes the programs loaded from the memory channels (streamed weights, far KV)
+        # and stored into them (attention outputs for a later MoE round, which loads
+        # each word once).
         memory = sum(map(memory_words, attn + moe)) * n // steps
+        out[f"chip__{phase}__memory_handoff_bytes"] = 2 * sum(
+            sum(r.get("channel_writes") or []) for r in attn) * n // steps
         # Bytes the host wrote into the tiles before the phase's rounds (program words,
         # scratchpad words: tokens, constants, resident weights; words appended to KV
         # pages) and read back after them (outputs), and the host port's cycles for

@@ -243,7 +243,8 @@ async def chip_layer(dut):
         before, memory_before = driver.net_counters(), driver.memory_counters()
         longest = max(len(ld.instructions) + ld.looped + 1 for ld in rnd.loads.values())
         run = await driver.run_tiles(sorted(rnd.loads), CYCLES_PER_INSTRUCTION * longest
-                                     + memory_cycles * rnd.memory_words + 20_000,
+                                     + memory_cycles * (rnd.memory_words + rnd.stored_words)
+                                     + 20_000,
                                      sample=p.get("profile") or 0)
         if faults and faults.check_round(driver, index):
             report(passed=False, rounds=out, programs_once=programs_once,
@@ -280,12 +281,14 @@ async def chip_layer(dut):
         channels = [{name: a[name] - b[name] for name in ("reads", "writes", "dropped")}
                     for a, b in zip(driver.memory_counters(), memory_before, strict=True)]
         memory = {name: sum(c[name] for c in channels) for name in ("reads", "writes", "dropped")}
-        assert memory == {"reads": rnd.memory_words, "writes": 0, "dropped": 0}, (
+        assert memory == {"reads": rnd.memory_words, "writes": rnd.stored_words,
+                          "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
-            f"programs load {rnd.memory_words} words")
+            f"programs load {rnd.memory_words} words and store {rnd.stored_words}")
         out.append(_round_record(rnd, run, flits, programs, spad, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
             "channel_reads": [c["reads"] for c in channels],
+            "channel_writes": [c["writes"] for c in channels],
             **({"pc_samples": {t: sorted(c.items()) for t, c in run.pcs.items()}}
                if run.pcs else {})})
         if progress:

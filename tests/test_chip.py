@@ -17,6 +17,7 @@ from rtl.chip import Chip
 from sim.chip_run import chip_config, simulate_chip, simulate_layer
 from sim.faults import FaultPlan
 from spec.config import ChipConfig
+from spec.isa import DmaTarget
 
 #: The tiny workload's chip: one build serves every test here.
 TINY = chip_config("tiny", k=2)
@@ -159,6 +160,43 @@ def test_attention_hands_its_outputs_over_the_mesh(seed):
     attention = [(r["phase"], r["network_words"], r["flits"]) for r in result["rounds"]
                  if not r["phase"].endswith("-moe")]
     assert attention == [("prefill", 0, 4 * 5 * 3 * 2), *[("decode", 0, 4 * 3 * 2)] * 2]
+
+
+def test_later_moe_rounds_load_their_attention_outputs_from_memory(seed):
+    """tiny with heads of 16 channels (a token row of 6 heads x 2 words), MoE rounds of
+    4 tokens: the prefill's 2 x 4 token rows make two MoE rounds. On the RTL the
+    attention jobs multicast the first round's rows (sequence 0's) to every tile and
+    store the second's (sequence 1's) in the memory channels, a STORE a token, then
+    fence each channel they stored to; the second MoE round's tiles load those rows, a
+    part each, and multicast them. The host writes none of those words, into the tiles
+    or the channels; the channels count them written once and read once (their
+    counters equal the compiler's, tb.chip_tb), and every output is bit-exact."""
+    shaped = get_workload("tiny", v_head_dim=16)
+    options = {"batch": 2, "prefill": 4, "context": 9, "steps": 1, "moe_tokens": 4,
+               "seed": seed}
+    rounds = layer_rounds(TINY, shaped, 1, **options)
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 2, "decode",
+                                         "decode-moe"]
+    plan = rounds[0].handoff
+    assert (plan.first, plan.rows, plan.row, len(plan.stored)) == (4, 8, 12, 4)
+    assert rounds[0].stored_words == 4 * 12
+    stored = {(c, a + i) for c, a in plan.stored.values() for i in range(12)}
+    assert not stored & {(c, a) for r in rounds for c, image in r.memory.items()
+                         for a in image}
+    region = range(handoff_at(TINY, shaped, 4), TINY.tile.kv_start)
+    fetched = [f for load in rounds[2].loads.values() for op, f in load.dispatched
+               if op.name == "DMA" and DmaTarget(f["target"]) is DmaTarget.LOAD
+               and f["dst"] in region]
+    assert sorted((f["channel"], f["mem_addr"]) for f in fetched) == sorted(
+        (c, a) for _, c, a, _, _ in plan.parts[0])
+    assert sum(f["length"] for f in fetched) == 4 * 12
+    assert not any(set(load.spad_writes) & set(region)
+                   for r in rounds[1:3] for load in r.loads.values())
+    result = simulate_layer(TINY, shaped, 1, rounds=rounds, **options)
+    assert result["passed"] is True
+    writes = [sum(r["channel_writes"]) for r in result["rounds"]]
+    assert writes == [48, 0, 0, 0, 0]
+    assert sum(result["rounds"][2]["channel_reads"]) == rounds[2].memory_words >= 48
 
 
 def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):

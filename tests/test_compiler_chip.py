@@ -209,6 +209,59 @@ def test_a_steps_hand_off_spans_its_rounds():
     run_rounds(config, rounds, resident=True, held=HeldWords(config))
 
 
+def test_a_steps_later_moe_rounds_load_their_attention_outputs():
+    """gpt-oss, 2 sequences of 32 prompt tokens (``make sim``'s prefill): 64 token rows
+    of 64 words, two MoE rounds of 32. Sequence 0's two jobs multicast their rows (a DMA
+    a token) to every tile, where the first MoE round reads them; sequence 1's store
+    theirs into the memory channels (a STORE of its heads' 32 words a token, into the
+    channel nearest the tile that loads the row; the two jobs start on different
+    channels, 16 tokens each), fence both channels and wait for the fences, and every
+    job waits for sequence 0's rows it did not send. The second MoE
+    round's tiles each load a part of 8 rows from their nearest channel and multicast
+    it; no host write, into a tile or a channel, holds those words. Run round after
+    round on the chip's functional model, every output is golden's."""
+    config = chip_config("gpt-oss", k=2, n=8)
+    rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=32, steps=0)
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 2]
+    plan, row = rounds[0].handoff, 64
+    assert (plan.first, plan.rows, plan.row, len(plan.stored)) == (32, 64, row, 32)
+    assert rounds[0].stored_words == 32 * row
+    starts = []  # the channel each storing job stores to first
+    for job in rounds[0].jobs:
+        ops = [decode(word) for word in rounds[0].loads[job.tile].instructions]
+        dmas = [f for op, f in ops if op == Opcode.DMA and f["length"]
+                and f["remote_semaphore"] == SEM_HANDOFF or op == Opcode.DMA
+                and DmaTarget(f["target"]) is DmaTarget.STORE]
+        fences = [f["channel"] for op, f in ops if op == Opcode.DMA and not f["length"]
+                  and DmaTarget(f["target"]) is DmaTarget.LOAD]
+        waits = [f["count"] for op, f in ops if op == Opcode.WAIT
+                 and f["semaphore"] == SEM_HANDOFF]
+        kinds = {DmaTarget(f["target"]) for f in dmas}
+        if job.sequence == 0:
+            assert (len(dmas), kinds, fences, waits) == (32, {DmaTarget.TILES}, [], [32])
+        else:
+            assert (len(dmas), kinds, fences, waits) == (32, {DmaTarget.STORE}, [0, 1],
+                                                         [64 + 2])
+            got = [(f["channel"], f["mem_addr"], f["length"]) for f in dmas]
+            assert sorted(got) == sorted((c, a + job.kv_head * 32, 32) for c, a in
+                                         (plan.stored[32 + t] for t in range(32)))
+            assert [c for c, *_ in got] == [got[0][0]] * 16 + [1 - got[0][0]] * 16
+            starts.append(got[0][0])
+    assert sorted(starts) == [0, 1]
+    stored = {(c, a + i) for c, a in plan.stored.values() for i in range(row)}
+    assert not stored & {(c, a) for r in rounds for c, image in r.memory.items()
+                         for a in image}
+    region = range(handoff_at(config, get_workload("gpt-oss"), 32), config.tile.kv_start)
+    for t, load in rounds[2].loads.items():
+        assert not set(load.spad_writes) & set(region) and not load.attention_words
+        dmas = [f for op, f in load.dispatched if op == Opcode.DMA]
+        loads = [(f["channel"], f["mem_addr"], f["dst"], f["length"]) for f in dmas
+                 if DmaTarget(f["target"]) is DmaTarget.LOAD and f["dst"] in region]
+        assert loads == [(nearest_channel(config.memory_nodes, t % 2, t // 2),
+                          plan.parts[0][t][2], region[0] + 8 * row * t, 8 * row)]
+    run_rounds(config, rounds, resident=True, held=HeldWords(config))
+
+
 @pytest.mark.parametrize("weights", ["streamed", "resident"])
 def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
     """gpt-oss, 2 sequences, two decode steps, run round after round on the chip's
@@ -241,8 +294,10 @@ def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
 def test_no_hand_off_where_the_moe_round_cannot_take_it():
     """The host writes the attention outputs instead when a head's outputs are not whole
     words (tiny: 12 channels a head), when the MoE layer is dense-masked (it reads them
-    by token blocks), or when a step's tokens make more than one MoE round (a prefill of
-    2 x 20 tokens, 32 a round; a decode step's 2 still go over), or when a prefill's
+    by token blocks), or when a step's tokens make more than one MoE round and a
+    sequence's rows would span two (a prefill of 2 x 20 tokens, 32 a round, or of 2 x 4
+    tokens, 1 a round; a decode step's 2 rows still go over, the second through the
+    memory channels where rounds are of 1 token), or when a prefill's
     rows of a head are 128 words apart, past a VEC's row stride (16 heads of 64
     channels); its MoE rounds' loads name the words that hold them
     (``TileLoad.attention_words``, which the report counts apart), those of a step that
@@ -251,7 +306,7 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
     wide = get_workload("gpt-oss", v_head_dim=64)
     cases = [(chip_config("tiny", k=2), "tiny", {}, False),
              (gpt, "gpt-oss", {"moe": "dense"}, False),
-             (gpt, "gpt-oss", {"moe_tokens": 1}, False),
+             (gpt, "gpt-oss", {"moe_tokens": 1}, True),
              (gpt, "gpt-oss", {"prefill": 20}, True),
              (chip_config(wide, k=2, n=8), wide, {}, True)]
     for config, workload, options, decodes in cases:
@@ -498,8 +553,9 @@ def test_moe_rounds_take_moe_tokens_each():
 def test_a_steps_moe_rounds_stream_each_expert_once():
     """gpt-oss 2 x 2, weights streamed: a prefill step of two sequences x 32 tokens runs
     two MoE rounds, and the second loads only the experts (3,104 words each) the first
-    did not (a chain); so does the shorter second round of three sequences x 16 tokens;
-    resident weights load nothing."""
+    did not (a chain), and its token rows' attention outputs (64 words a row), which the
+    attention round stored; so does the shorter second round of three sequences x 16
+    tokens; resident weights load the rows alone."""
     config = chip_config("gpt-oss", k=2)
 
     def moe(batch, prefill, weights=None):
@@ -510,8 +566,8 @@ def test_a_steps_moe_rounds_stream_each_expert_once():
 
     for batch, prefill in ((2, 32), (3, 16)):
         (first, chosen), (second, more) = moe(batch, prefill)
-        assert second == 3104 * len(more - chosen) < first / 8
-    assert [words for words, _ in moe(2, 32, "resident")] == [0, 0]
+        assert second == 3104 * len(more - chosen) + 64 * (batch * prefill - 32) < first / 8
+    assert [words for words, _ in moe(2, 32, "resident")] == [0, 64 * 32]
 
 
 def test_the_default_kv_cache_stays_within_the_block_table():
