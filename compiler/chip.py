@@ -477,22 +477,24 @@ class HandOffPlan:
 
 
 def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
-                  tokens: int) -> HandOffPlan | None:
+                  tokens: int, stores: bool) -> HandOffPlan | None:
     """How a step that adds ``tokens`` to each of ``batch`` sequences hands its
     attention outputs to its MoE rounds of at most ``most`` tokens
     (:class:`HandOffPlan`), or None, the host writing them: no hand-off (``most``
     None); a prefill's rows of a head further apart than a VEC's row stride
-    (``dst_stride``) reaches; or more rows than one round takes where a sequence's rows
-    would span the first round and the next (``most`` not a multiple of ``tokens``),
-    the chip has no memory channels, or the channels have no room for the rows between
-    the streamed weights and the far KV pages."""
+    (``dst_stride``) reaches; or more rows than one round takes where the later rounds'
+    may not go through the memory channels (``stores`` False: the MoE weights are
+    resident, the host writing those rounds' words anyway), the chip has none, a
+    sequence's rows would span the first round and the next (``most`` not a multiple
+    of ``tokens``), or the channels have no room for the rows between the streamed
+    weights and the far KV pages."""
     if most is None:
         return None
     row, rows = _row_words(chip, wcfg), batch * tokens
     if tokens > 1 and row >= 1 << COUNT_FIELD_BITS:
         return None
     first = min(rows, most)
-    if rows > most and (most % tokens or not chip.memory_nodes):
+    if rows > most and (not stores or not chip.memory_nodes or most % tokens):
         return None
     parts, words = [], {}  # each later round's parts; each channel's words so far
     for start in range(most, rows, most):
@@ -523,7 +525,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                      placement: str = "local", seed: int = 1,
                      schedule: list[Step] | None = None,
                      prefill_chunk: int = PREFILL_CHUNK,
-                     handoff: int | None = None) -> list[ChipRound]:
+                     handoff: int | None = None, stores: bool = False) -> list[ChipRound]:
     """The rounds of a batch: prefill of ``prefill`` prompt tokens per sequence (if > 0),
     then ``steps`` decode steps, sequence s starting from ``contexts(...)[s]`` tokens —
     or the steps of ``schedule`` (see :func:`agent_schedule`); a step that adds more
@@ -531,8 +533,9 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
     ``handoff`` (the most tokens the MoE round that follows a step takes), the jobs of a
     step that adds at most that many tokens hand their outputs to every tile at
     :func:`handoff_at` (row s·T + t token t of the T each sequence s adds), where that
-    round reads them. Raises ValueError for a placement, shape or capacity the chip
-    cannot take."""
+    round reads them; with ``stores`` too, a step of more tokens hands the later MoE
+    rounds' rows over through the memory channels (:class:`HandOffPlan`). Raises
+    ValueError for a placement, shape or capacity the chip cannot take."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
     if batch < 1:
@@ -571,7 +574,7 @@ def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: in
                          f"{placement} placement): a shorter context, a smaller batch or "
                          "--moe off (no room kept for the MoE layer) fit more")
     batch_ = _Batch(chip, wcfg, layer, batch_workloads(wcfg, batch, max(longest, 1), seed),
-                    PLACEMENTS[placement], handoff)
+                    PLACEMENTS[placement], handoff, stores)
     return [batch_.round(phase, lengths, before, slot, evict)
             for (phase, lengths, evict), before in zip(schedule, cached, strict=True)
             for slot in range(batch_.slots)]
@@ -610,9 +613,10 @@ class _Batch:
     and KV bookkeeping, and one :class:`ChipRound` per (step, job slot)."""
 
     def __init__(self, chip: ChipConfig, wcfg: WorkloadConfig, layer: int,
-                 workloads: list[Workload], placement: Placement, handoff: int | None):
+                 workloads: list[Workload], placement: Placement, handoff: int | None,
+                 stores: bool):
         self.chip, self.wcfg, self.layer, self.placement = chip, wcfg, layer, placement
-        self.handoff_tokens = handoff
+        self.handoff_tokens, self.stores = handoff, stores
         p = f"attn{layer}."
         self.data = [(wl, wl.tensors[p + "q_prefill"], wl.tensors[p + "k_prefill"],
                       wl.tensors[p + "v_prefill"]) for wl in workloads]
@@ -630,7 +634,8 @@ class _Batch:
         T = self.chip.tiles
         build, jobs = _RoundBuild(), []
         tokens = _new_tokens(phase, lengths[0], before[0])
-        plan = _handoff_plan(self.chip, self.wcfg, self.handoff_tokens, len(lengths), tokens)
+        plan = _handoff_plan(self.chip, self.wcfg, self.handoff_tokens, len(lengths), tokens,
+                             self.stores)
         for j in range(slot * T, min((slot + 1) * T, self.jobs_total)):
             s, g = divmod(j, self.kvh)
             job, k, v = self._job(phase, s, g, j % T, lengths[s], before[s], slot, plan)
@@ -1007,8 +1012,9 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     computed on the home tile at the start of the MoE round (``golden.decoder``). With
     sparse MoE rounds, of a workload whose heads' outputs are whole words, a step's
     attention jobs hand their outputs over (:class:`HandOffPlan`; the host writes them
-    where :func:`_handoff_plan` says none): the first MoE round's to every tile, the
-    later rounds' into the memory channels, where those rounds load them."""
+    where :func:`_handoff_plan` says none): the first MoE round's to every tile and,
+    with the weights streamed, the later rounds' into the memory channels, where those
+    rounds load them."""
     if moe not in MOE_MODES:
         raise ValueError(f"--moe {moe!r}: one of {', '.join(MOE_MODES)}")
     check_moe_tokens(moe_tokens)
@@ -1021,7 +1027,8 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     rounds = attention_rounds(chip, workload, layer, batch=batch, prefill=prefill,
                               context=context, steps=steps, placement=placement, seed=seed,
                               schedule=schedule, prefill_chunk=prefill_chunk,
-                              handoff=handoff)
+                              handoff=handoff, stores=moe == "sparse" and check_weights(
+                                  weights, moe, chip) == "streamed")
     if moe == "off":
         return rounds
     out: list[ChipRound] = []
