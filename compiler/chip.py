@@ -460,20 +460,15 @@ class HandOffPlan:
     round's are stored in the memory channels (``stored``: row -> (channel, its first
     word)), in ``parts``, one list per later round of (tile, channel, first word, its
     first row in the round, rows): that round's tile loads its part and multicasts it
-    to the others. In the attention round the rows sit from ``lo`` up to the KV pages,
-    the first round's at the top."""
+    to the others. A job whose rows are stored writes its heads' outputs just below
+    ``at`` in the attention round, a token after another, before it stores them."""
 
     at: int
-    lo: int
     row: int
     first: int
     rows: int
     stored: dict[int, tuple[int, int]] = field(default_factory=dict)
     parts: tuple[tuple[tuple[int, int, int, int, int], ...], ...] = ()
-
-    def row_at(self, r: int) -> int:
-        """The attention round's word of row r's first channel."""
-        return self.at + r * self.row if r < self.first else self.lo + (r - self.first) * self.row
 
 
 def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
@@ -515,8 +510,7 @@ def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batc
     stored = {start + lo + r: (c, word + r * row)
               for start, rnd in zip(range(most, rows, most), parts, strict=True)
               for _, c, word, lo, n in rnd for r in range(n)}
-    return HandOffPlan(handoff_at(chip, wcfg, first), handoff_at(chip, wcfg, rows), row,
-                       first, rows, stored, parts)
+    return HandOffPlan(handoff_at(chip, wcfg, first), row, first, rows, stored, parts)
 
 
 def attention_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *,
@@ -693,7 +687,8 @@ class _Batch:
         tokens = _new_tokens(phase, length, before)
         place = {}
         if plan is not None:
-            head = g * full.group * ceil_div(full.v_head_dim, chip.tile.n)
+            words = full.group * ceil_div(full.v_head_dim, chip.tile.n)  # a token's here
+            head = g * words
             # The round's other jobs' rows that come over the mesh (a sequence's rows
             # are all the first MoE round's or all a later one's).
             others = [j // self.kvh for j in range(slot * chip.tiles, min(
@@ -706,16 +701,21 @@ class _Batch:
             channels = len(chip.memory_nodes)
             stored = dict(sorted(stored.items(),
                                  key=lambda item: ((item[1][0] - tile) % channels, item[0])))
-            place = {"out_at": plan.row_at(s * tokens) + head,
+            # Rows the first MoE round reads: in place in the region; rows stored: just
+            # below it, the job's heads' words a token.
+            out_at, token_words = ((plan.at + s * tokens * plan.row + head, plan.row)
+                                   if s * tokens < plan.first else
+                                   (plan.at - tokens * words, words))
+            place = {"out_at": out_at,
                      "hand_off": HandOff(sum(chip.mask(d) for d in range(chip.tiles)
                                              if d != tile),
                                          SEM_HANDOFF,
                                          tokens * sum(o * tokens < plan.first for o in others),
-                                         (plan.lo, chip.tile.kv_start), stored)}
+                                         (min(out_at, plan.at), chip.tile.kv_start), stored)}
         if phase != "decode":
             first = length - tokens
             if plan is not None:
-                place["token_words"] = plan.row
+                place["token_words"] = token_words
             program = build_extend(chip.tile, jl, q[first:length, heads], kk, vv,
                                    allocator=allocator, first_row=2 * slot, **place)
             args = (q[:length, heads], kk, vv, scales)
