@@ -618,6 +618,8 @@ class _Batch:
         self.full = AttentionLayer.from_workload(workloads[0], layer)
         self.scales = workloads[0].attention_scales(layer)
         self.kvh = wcfg.kv_heads
+        # A job's words of a token's outputs: its query heads', side by side.
+        self.job_words = self.full.group * ceil_div(self.full.v_head_dim, chip.tile.n)
         self.jobs_total = len(workloads) * self.kvh
         self.slots = _job_slots(chip, self.jobs_total)
         self.tiles = _Tiles(chip, self.slots, placement)
@@ -640,14 +642,14 @@ class _Batch:
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
+        stored = 0  # words the jobs store for the step's later MoE rounds
         if plan is not None:
             self._hand_off(jobs, build.loads, plan, tokens)
+            stored = self.job_words * tokens * sum(job.sequence * tokens >= plan.first
+                                                   for job in jobs)
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
                         workloads=[wl for wl, *_ in self.data], memory=build.memory,
-                        memory_words=build.memory_words, handoff=plan)
-        if plan is not None:
-            rnd.stored_words = sum(tokens for job in jobs if job.sequence * tokens >= plan.first) \
-                * self.full.group * ceil_div(self.full.v_head_dim, self.chip.tile.n)
+                        memory_words=build.memory_words, handoff=plan, stored_words=stored)
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
@@ -687,7 +689,7 @@ class _Batch:
         tokens = _new_tokens(phase, length, before)
         place = {}
         if plan is not None:
-            words = full.group * ceil_div(full.v_head_dim, chip.tile.n)  # a token's here
+            words = self.job_words
             head = g * words
             # The round's other jobs' rows that come over the mesh (a sequence's rows
             # are all the first MoE round's or all a later one's).
