@@ -470,6 +470,12 @@ class HandOffPlan:
     stored: dict[int, tuple[int, int]] = field(default_factory=dict)
     parts: tuple[tuple[tuple[int, int, int, int, int], ...], ...] = ()
 
+    def meshed(self, sequence: int, tokens: int) -> bool:
+        """Whether the rows of ``sequence`` (``tokens`` a sequence) are the first MoE
+        round's, handed over the mesh (a sequence's rows are all the first round's or
+        all a later one's)."""
+        return sequence * tokens < self.first
+
 
 def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
                   tokens: int, stores: bool) -> HandOffPlan | None:
@@ -645,7 +651,7 @@ class _Batch:
         stored = 0  # words the jobs store for the step's later MoE rounds
         if plan is not None:
             self._hand_off(jobs, build.loads, plan, tokens)
-            stored = self.job_words * tokens * sum(job.sequence * tokens >= plan.first
+            stored = self.job_words * tokens * sum(not plan.meshed(job.sequence, tokens)
                                                    for job in jobs)
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
                         workloads=[wl for wl, *_ in self.data], memory=build.memory,
@@ -663,7 +669,7 @@ class _Batch:
         that go over the mesh, a DMA per job and token of the first MoE round's
         (:class:`compiler.attention.HandOff`), before its HALT."""
         busy = {job.tile for job in jobs}
-        count = sum(tokens for job in jobs if job.sequence * tokens < plan.first)
+        count = sum(tokens for job in jobs if plan.meshed(job.sequence, tokens))
         for t in range(self.chip.tiles):
             if t not in busy and count:  # none, or a striped owner's page sends only
                 load = loads.setdefault(t, TileLoad([encode(Opcode.HALT)], {}, []))
@@ -691,28 +697,27 @@ class _Batch:
         if plan is not None:
             words = self.job_words
             head = g * words
-            # The round's other jobs' rows that come over the mesh (a sequence's rows
-            # are all the first MoE round's or all a later one's).
+            # The sequences of the round's other jobs.
             others = [j // self.kvh for j in range(slot * chip.tiles, min(
                 (slot + 1) * chip.tiles, self.jobs_total)) if j != s * self.kvh + g]
             # Its stores tile by tile from a different channel, so that the jobs of a
             # round keep every channel busy at once.
-            stored = {t: (c, word + head) for t in range(tokens)
-                      for c, word in [plan.stored.get(s * tokens + t, (None, 0))]
-                      if c is not None}
             channels = len(chip.memory_nodes)
+            stored = {t: (c, word + head) for t in range(tokens)
+                      if s * tokens + t in plan.stored
+                      for c, word in [plan.stored[s * tokens + t]]}
             stored = dict(sorted(stored.items(),
                                  key=lambda item: ((item[1][0] - tile) % channels, item[0])))
             # Rows the first MoE round reads: in place in the region; rows stored: just
             # below it, the job's heads' words a token.
             out_at, token_words = ((plan.at + s * tokens * plan.row + head, plan.row)
-                                   if s * tokens < plan.first else
+                                   if plan.meshed(s, tokens) else
                                    (plan.at - tokens * words, words))
             place = {"out_at": out_at,
                      "hand_off": HandOff(sum(chip.mask(d) for d in range(chip.tiles)
                                              if d != tile),
                                          SEM_HANDOFF,
-                                         tokens * sum(o * tokens < plan.first for o in others),
+                                         tokens * sum(plan.meshed(o, tokens) for o in others),
                                          (min(out_at, plan.at), chip.tile.kv_start), stored)}
         if phase != "decode":
             first = length - tokens

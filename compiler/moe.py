@@ -546,12 +546,16 @@ class _ExpertTiles:
                 loads[-1] = (*last[:3], last[3] + count)
             else:
                 loads.append((address, channel, base, count))
-        most = min(MAX_DMA_LENGTH, (1 << length_bits(self.n)) - 1)
+        most = self.longest_load()
         split = []
         for address, channel, base, count in loads:
             split += [(address + i, channel, base + i, min(most, count - i))
                       for i in range(0, count, most)]
         loads[:] = split
+
+    def longest_load(self) -> int:
+        """The most words one memory load moves: what a DMA and a read request carry."""
+        return min(MAX_DMA_LENGTH, (1 << length_bits(self.n)) - 1)
 
     def tile_programs(self, output_words: list[int], shape: tuple[int, int],
                       reader: OutputRows) -> list[TileProgram]:

@@ -80,7 +80,6 @@ from spec.isa import (
     tile_bit,
     tile_index,
 )
-from spec.memory import length_bits
 
 __all__ = ["SEM_INPUTS", "SEM_RESULTS", "SEM_WEIGHTS", "StepRound", "build_sparse_moe"]
 
@@ -450,7 +449,7 @@ class _SparseBuild(_ExpertTiles):
         tile has projected), which wait for every part."""
         at, n = self.projection.at, self.n
         row = ceil_div(self.channels, n)
-        most = min(MAX_DMA_LENGTH, (1 << length_bits(n)) - 1)
+        most = self.longest_load()
         arrivals = dict.fromkeys(self.slices, 0)
         for tile, channel, word, first, rows in self.projection.fetch:
             e, size = self.emitters[tile], rows * row
