@@ -9,7 +9,9 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
   most work — its new tokens ``t`` and ``t`` x its context, the tiles working in parallel —
   for cycles, and by the sums over its jobs for energy; with far placement (KV pages
   loaded from the memory channels every step) also by the busiest channel's contexts
-  (the pages its tiles load) for cycles and all the jobs' contexts for energy;
+  (the pages its tiles load) for cycles and all the jobs' contexts for energy; with
+  streamed weights also by the tokens its jobs store in the memory channels, the rows
+  of a step's later MoE rounds (:class:`Job`);
 - a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens,
   whether it loads the layer's first weights (``W_o``, the router) and the most experts
   it loads behind one memory channel (expert ``e`` on tile ``e mod tiles``, a tile on
@@ -40,10 +42,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["KEPT", "MOVE_CYCLES_PER_WORD", "MOVE_LATENCY", "CostModel", "Plan", "Shape",
+__all__ = ["KEPT", "MOVE_CYCLES_PER_WORD", "MOVE_LATENCY", "CostModel", "Job", "Plan", "Shape",
            "attention_features", "calibrate", "calibration_plan", "fit", "fit_runs", "kept",
            "load_or_calibrate", "round_samples", "source_digest", "step_totals"]
 
@@ -67,6 +70,16 @@ ROUTING_DRAWS = 256
 #: in 2,360, over one hop or two, two pairs of tiles at once no slower; checked by
 #: tests/test_serve.py): a word a flit, a packet of 8 words a cycle more.
 MOVE_LATENCY, MOVE_CYCLES_PER_WORD = 36, 1.135
+
+
+class Job(NamedTuple):
+    """An attention job: a sequence's KV head over the ``tokens`` the step adds, its
+    ``context`` after them; ``stored``, of those tokens, the ones whose rows a later MoE
+    round of the step takes through the memory channels, the job storing its heads'
+    outputs there (``compiler.chip.HandOffPlan``)."""
+    tokens: int
+    context: int
+    stored: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,10 +107,25 @@ class Shape:
         """The tiles' channels when the jobs load their KV pages from them, else ()."""
         return self.channels if self.kv_from_memory else ()
 
-    def attention_rounds(self, jobs: list[tuple[int, int]], tiles: int | None = None
-                         ) -> list[list[tuple[int, int]]]:
-        """Jobs (new tokens, context after them) in rounds of one job per tile (of
-        ``tiles``, default every tile)."""
+    def jobs(self, sequences: list[tuple[int, int]], window: int | None = None
+             ) -> list[Job]:
+        """A step's attention jobs over ``sequences`` (new tokens, context after them):
+        one a KV head of each sequence with new tokens, its context capped by the
+        ``window`` (None: full). The step's token rows are the sequences' tokens in turn;
+        in a chain (:meth:`chain`) the rows past the first MoE round's are stored."""
+        chain = self.chain(len(self.moe_rounds(sum(t for t, _ in sequences))))
+        out, row = [], 0
+        for t, context in sequences:
+            stored = min(t, max(0, row + t - self.moe_tokens)) if chain else 0
+            row += t
+            if t:
+                job = Job(t, context if window is None else min(context, window), stored)
+                out += [job] * self.kv_heads
+        return out
+
+    def attention_rounds(self, jobs: list[Job], tiles: int | None = None
+                         ) -> list[list[Job]]:
+        """Jobs in rounds of one job per tile (of ``tiles``, default every tile)."""
         size = tiles or self.tiles
         return [jobs[i:i + size] for i in range(0, len(jobs), size)]
 
@@ -185,21 +213,29 @@ def _expected_chain(shape: Shape, sizes: tuple[int, ...]) -> tuple[tuple[float, 
     return tuple(tuple(f.mean(axis=0)) for f in shape.chain_features(loads))
 
 
-def attention_features(jobs: list[tuple[int, int]], channels: tuple[int, ...] = ()
+def attention_features(jobs: list[Job], channels: tuple[int, ...] = (), stores: bool = False
                        ) -> tuple[list[float], list[float]]:
     """A round's features for cycles, (1, t, t x context) of its largest job, and for
     energy, (1, Σ t, Σ t x context, jobs) over its jobs. ``channels``, each tile's memory
     channel when the jobs load their KV pages from it (job i on tile i): then also the
-    most context behind one channel for cycles and Σ context for energy."""
+    most context behind one channel for cycles and Σ context for energy. ``stores``, a
+    chip whose jobs may store their outputs for a later MoE round (streamed weights):
+    then also the tokens they store, Σ stored for both (the stores are spread over the
+    channels)."""
     biggest = max(jobs, key=lambda job: (job[0] * job[1], job[0]))
     cycles = [1.0, biggest[0], biggest[0] * biggest[1]]
-    energy = [1.0, sum(t for t, _ in jobs), sum(t * c for t, c in jobs), len(jobs)]
+    energy = [1.0, sum(job[0] for job in jobs), sum(job[0] * job[1] for job in jobs),
+              len(jobs)]
     if channels:
         behind = [0] * (max(channels) + 1)
-        for tile, (_, context) in enumerate(jobs):
-            behind[channels[tile]] += context
+        for tile, job in enumerate(jobs):
+            behind[channels[tile]] += job[1]
         cycles.append(max(behind))
-        energy.append(sum(c for _, c in jobs))
+        energy.append(sum(job[1] for job in jobs))
+    if stores:
+        stored = sum(job.stored for job in jobs)
+        cycles.append(stored)
+        energy.append(stored)
     return cycles, energy
 
 
@@ -217,7 +253,7 @@ class CostModel:
         """Cycles and energy (pJ) of one layer's step over ``sequences`` (new tokens,
         context after them) whose attention layer has ``window`` (None: full), its MoE
         rounds at their expected routing."""
-        cycles, energy = self.attention(self._jobs(sequences, window))
+        cycles, energy = self.attention(self.shape.jobs(sequences, window))
         c, e = self._moe_step(sum(t for t, _ in sequences))
         return cycles + c, energy + e
 
@@ -226,12 +262,15 @@ class CostModel:
         """:meth:`step` with the attention jobs of ``prefill`` on the first
         ``prefill_tiles`` tiles and those of ``decode`` on the others, the two groups'
         rounds running at once (the step's attention takes the longer group's time), then
-        one MoE pass over every token of both on the whole chip."""
-        groups = ((prefill, range(prefill_tiles)),
-                  (decode, range(prefill_tiles, self.shape.tiles)))
+        one MoE pass over every token of both on the whole chip (the prefill's rows
+        first)."""
+        jobs = self.shape.jobs(prefill + decode, window)
+        first = self.shape.kv_heads * sum(1 for t, _ in prefill if t)
+        groups = ((jobs[:first], range(prefill_tiles)),
+                  (jobs[first:], range(prefill_tiles, self.shape.tiles)))
         cycles = energy = 0.0
-        for sequences, tiles in groups:
-            c, e = self.attention(self._jobs(sequences, window), tiles)
+        for group, tiles in groups:
+            c, e = self.attention(group, tiles)
             cycles, energy = max(cycles, c), energy + e
         c, e = self._moe_step(sum(t for t, _ in prefill + decode))
         return cycles + c, energy + e
@@ -247,13 +286,6 @@ class CostModel:
         return (MOVE_LATENCY + MOVE_CYCLES_PER_WORD * busiest,
                 sum(job_words) * self.shape.move_word_pj)
 
-    def _jobs(self, sequences: list[tuple[int, int]], window: int | None
-              ) -> list[tuple[int, int]]:
-        """One job a KV head of each sequence with new tokens, its context capped by the
-        window."""
-        return [(t, c if window is None else min(c, window)) for t, c in sequences
-                for _ in range(self.shape.kv_heads) if t]
-
     def _moe_step(self, tokens: int) -> tuple[float, float]:
         cycles = energy = 0.0
         for features in self.shape.expected_step(tokens):
@@ -261,7 +293,7 @@ class CostModel:
             cycles, energy = cycles + c, energy + e
         return cycles, energy
 
-    def attention(self, jobs: list[tuple[int, int]], tiles: range | None = None
+    def attention(self, jobs: list[Job], tiles: range | None = None
                   ) -> tuple[float, float]:
         """Cycles and energy of a step's attention rounds over ``jobs``, on ``tiles``
         (default every tile; a job a tile a round)."""
@@ -270,7 +302,7 @@ class CostModel:
         channels = tuple(channels[t] for t in tiles) if channels else ()
         cycles = energy = 0.0
         for rnd in self.shape.attention_rounds(jobs, len(tiles)):
-            fc, fe = attention_features(rnd, channels)
+            fc, fe = attention_features(rnd, channels, self.shape.chained)
             cycles += self._apply("attention_cycles", fc)
             energy += self._apply("attention_energy", fe)
         return cycles, energy
@@ -294,12 +326,11 @@ def kept(record: dict, energy_pj: float) -> dict:
             "energy_pj": round(energy_pj)}
 
 
-def _jobs(shape: Shape, record: dict) -> list[tuple[int, int]]:
-    """An attention record's step's jobs (new tokens, context after them)."""
+def _jobs(shape: Shape, record: dict) -> list[Job]:
+    """An attention record's step's jobs."""
     contexts = record["contexts"]
     per_sequence = record["tokens"] // len(contexts)
-    return [(per_sequence, contexts[j // shape.kv_heads])
-            for j in range(len(contexts) * shape.kv_heads)]
+    return shape.jobs([(per_sequence, context) for context in contexts])
 
 
 def _steps(rounds: list[dict]) -> list[list[dict]]:
@@ -325,7 +356,7 @@ def round_samples(shape: Shape, rounds: list[dict]) -> list[tuple]:
         slots = shape.attention_rounds(_jobs(shape, step[0]))
         attention = [r for r in step if not r["phase"].endswith("moe")]
         for record, jobs in zip(attention, slots, strict=True):
-            fc, fe = attention_features(jobs, shape.kv_channels)
+            fc, fe = attention_features(jobs, shape.kv_channels, shape.chained)
             out.append(("attention", fc, fe, record["cycles"], record["energy_pj"]))
         moe = step[len(attention):]
         for record, f in zip(moe, shape.step_features([r["expert_load"] for r in moe]),
@@ -406,12 +437,13 @@ def calibration_plan(max_sequences: int, max_context: Callable[[int], int]) -> l
     big = max_sequences
     # The decodes: batches from one to the most the chip holds, a quarter and a half of
     # it between (their routings load from a few experts behind a memory channel to all
-    # of them). The prefills: steps of one to four sequences' 32-token chunks, whose MoE
-    # rounds are chains of one to four (docs/moe_mapping.md#streamed-weights).
+    # of them). The prefills: steps of one to eight sequences' 32-token chunks, whose MoE
+    # rounds are chains of one to eight (docs/moe_mapping.md#streamed-weights): a chain's
+    # later rounds have a model of their own, fitted to the seven of the longest.
     plans = [decode(1, 0.1), decode(2, 0.8), decode(min(4, big), 0.4),
              decode(max(1, big // 4), 0.5), decode(max(1, big // 2), 0.25), decode(big, 0.9),
              decode(big, 0.15), Plan("prefill", 1, 96), Plan("prefill", min(2, big), 64),
-             Plan("prefill", min(4, big), 32),
+             Plan("prefill", min(4, big), 32), Plan("prefill", min(8, big), 32),
              decode(min(3, big), 0.6, True), decode(max(1, big * 3 // 4), 0.3, True),
              Plan("prefill", min(3, big), 32, True)]
     return list(dict.fromkeys(plans))

@@ -12,6 +12,7 @@ from serve.cost import (
     MOVE_CYCLES_PER_WORD,
     MOVE_LATENCY,
     CostModel,
+    Job,
     Shape,
     attention_features,
     calibration_plan,
@@ -97,26 +98,27 @@ def test_generated_lengths_and_prefixes(seed):
 
 def test_fit_recovers_linear_rounds(seed):
     """Steps of 1 to 64 tokens: lone MoE rounds and chains of rounds that share the
-    weights they stream, each round's host-port cycles kept apart; the fit finds the
-    coefficients that made the rounds' cycles."""
+    weights they stream, whose attention jobs store the later rounds' rows, each round's
+    host-port cycles kept apart; the fit finds the coefficients that made the rounds'
+    cycles."""
     rng = np.random.default_rng(seed)
     shape = replace(SHAPE, chained=True)
-    truth = linear_model(attention=(500.0, 7.0, 0.25),
+    truth = linear_model(attention=(500.0, 7.0, 0.25, 40.0),
                          moe=(300.0, 150.0, 20.0, 900.0, 0.0, 0.0, 700.0, 0.0), shape=shape)
     truth.coefficients["moe_energy"] = [10.0, 40.0, 2.0, 50.0, 30.0, 0.0, 3.0, 1.0]
     # A chain's later rounds have a model of their own (bound by compute, not memory).
     truth.coefficients["moe_later_cycles"] = [200.0, 0.0, 90.0, 100.0, 0.0, 0.0, 500.0, 0.0]
     truth.coefficients["moe_later_energy"] = [5.0, 0.0, 4.0, 20.0, 60.0, 0.0, 1.0, 2.0]
-    truth.coefficients["attention_energy"] = [30.0, 2.0, 0.5, 9.0]
+    truth.coefficients["attention_energy"] = [30.0, 2.0, 0.5, 9.0, 3.0]
     records = []
     for _ in range(16):
         batch = int(rng.integers(1, 5))
         contexts = [int(c) for c in rng.integers(20, 400, batch)]
         tokens = int(rng.choice([1, 8, 16]))
         host = float(rng.integers(50, 5000))  # the host port's, kept apart
-        jobs = [(tokens, contexts[j // 2]) for j in range(2 * batch)]
-        for rnd in SHAPE.attention_rounds(jobs):
-            fc, fe = attention_features(rnd)
+        jobs = shape.jobs([(tokens, context) for context in contexts])
+        for rnd in shape.attention_rounds(jobs):
+            fc, fe = attention_features(rnd, stores=True)
             cycles = np.dot(truth.coefficients["attention_cycles"], fc)
             records.append({"phase": "extend", "contexts": contexts, "tokens": tokens * batch,
                             "cycles": cycles, "host_cycles": host,
@@ -132,6 +134,7 @@ def test_fit_recovers_linear_rounds(seed):
                             "cycles": cycles, "host_cycles": host,
                             "energy_pj": energy})
     model = fit(shape, round_samples(shape, records))
+    assert model.coefficients["attention_cycles"] == pytest.approx([500.0, 7.0, 0.25, 40.0])
     # The cycle models leave out the experts loaded and the busiest tile's experts and pairs.
     for kind in ("moe", "moe_later"):
         assert [model.coefficients[f"{kind}_cycles"][i] for i in (4, 5, 7)] == [0, 0, 0]
@@ -171,6 +174,26 @@ def test_far_attention_rounds_are_priced_by_the_pages_behind_each_channel():
         [1.0, 1, 100, 150], [1.0, 4, 190, 4, 190])
     assert replace(far, kv_from_memory=False).kv_channels == ()
     assert attention_features(jobs) == ([1.0, 1, 100], [1.0, 4, 190, 4])
+
+
+def test_a_chains_jobs_store_the_rows_of_its_later_moe_rounds():
+    """Streamed weights (a chain of MoE rounds of 4 tokens): the step's rows are the
+    sequences' tokens in turn; a job stores those past the first round's, which its
+    round's features count (their cycles and energy); lone rounds store nothing."""
+    chain = replace(SHAPE, chained=True)
+    jobs = chain.jobs([(2, 10), (1, 5), (0, 7), (3, 20)], window=16)
+    assert jobs == [Job(2, 10, 0)] * 2 + [Job(1, 5, 0)] * 2 + [Job(3, 16, 2)] * 2
+    assert [job.stored for job in chain.jobs([(2, 10)] * 2)] == [0] * 4  # one round
+    assert [job.stored for job in SHAPE.jobs([(2, 10), (1, 5), (3, 20)])] == [0] * 6
+    first, second = chain.attention_rounds(chain.jobs([(4, 10), (4, 20), (2, 30)]))
+    assert attention_features(first, stores=True) == ([1.0, 4, 80, 8], [1.0, 16, 240, 4, 8])
+    assert attention_features(second, stores=True) == ([1.0, 2, 60, 4], [1.0, 4, 120, 2, 4])
+    model = linear_model(attention=(1000.0, 0.0, 0.0, 10.0), shape=chain)
+    model.coefficients["attention_energy"] = [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert model.step([(4, 10), (4, 20), (2, 30)]) == (2000.0 + 80 + 40, 8.0 + 4)
+    # The split policy: the prefill's rows first (7 rows: the decode's one is stored).
+    assert model.split_step([(4, 10), (2, 12)], [(1, 30)], None, 2) == (
+        1000.0 + 1000 + 40, 4.0 + 2)
 
 
 def test_step_places_jobs_like_the_compiler():
