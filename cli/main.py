@@ -295,7 +295,7 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
     if what or handed:
         host = (["tokens", "constants"] + ([] if streamed or args.moe == "off" else
                                             ["MoE weights"])
-                + ([] if args.placement == "far" else ["KV pages"]))
+                + ["KV appends" + (" (into the channels)" if args.placement == "far" else "")])
         moved = [f"{metrics[f'chip__{phase}__{key}']:,} B {label}"
                  for phase, key, label in labels if f"chip__{phase}__{key}" in metrics]
         parts = [f"{' and '.join(what)} loaded from them"] if what else []
@@ -303,18 +303,18 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
             parts.append("attention outputs an attention round stored in them for its step's "
                          f"later MoE rounds to load ({', '.join(handed)}, stored and loaded)")
         return line + (f"{', and '.join(parts)}, within the count ({', '.join(moved)} in "
-                       "all); not counted: the memory image (written by the host once, "
-                       f"before the rounds that read it); the {', '.join(host)} go through "
-                       "the host port (next line, docs/chip.md)")
+                       "all); outside it, the host's transfers (next line, docs/chip.md): "
+                       "the memory image once, before the first round, and before each "
+                       f"round the {', '.join(host)}")
     return line + ("not used by these programs: weights, tokens and KV pages go through the "
                    "host port before their round (next line, docs/chip.md)")
 
 
 def _host_line(metrics: dict) -> str:
-    """What the host wrote into the tiles before the rounds and read back after them:
-    the programs once, before the first round; per phase, bytes by kind and the host
-    port's cycles (measured; outside the rounds' cycles, and the phase's cycles with
-    them)."""
+    """What the host wrote before the rounds and read back after them: the programs and
+    the memory image once, before the first round; per phase, bytes by kind and the
+    cycles the transfers took (measured; outside the rounds' cycles, and the phase's
+    cycles with them)."""
     parts, totals = [], []
     for phase, label, name in (("prefill", "prefill", "cycles"),
                                ("decode", "per decode step", "cycles_per_token")):
@@ -335,13 +335,14 @@ def _host_line(metrics: dict) -> str:
                      f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
                      f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")
         totals.append(f"{label} {metrics[f'chip__{phase}__{name}_with_host']:,}")
-    once = ""
-    if "chip__host__programs_once_bytes" in metrics:
-        once = (f"the programs once, before the first round, "
-                f"{metrics['chip__host__programs_once_bytes']:,} B in "
-                f"{metrics['chip__host__programs_once_cycles']:,} cycles (in no phase); ")
-    return ("through the host port before and after each round, the tiles idle, outside "
-            "the rounds' cycles: " + once + "; ".join(parts)
+    once = [f"the {what} {metrics[f'chip__host__{key}_once_bytes']:,} B in "
+            f"{metrics[f'chip__host__{key}_once_cycles']:,} cycles"
+            for key, what in (("programs", "programs"), ("memory", "memory image"))
+            if metrics.get(f"chip__host__{key}_once_bytes")]
+    once = f"once, before the first round (in no phase): {', '.join(once)}; " if once else ""
+    return ("the host's transfers before and after each round, the tiles idle, outside the "
+            "rounds' cycles (through the host port; the memory image and far placement's "
+            "KV appends through the memory channels' write port): " + once + "; ".join(parts)
             + f" (with them: {', '.join(totals)} cycles)")
 
 

@@ -48,8 +48,8 @@ __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_C
            "WEIGHT_MODES",
            "ChipRound", "HeldWords", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy",
            "agent_schedule", "attention_rounds", "batch_workloads", "check_moe_tokens",
-           "chunked", "contexts", "first_programs", "layer_rounds", "moe_round", "moe_words",
-           "place_programs"]
+           "chunked", "contexts", "first_memory", "first_programs", "layer_rounds", "moe_round",
+           "moe_words", "place_programs"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -155,10 +155,17 @@ class ChipRound:
     tokens: int = 1
     #: The run's workloads, one per sequence (one layer: the same weights and scales).
     workloads: list[Workload] = field(default_factory=list)
-    #: The memory image the round's programs read ({channel: {address: word}}, written
-    #: by the host once, before the first round that needs it) and the words they load.
+    #: The memory image the round's programs read ({channel: {address: word}}: the MoE
+    #: layer's streamed weights, the same in every round, written by the host once,
+    #: before the first round) and the words they load (far KV pages included).
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
     memory_words: int = 0
+    #: Far placement: the KV pages the round's jobs load, as they are in the memory
+    #: channels ({channel: {address: word}}); the host writes the words that changed
+    #: since the round before: the step's KV appends, and those of a context the run
+    #: starts from (``kv_image_older``: the addresses of tokens older than the step's).
+    kv_image: dict[int, dict[int, int]] = field(default_factory=dict)
+    kv_image_older: dict[int, set[int]] = field(default_factory=dict)
     #: How the round's jobs hand their outputs to the step's MoE rounds, or None: the
     #: host writes them.
     handoff: HandOffPlan | None = None
@@ -363,14 +370,20 @@ class FarPlacement(Placement):
         if not chip.memory_nodes:
             raise ValueError("far placement keeps KV pages in the memory channels; this "
                              "chip has none")
+        older = k.shape[0] - job.new_tokens  # tokens before the step's own
         for row in range(kv.table.shape[0]):
             for logical in range(kv.pages):
                 page = int(kv.table[row, logical])
                 frame = cfg.page_address(page)
                 channel, base = chip.far_page(c, page)
-                image = rnd.memory.setdefault(channel, {})
-                image.update({base + a - frame: w for a, w in job.program.kv_words.items()
-                              if frame <= a < frame + cfg.page_words})
+                image = rnd.kv_image.setdefault(channel, {})
+                words = {a - frame: w for a, w in job.program.kv_words.items()
+                         if frame <= a < frame + cfg.page_words}
+                image.update({base + a: w for a, w in words.items()})
+                # Word a of a page holds token a mod page_size of it (compiler.kv).
+                rnd.kv_image_older.setdefault(channel, set()).update(
+                    base + a for a in words if logical * cfg.page_size + a % cfg.page_size
+                    < older)
                 rnd.pulls.setdefault(c, []).append((frame, channel, base))
                 rnd.memory_words += cfg.page_words
 
@@ -398,13 +411,15 @@ PLACEMENTS: dict[str, Placement] = {p.name: p for p in (LocalPlacement(), Stripe
 class _RoundBuild:
     """What a round gathers while its jobs are placed: every tile's load, the pages
     owners send (striped), the allocators of pages stored for others, words moved; far:
-    the memory image of the pages, the loads each tile makes and the words loaded."""
+    the pages as they are in the memory channels, the loads each tile makes and the
+    words loaded."""
 
     loads: dict[int, TileLoad] = field(default_factory=dict)
     sends: dict = field(default_factory=dict)
     foreign: dict = field(default_factory=dict)
     network: int = 0
-    memory: dict[int, dict[int, int]] = field(default_factory=dict)
+    kv_image: dict[int, dict[int, int]] = field(default_factory=dict)
+    kv_image_older: dict[int, set[int]] = field(default_factory=dict)
     pulls: dict[int, list] = field(default_factory=dict)
     memory_words: int = 0
 
@@ -654,7 +669,8 @@ class _Batch:
             stored = self.job_words * tokens * sum(not plan.meshed(job.sequence, tokens)
                                                    for job in jobs)
         rnd = ChipRound(phase, lengths, build.loads, jobs, build.network, tokens=tokens,
-                        workloads=[wl for wl, *_ in self.data], memory=build.memory,
+                        workloads=[wl for wl, *_ in self.data], kv_image=build.kv_image,
+                        kv_image_older=build.kv_image_older,
                         memory_words=build.memory_words, handoff=plan, stored_words=stored)
         for job in jobs:
             summary = job.program.summary
@@ -1079,8 +1095,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
         assert r.memory == image, "the MoE rounds' memory images differ"
         r.memory = image
     for channel, stored in image.items():
-        pages = [a for r in out if not r.phase.endswith("moe")
-                 for a in r.memory.get(channel, ())]
+        pages = [a for r in out for a in r.kv_image.get(channel, ())]
         rows = [a for r in out if r.handoff is not None
                 for c, a in r.handoff.stored.values() if c == channel]
         for what, words in (("far KV pages", pages), ("handed-over attention outputs", rows)):
@@ -1134,6 +1149,21 @@ def first_programs(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
             held = image.setdefault(t, {})
             for pc, word in load.image().items():
                 held.setdefault(pc, word)
+    return image
+
+
+def first_memory(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
+    """The memory image the host writes once, before the first round: every round's
+    (:attr:`ChipRound.memory`, the MoE layer's weights). ValueError if two rounds put
+    different words at one address."""
+    image: dict[int, dict[int, int]] = {}
+    for r in rounds:
+        for channel, words in r.memory.items():
+            held = image.setdefault(channel, {})
+            for address, word in words.items():
+                if held.setdefault(address, word) != word:
+                    raise ValueError(f"memory channel {channel}, word {address}: two rounds' "
+                                     "images differ")
     return image
 
 

@@ -332,7 +332,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
     per prompt token), and the host port's transfers' energy beside them
     (``energy_host_pj``, ``energy_per_token_with_host_pj``); the programs the host
     wrote once before the first round (``chip__host__programs_once_{bytes,cycles}``,
-    outside every phase); network flits;
+    outside every phase) and the memory image it wrote then
+    (``chip__host__memory_once_{bytes,cycles}``: the MoE layer's streamed weights);
+    network flits;
     simulation speed (cycles over the rounds' wall time)."""
     k, n = config.k, config.tile.n
     tiles = k * k
@@ -374,9 +376,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             sum(r.get("channel_writes") or []) for r in attn) * n // steps
         # Bytes the host wrote into the tiles before the phase's rounds (program words,
         # scratchpad words: tokens, constants, resident weights; words appended to KV
-        # pages) and read back after them (outputs), and the host port's cycles for
-        # them (measured; the tiles are idle meanwhile): the rounds' cycles leave them
-        # out, ``{name}_with_host`` adds them.
+        # pages, far placement's into the memory channels) and read back after them
+        # (outputs), and the cycles for them (measured; the tiles are idle meanwhile):
+        # the rounds' cycles leave them out, ``{name}_with_host`` adds them.
         for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n),
                            ("attention", n), ("kv", n), ("kv_setup", n), ("output", n)):
             out[f"chip__{phase}__host_{kind}_bytes"] = sum(
@@ -428,6 +430,10 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         once = result["programs_once"]
         out["chip__host__programs_once_bytes"] = once["words"] * INSTRUCTION_BITS // 8
         out["chip__host__programs_once_cycles"] = once["host_cycles"]
+    if "memory_once" in result:
+        once = result["memory_once"]
+        out["chip__host__memory_once_bytes"] = once["words"] * n
+        out["chip__host__memory_once_cycles"] = once["host_cycles"]
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)
     out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
                                          if not r["phase"].endswith("moe"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from compiler.chip import HeldWords, first_programs
+from compiler.chip import HeldWords, first_memory, first_programs
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
@@ -203,7 +203,6 @@ async def chip_layer(dut):
     faults = (FaultInjector(FaultPlan(**p["faults"]), config.k, config.tile.n)
               if p.get("faults") else None)
     out = []
-    written: dict[int, dict[int, int]] = {}  # the memory image in the channels
     # A word's cycles at one channel's bandwidth (the timeout if every load is one's).
     memory_cycles = (math.ceil(config.tile.n * len(config.memory_nodes)
                                / config.memory_bytes_per_cycle)
@@ -216,16 +215,27 @@ async def chip_layer(dut):
     await driver.load_tiles({t: (words, {}, []) for t, words in resident.items()})
     programs_once = {"words": sum(map(len, resident.values())),
                      "host_cycles": driver.host_cycles - began}
+    # The memory image (the MoE layer's weights), once before the first round too.
+    written = first_memory(rounds)  # what the channels hold
+    began = driver.host_cycles
+    if any(written.values()):
+        await driver.write_memory(written)
+    memory_once = {"words": sum(map(len, written.values())),
+                   "host_cycles": driver.host_cycles - began}
     # The scratchpad words each tile still holds from the host: it writes the others.
     # Under faults it writes every word (a held word may carry an injected flip).
     holding = None if faults else HeldWords(config)
     for index, rnd in enumerate(rounds):
-        image = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
-                 for c, words in rnd.memory.items()}
-        if any(image.values()):
-            await driver.write_memory(image)
-            for c, words in image.items():
+        # Far placement's KV pages: the words that changed since the round before (the
+        # step's KV appends, a context the run starts from), through the memory port.
+        pages = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
+                 for c, words in rnd.kv_image.items()}
+        began = driver.host_cycles
+        if any(pages.values()):
+            await driver.write_memory(pages)
+            for c, words in pages.items():
                 written.setdefault(c, {}).update(words)
+        host_cycles = {"kv_image": driver.host_cycles - began}
         # The instruction words that differ from what the tile holds.
         programs = {}
         for t, ld in rnd.loads.items():
@@ -237,7 +247,7 @@ async def chip_layer(dut):
         began = driver.host_cycles
         await driver.load_tiles({t: (programs[t], spad[t], ld.kv_requests)
                                  for t, ld in rnd.loads.items()})
-        host_cycles = {"load": driver.host_cycles - began}
+        host_cycles["load"] = driver.host_cycles - began
         if faults:
             await faults.inject(driver, index, rnd.loads)
         before, memory_before = driver.net_counters(), driver.memory_counters()
@@ -248,6 +258,7 @@ async def chip_layer(dut):
                                      sample=p.get("profile") or 0)
         if faults and faults.check_round(driver, index):
             report(passed=False, rounds=out, programs_once=programs_once,
+                   memory_once=memory_once,
                    faults=faults.summary())
             return
         if holding:
@@ -270,6 +281,7 @@ async def chip_layer(dut):
         host_cycles["read"] = driver.host_cycles - began
         if faults and (faults.stopped or await faults.scrub(driver, index)):
             report(passed=False, rounds=out, programs_once=programs_once,
+                   memory_once=memory_once,
                    faults=faults.summary())
             return
         _sample_coverage(rnd, workload, config)
@@ -285,7 +297,7 @@ async def chip_layer(dut):
                           "dropped": 0}, (
             f"round {index} ({rnd.phase}): the memory channels counted {memory}, the "
             f"programs load {rnd.memory_words} words and store {rnd.stored_words}")
-        out.append(_round_record(rnd, run, flits, programs, spad, host_cycles) | {
+        out.append(_round_record(rnd, run, flits, programs, spad, pages, host_cycles) | {
             "link_flits": sum(router_links), "router_link_flits": router_links,
             "channel_reads": [c["reads"] for c in channels],
             "channel_writes": [c["writes"] for c in channels],
@@ -299,7 +311,7 @@ async def chip_layer(dut):
     assert int(dut.error.value) == 0
     if p.get("dump"):
         _dump(Path(p["dump"]), dumped)
-    report(passed=True, rounds=out, programs_once=programs_once,
+    report(passed=True, rounds=out, programs_once=programs_once, memory_once=memory_once,
            **({"faults": faults.summary()} if faults else {}))
 
 
@@ -328,11 +340,16 @@ async def _check_outputs(driver: ChipDriver, index: int, rnd, dumped: dict | Non
 
 
 def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
-                  spad: dict[int, dict[int, int]], host_cycles: dict[str, int]) -> dict:
+                  spad: dict[int, dict[int, int]], pages: dict[int, dict[int, int]],
+                  host_cycles: dict[str, int]) -> dict:
     """What the result says of a round: cycles, per-tile counters, work and traffic;
     ``programs`` and ``spad``, the instruction and scratchpad words the host wrote for
-    it; ``host_cycles``, the cycles the host port took to load the round (``load``) and
-    read its outputs back (``read``), measured by the harness."""
+    it, ``pages`` the far KV page words it wrote into the memory channels (KV appends,
+    as local placement's through the tiles' KV ports); ``host_cycles``, the cycles the
+    host took to write the pages (``kv_image``), load the round (``load``) and read its
+    outputs back (``read``), measured by the harness."""
+    older = sum(a in rnd.kv_image_older.get(c, ()) for c, words in pages.items()
+                for a in words)
     return {"phase": rnd.phase, "contexts": list(rnd.contexts), "cycles": run.cycles,
             "tiles": {t: e.counters for t, e in run.tiles.items()},
             "outputs": sum(int(j.expected.size) for j in rnd.jobs),
@@ -345,8 +362,8 @@ def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
                 "program": sum(map(len, programs.values())),
                 "scratchpad": sum(map(len, spad.values())),
                 "kv": sum(r["op"] == KvOp.APPEND for ld in rnd.loads.values()
-                          for r in ld.kv_requests),
-                "kv_setup": sum(ld.kv_setup for ld in rnd.loads.values()),
+                          for r in ld.kv_requests) + sum(map(len, pages.values())),
+                "kv_setup": sum(ld.kv_setup for ld in rnd.loads.values()) + older,
                 "attention": sum(a in rnd.loads[t].attention_words
                                  for t, words in spad.items() for a in words),
                 "output": sum(len(job.program.output_words) for job in rnd.jobs)},

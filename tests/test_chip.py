@@ -83,6 +83,15 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     assert flits >= kv_words
     far_words = [sum(r["channel_reads"]) for r in result["rounds"] if "moe" not in r["phase"]]
     assert all(words > 0 for words in far_words) == (placement == "far")
+    # The host appends the KV of the prefill's 3 x 5 tokens, then of each sequence's
+    # decoded token and, before it, of the context the step starts from: through the
+    # tiles' KV ports (local) or into the memory channels (far; striped writes pages).
+    host = {phase: [sum(r["host_words"][kind] for r in result["rounds"] if r["phase"] == phase)
+                    for kind in ("kv", "kv_setup")] for phase in ("prefill", "decode")}
+    if placement != "striped":
+        token = host["prefill"][0] // 15
+        assert token > 0 and host["prefill"] == [15 * token, 0]
+        assert host["decode"][0] - host["decode"][1] == 3 * token and host["decode"][1] > 0
     # The experts' weights streamed by the sparse mapping, resident with the dense one.
     assert all((sum(r["channel_reads"]) > 0) == (moe == "sparse") for r in result["rounds"]
                if r["phase"].endswith("moe"))

@@ -37,17 +37,22 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert metrics["chip__network__moe_words"] > 0 and metrics["chip__network__kv_words"] == 0
     # The experts' weights streamed from the memory channels, every MoE round.
     assert "MoE weights loaded from them" in text
-    assert "the tokens, constants, KV pages go through the host port" in text
+    assert "before each round the tokens, constants, KV appends" in text
     assert all(sum(r["channel_reads"]) > 0 for r in figures["rounds"] if r["phase"].endswith("moe"))
     assert metrics["chip__decode__memory_bytes_per_token"] > 0
     # What the host wrote before the rounds and read after them, outside the rounds'
-    # cycles: the programs once, before the first round (32 bytes an instruction), then
+    # cycles: the programs and the memory image (the experts' weights) once, before the
+    # first round (32 bytes an instruction, 8 a memory word), then
     # a round's changed program words, its tokens and constants; decode appends each
     # sequence's K and V (2 KV heads x 4 words of a 32-channel head, each). The host
     # port moves one word of a stream a cycle, the streams side by side: at least the
     # most words of one kind.
-    assert "through the host port before and after each round, the tiles idle" in text
-    assert "the programs once, before the first round" in text
+    assert "the host's transfers before and after each round, the tiles idle" in text
+    assert "once, before the first round (in no phase): the programs " in text
+    assert ", the memory image " in text
+    image = metrics["chip__host__memory_once_bytes"]
+    assert image > 0 and image % 8 == 0
+    assert metrics["chip__host__memory_once_cycles"] >= image // 8 // 2  # 2 channels
     once = metrics["chip__host__programs_once_bytes"]
     assert once > 0 and once % 32 == 0
     assert metrics["chip__host__programs_once_cycles"] >= once // 32

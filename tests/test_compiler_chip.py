@@ -49,8 +49,9 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False,
     # Each tile's instruction memory, as the host writes it before the first round.
     memory = first_programs(rounds) if resident else {}
     for rnd in rounds:
-        for channel, image in rnd.memory.items():
-            chip.channels[channel].update(image)
+        for images in (rnd.memory, rnd.kv_image):
+            for channel, image in images.items():
+                chip.channels[channel].update(image)
         writes = held.load(rnd) if held else {t: ld.spad_writes for t, ld in rnd.loads.items()}
         for tile, load in rnd.loads.items():
             model = chip.tiles[tile]
@@ -113,7 +114,7 @@ def test_far_placement_loads_every_page_from_its_channel():
     """Far: each job's program starts with a memory load of every page of its K and V
     rows from the channel of its tile's row, then one WAIT; the same pages keep their
     memory addresses from step to step, at the top of the store; KV never crosses the
-    mesh between tiles."""
+    mesh between tiles; the host writes a step's KV appends into the channels."""
     config = chip_config("tiny", k=2)
     rounds = attention_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2,
                               placement="far")
@@ -136,11 +137,25 @@ def test_far_placement_loads_every_page_from_its_channel():
                 tuple(f["mem_addr"] for f in pulls))
             loaded += len(pulls) * page
         assert rnd.memory_words == loaded
-        assert min(a for image in rnd.memory.values() for a in image) >= (
+        assert min(a for image in rnd.kv_image.values() for a in image) >= (
             config.memory_words - config.far_kv_words)
     # Decode steps at contexts 10 and 11 read the same pages at the same addresses.
     assert all(len(addresses) == 1 for (phase, _), addresses in seen.items()
                if phase == "decode")
+    # The host writes the page words that changed (tb.chip_tb): the prefill's 5 tokens a
+    # sequence; before the first decode step, its token and the context it starts from
+    # (tokens 5-8 and 5-7 of the two sequences: setup, of tokens older than the step's
+    # own); then the step's token alone.
+    written: dict[tuple[int, int], int] = {}
+    counts = []
+    for rnd in rounds:
+        image = {(c, a): w for c, words in rnd.kv_image.items() for a, w in words.items()}
+        new = {key for key, w in image.items() if written.get(key) != w}
+        written |= image
+        older = {(c, a) for c, addresses in rnd.kv_image_older.items() for a in addresses}
+        counts.append((len(new - older), len(new & older)))
+    token = counts[0][0] // 10  # a token's K and V words, every KV head
+    assert token and counts == [(10 * token, 0), (2 * token, 7 * token), (2 * token, 0)]
 
 
 def _hand_offs(load) -> tuple[list[dict], list[int]]:
@@ -384,7 +399,7 @@ def test_a_chip_without_memory_channels_keeps_its_weights_resident():
     config = chip_config("tiny", k=1)
     rounds = layer_rounds(config, "tiny", 1, prefill=5, context=8, steps=1)
     assert [r.phase for r in rounds][-1] == "decode-moe"
-    assert not any(r.memory or r.memory_words for r in rounds)
+    assert not any(r.memory or r.kv_image or r.memory_words for r in rounds)
     with pytest.raises(ValueError, match="1x1 chip has none: add --weights resident"):
         layer_rounds(config, "tiny", 1, prefill=5, steps=1, weights="streamed")
 
