@@ -48,8 +48,8 @@ __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_C
            "WEIGHT_MODES",
            "ChipRound", "HeldWords", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy",
            "agent_schedule", "attention_rounds", "batch_workloads", "check_moe_tokens",
-           "chunked", "contexts", "first_memory", "first_programs", "layer_rounds", "moe_round",
-           "moe_words", "place_programs"]
+           "changed", "chunked", "contexts", "first_memory", "first_programs", "layer_rounds",
+           "moe_round", "moe_words", "place_programs"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -1152,6 +1152,19 @@ def first_programs(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
     return image
 
 
+def changed(held: dict[int, dict[int, int]], images: dict[int, dict[int, int]]
+            ) -> dict[int, dict[int, int]]:
+    """Of ``images`` ({place: {address: word}}: a tile's instruction memory or
+    scratchpad, a memory channel), the words ``held`` does not hold already, which the
+    host writes; noted in ``held`` as held."""
+    out = {}
+    for place, words in images.items():
+        have = held.setdefault(place, {})
+        out[place] = {a: w for a, w in words.items() if have.get(a) != w}
+        have.update(out[place])
+    return out
+
+
 def first_memory(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:
     """The memory image the host writes once, before the first round: every round's
     (:attr:`ChipRound.memory`, the MoE layer's weights). ValueError if two rounds put
@@ -1182,12 +1195,7 @@ class HeldWords:
 
     def load(self, rnd: ChipRound) -> dict[int, dict[int, int]]:
         """Each tile's words of ``rnd`` that the host writes, noted as held."""
-        out = {}
-        for t, load in rnd.loads.items():
-            held = self.held.setdefault(t, {})
-            out[t] = {a: w for a, w in load.spad_writes.items() if held.get(a) != w}
-            held.update(out[t])
-        return out
+        return changed(self.held, {t: load.spad_writes for t, load in rnd.loads.items()})
 
     def ran(self, rnd: ChipRound) -> None:
         """Forget the words ``rnd`` wrote over."""

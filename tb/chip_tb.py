@@ -10,7 +10,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from compiler.chip import HeldWords, first_memory, first_programs
+from compiler.chip import HeldWords, changed, first_memory, first_programs
 from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
@@ -228,20 +228,13 @@ async def chip_layer(dut):
     for index, rnd in enumerate(rounds):
         # Far placement's KV pages: the words that changed since the round before (the
         # step's KV appends, a context the run starts from), through the memory port.
-        pages = {c: {a: w for a, w in words.items() if written.get(c, {}).get(a) != w}
-                 for c, words in rnd.kv_image.items()}
+        pages = changed(written, rnd.kv_image)
         began = driver.host_cycles
         if any(pages.values()):
             await driver.write_memory(pages)
-            for c, words in pages.items():
-                written.setdefault(c, {}).update(words)
         host_cycles = {"kv_image": driver.host_cycles - began}
         # The instruction words that differ from what the tile holds.
-        programs = {}
-        for t, ld in rnd.loads.items():
-            held = resident.setdefault(t, {})
-            programs[t] = {pc: w for pc, w in ld.image().items() if held.get(pc) != w}
-            held.update(programs[t])
+        programs = changed(resident, {t: ld.image() for t, ld in rnd.loads.items()})
         spad = (holding.load(rnd) if holding
                 else {t: ld.spad_writes for t, ld in rnd.loads.items()})
         began = driver.host_cycles
