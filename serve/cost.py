@@ -222,16 +222,16 @@ def attention_features(jobs: list[Job], channels: tuple[int, ...] = (), stores: 
     chip whose jobs may store their outputs for a later MoE round (streamed weights):
     then also the tokens they store, Σ stored for both (the stores are spread over the
     channels)."""
-    biggest = max(jobs, key=lambda job: (job[0] * job[1], job[0]))
-    cycles = [1.0, biggest[0], biggest[0] * biggest[1]]
-    energy = [1.0, sum(job[0] for job in jobs), sum(job[0] * job[1] for job in jobs),
-              len(jobs)]
+    biggest = max(jobs, key=lambda job: (job.tokens * job.context, job.tokens))
+    cycles = [1.0, biggest.tokens, biggest.tokens * biggest.context]
+    energy = [1.0, sum(job.tokens for job in jobs),
+              sum(job.tokens * job.context for job in jobs), len(jobs)]
     if channels:
         behind = [0] * (max(channels) + 1)
         for tile, job in enumerate(jobs):
-            behind[channels[tile]] += job[1]
+            behind[channels[tile]] += job.context
         cycles.append(max(behind))
-        energy.append(sum(job[1] for job in jobs))
+        energy.append(sum(job.context for job in jobs))
     if stores:
         stored = sum(job.stored for job in jobs)
         cycles.append(stored)

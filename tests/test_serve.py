@@ -168,7 +168,7 @@ def test_far_attention_rounds_are_priced_by_the_pages_behind_each_channel():
     """Far placement: an attention round's cycles grow with the contexts whose pages one
     channel serves (tiles 0 and 1 share channel 0 on 2 x 2), its energy with every
     job's; other placements keep the three and four features."""
-    jobs = [(1, 100), (1, 50), (1, 30), (1, 10)]
+    jobs = [Job(1, 100), Job(1, 50), Job(1, 30), Job(1, 10)]
     far = replace(SHAPE, channels=(0, 0, 1, 1), kv_from_memory=True)
     assert attention_features(jobs, far.kv_channels) == (
         [1.0, 1, 100, 150], [1.0, 4, 190, 4, 190])
