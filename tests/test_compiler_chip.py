@@ -147,14 +147,13 @@ def test_far_placement_loads_every_page_from_its_channel():
     # sequence; before the first decode step, its token and the context it starts from
     # (tokens 5-8 and 5-7 of the two sequences: setup, of tokens older than the step's
     # own); then the step's token alone.
-    written: dict[tuple[int, int], int] = {}
+    written: dict[int, dict[int, int]] = {}
     counts = []
     for rnd in rounds:
-        image = {(c, a): w for c, words in rnd.kv_image.items() for a, w in words.items()}
-        new = {key for key, w in image.items() if written.get(key) != w}
-        written |= image
-        older = {(c, a) for c, addresses in rnd.kv_image_older.items() for a in addresses}
-        counts.append((len(new - older), len(new & older)))
+        new = changed(written, rnd.kv_image)
+        older = sum(a in rnd.kv_image_older.get(c, ()) for c, words in new.items()
+                    for a in words)
+        counts.append((sum(map(len, new.values())) - older, older))
     token = counts[0][0] // 10  # a token's K and V words, every KV head
     assert token and counts == [(10 * token, 0), (2 * token, 7 * token), (2 * token, 0)]
 
