@@ -19,6 +19,7 @@ from compiler.chip import (
     changed,
     chunked,
     contexts,
+    first_memory,
     first_programs,
     handoff_at,
     layer_rounds,
@@ -388,6 +389,26 @@ def test_programs_stay_resident_where_they_are_placed():
         place_programs(SimpleNamespace(tile=SimpleNamespace(program_depth=depth)), rounds)
         assert {(r.phase.endswith("moe"), load.base) for r in rounds
                 for load in r.loads.values()} == expected
+
+
+def test_the_memory_image_is_written_once_and_must_agree():
+    """The host writes every round's memory image once, before the first round
+    (``first_memory``): a layer's MoE rounds share one image, far placement's KV pages
+    are not in it; two rounds that put different words at one address are refused."""
+    config = chip_config("tiny", k=2)
+    rounds = layer_rounds(config, "tiny", 1, prefill=5, context=8, steps=2, placement="far")
+    image = first_memory(rounds)
+    moe = [r for r in rounds if r.phase.endswith("moe")]
+    assert image and all(r.memory == image for r in moe)
+    assert not any(r.memory for r in rounds if not r.phase.endswith("moe"))
+    assert all(a not in image.get(c, {}) for r in rounds for c, pages in r.kv_image.items()
+               for a in pages)
+    channel, words = next(iter(image.items()))
+    address = next(iter(words))
+    moe[-1].memory = {channel: {**words, address: words[address] ^ 1}}
+    with pytest.raises(ValueError, match=f"memory channel {channel}, word {address}: two "
+                                         "rounds' images differ"):
+        first_memory(rounds)
 
 
 def test_a_chip_without_memory_channels_keeps_its_weights_resident():
