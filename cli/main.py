@@ -335,11 +335,12 @@ def _host_line(metrics: dict) -> str:
                      f"{metrics[f'chip__{phase}__host_output_bytes']:,} B of outputs out: "
                      f"{metrics[f'chip__{phase}__host_cycles']:,} cycles")
         totals.append(f"{label} {metrics[f'chip__{phase}__{name}_with_host']:,}")
-    once = [f"the {what} {metrics[f'chip__host__{key}_once_bytes']:,} B in "
-            f"{metrics[f'chip__host__{key}_once_cycles']:,} cycles"
-            for key, what in (("programs", "programs"), ("memory", "memory image"))
-            if metrics.get(f"chip__host__{key}_once_bytes")]
-    once = f"once, before the first round (in no phase): {', '.join(once)}; " if once else ""
+    written = [f"the {what} {metrics[f'chip__host__{key}_once_bytes']:,} B in "
+               f"{metrics[f'chip__host__{key}_once_cycles']:,} cycles"
+               for key, what in (("programs", "programs"), ("memory", "memory image"))
+               if metrics.get(f"chip__host__{key}_once_bytes")]
+    once = (f"once, before the first round (in no phase): {', '.join(written)}; "
+            if written else "")
     return ("the host's transfers before and after each round, the tiles idle, outside the "
             "rounds' cycles (through the host port; the memory image and far placement's "
             "KV appends through the memory channels' write port): " + once + "; ".join(parts)

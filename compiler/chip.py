@@ -1087,13 +1087,12 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
                                  layer, moe, weights, chain, at, fetch))
         step = []
-    # One layer's weights: every MoE round's image is the same, kept once, below the KV
-    # pages a far placement keeps at the top of the channels.
-    moe_rounds = [r for r in out if r.phase.endswith("moe") and r.memory]
-    image = moe_rounds[0].memory if moe_rounds else {}
-    for r in moe_rounds:
-        assert r.memory == image, "the MoE rounds' memory images differ"
-        r.memory = image
+    # One layer's weights: the MoE rounds' images agree (first_memory), kept once, below
+    # the KV pages a far placement keeps at the top of the channels.
+    image = first_memory(out)
+    for r in out:
+        if r.memory:
+            r.memory = image
     for channel, stored in image.items():
         pages = [a for r in out for a in r.kv_image.get(channel, ())]
         rows = [a for r in out if r.handoff is not None

@@ -426,14 +426,12 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             (sum(energy.values()) + host_pj) / tokens)
         out[f"chip__{phase}__utilisation"] = round(macs / (tiles * n * n * max(cycles, 1)), 4)
         out[f"chip__{phase}__phases"] = phases
-    if "programs_once" in result:  # written before the first round, outside the phases
-        once = result["programs_once"]
-        out["chip__host__programs_once_bytes"] = once["words"] * INSTRUCTION_BITS // 8
-        out["chip__host__programs_once_cycles"] = once["host_cycles"]
-    if "memory_once" in result:
-        once = result["memory_once"]
-        out["chip__host__memory_once_bytes"] = once["words"] * n
-        out["chip__host__memory_once_cycles"] = once["host_cycles"]
+    # Written before the first round, outside the phases.
+    for kind, size in (("programs", INSTRUCTION_BITS // 8), ("memory", n)):
+        if f"{kind}_once" in result:
+            once = result[f"{kind}_once"]
+            out[f"chip__host__{kind}_once_bytes"] = once["words"] * size
+            out[f"chip__host__{kind}_once_cycles"] = once["host_cycles"]
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)
     out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
                                          if not r["phase"].endswith("moe"))
