@@ -412,13 +412,21 @@ PRUNE_AFTER_S = 600
 
 def prune_runs(runs: Path, keep: Path, now: float | None = None) -> list[Path]:
     """Remove run directories of ``runs`` past the newest :data:`KEEP_RUNS` (never
-    ``keep``, nor one touched in the last :data:`PRUNE_AFTER_S` s); returns them."""
+    ``keep``, nor one touched in the last :data:`PRUNE_AFTER_S` s); returns them. A
+    directory another process removes meanwhile (two runs pruning at once) is passed
+    over."""
     now = time.time() if now is None else now
-    dirs = sorted((d for d in runs.iterdir() if d.is_dir() and d != keep),
-                  key=lambda d: d.stat().st_mtime, reverse=True)
+    dirs = []
+    for d in runs.iterdir():
+        try:
+            if d != keep and d.is_dir():
+                dirs.append((d.stat().st_mtime, d))
+        except FileNotFoundError:
+            continue
+    dirs.sort(reverse=True)
     removed = []
-    for old in dirs[KEEP_RUNS - 1:]:
-        if now - old.stat().st_mtime > PRUNE_AFTER_S and not _running(old):
+    for mtime, old in dirs[KEEP_RUNS - 1:]:
+        if now - mtime > PRUNE_AFTER_S and not _running(old):
             shutil.rmtree(old, ignore_errors=True)
             removed.append(old)
     return removed

@@ -60,3 +60,24 @@ def test_a_directory_a_live_process_runs_in_stays(tmp_path):
     removed = prune_runs(tmp_path, keep=made[-1], now=now)
     assert made[1].exists() and made[1] not in removed
     assert sorted(removed) == [made[0], made[2]]
+
+
+def test_a_directory_removed_while_pruning_is_passed_over(tmp_path, monkeypatch):
+    """Two runs pruning at once: a directory the other removed between the listing and
+    its stat is skipped, and the rest are pruned as before."""
+    now = 1_000_000.0
+    made = _runs(tmp_path, KEEP_RUNS + 4, now, PRUNE_AFTER_S * 2)
+    gone, seen = made[2], []
+    stat = type(gone).stat
+
+    def vanishing(path, *args, **kwargs):
+        if path == gone:  # there for the listing's is_dir, gone by its stat
+            seen.append(path)
+            if len(seen) > 1:
+                raise FileNotFoundError(path)
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(gone), "stat", vanishing)
+    removed = prune_runs(tmp_path, keep=made[0], now=now)
+    assert len(seen) == 2  # the stat after is_dir found it gone
+    assert sorted(removed) == [made[1], made[3], made[4]]
