@@ -163,7 +163,8 @@ def _joules(pj: float) -> str:
 
 def access_energy_line(metrics: dict) -> str:
     """The report's access-energy row (sim.chip_run.round_energy): per phase, the energy
-    and its split by class; then the host port's transfers' energy, outside the rounds'."""
+    and its split by class (SRAM's accumulator part too); then the host port's
+    transfers' energy, outside the rounds'."""
     from spec.energy import CLASSES
 
     parts = []
@@ -173,10 +174,15 @@ def access_energy_line(metrics: dict) -> str:
         total = metrics[f"chip__{phase}__energy_pj"]
         shares = {name: metrics[f"chip__{phase}__energy_{name}_pj"] / max(total, 1)
                   for name in CLASSES}
-        split = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+        accumulator = metrics.get(f"chip__{phase}__energy_accumulator_pj")
+        split = []
+        for name, share in shares.items():
+            split.append(f"{'SRAM' if name == 'sram' else name} {share:.0%}")
+            if name == "sram" and accumulator is not None:
+                split[-1] += f" (accumulator {accumulator / max(total, 1):.0%})"
         parts.append(f"{what} {_joules(total)} "
                      f"({_joules(metrics[f'chip__{phase}__energy_per_token_pj'])} per token; "
-                     f"{split.replace('sram', 'SRAM')})")
+                     f"{', '.join(split)})")
     host = [f"{what} {_joules(metrics[f'chip__{phase}__energy_host_pj'])} ("
             f"{_joules(metrics[f'chip__{phase}__energy_per_token_with_host_pj'])} per token "
             f"with them)" for phase, what in (("prefill", "prefill"), ("decode", "per step"))

@@ -141,7 +141,11 @@ class TileModel:
     ``registers`` (lists of ints), ``pc``, ``halted``, ``executed`` (every instruction
     run, in order, with the fields it ran with: a WITH's registers added), ``fetches``
     (instructions read from the program: every step, one that stops it included, as
-    the tile's ``fetches`` counter counts them), ``issued``
+    the tile's ``fetches`` counter counts them), ``acc_reads`` and ``acc_writes`` (the
+    accumulator entries read and written, as the tile's counters of those names count
+    them: three reads a VEC beat, a GEMM's every result row of N lanes written, and read
+    too when it accumulates, an accumulator LOAD's read, a VEC's write a beat to a
+    TILE or SCALAR destination and one a block of N rows' totals), ``issued``
     (every engine operation, in order, as (engine, fields): an IDMA's rows are DMAs, and
     an IDMA of no rows is a DMA of no words to no tile that carries its signal), and
     ``done`` = the ``signal`` field of every finished engine operation, per engine
@@ -180,6 +184,7 @@ class TileModel:
         #: Every instruction run, as (opcode name, fields with WITH's registers added).
         self.executed: list[tuple[str, dict]] = []
         self.fetches = 0
+        self.acc_reads = self.acc_writes = 0
         #: Every engine operation, in order, as (engine name, fields).
         self.issued: list[tuple[str, dict]] = []
         #: Delivers a DMA that names other tiles: ``network(tile, fields, words)`` with
@@ -316,6 +321,7 @@ class TileModel:
                 raise ValueError(f"LOAD lane {f['lane']} is past the word's {self.n} lanes")
             if f.get("acc"):
                 self._acc_entry("LOAD", f["addr"])
+                self.acc_reads += 1
                 value = int(self.acc[f["addr"], f["lane"]])
                 if not 0 <= value < top:
                     raise ProgramError("BAD_REGISTER", f"LOAD of accumulator entry "
@@ -411,6 +417,8 @@ class TileModel:
         result = wrap(a @ b, NUMERICS.acc_bits)
         self._acc_entry("GEMM C", f["c"] + tm * tp * n - 1)
         shift = f["acc_shift"]
+        self.acc_writes += tm * tp * n
+        self.acc_reads += tm * tp * n if f["accumulate"] else 0
         for ti in range(tm):
             for tj in range(tp):
                 base = f["c"] + (ti * tp + tj) * n
@@ -472,6 +480,9 @@ class TileModel:
         uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
                 "c": code in _USES_C and not f["c_imm"]}
         written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats
+        self.acc_reads += 3 * rows * beats
+        self.acc_writes += (rows * beats if kind in (VecDst.TILE, VecDst.SCALAR) else 0) \
+            + (ceil_div(rows, n) if f["total_write"] else 0)
 
         def read(what: str, addr: int, lanes) -> np.ndarray:
             if uses[what] and any((addr, i) in written for i in lanes):

@@ -377,6 +377,8 @@ class GemmEngine(wiring.Component):
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     busy : out, a GEMM is in the engine, queued or running (for utilisation counters)
     beat : out, the tensor core takes an operand beat this cycle (N² MACs)
+    acc_read : out, a result row accumulating into its entry is written this cycle (the
+        entry was read for it: a read-modify-write, for the tile's ``acc_reads``)
     error : out, sticky: a scratchpad error status or a tensor-core operand mismatch
 
     ``gate_core_clock`` (simulation only, see :mod:`rtl.sim_gate`): the tensor core's
@@ -405,6 +407,7 @@ class GemmEngine(wiring.Component):
             "acc_w": Out(stream.Signature(AccWrite(n, acc_depth))),
             "busy": Out(1),
             "beat": Out(1),
+            "acc_read": Out(1),
             "error": Out(1),
         })
 
@@ -563,6 +566,7 @@ class GemmEngine(wiring.Component):
             self.acc_w.payload.lanes.eq((1 << n) - 1),
             self.acc_w.valid.eq(can_write & (~wb.accumulate | primed)),
             core.c.ready.eq(self.acc_w.valid & self.acc_w.ready),
+            self.acc_read.eq(core.c.ready & wb.accumulate),
         ]
         with m.If(wbq.r_rdy & core.c.valid & wb.accumulate & ~primed):
             m.d.sync += primed.eq(1)

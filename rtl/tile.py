@@ -24,6 +24,11 @@ __all__ = ["Counters", "Tile"]
 COUNTER_BITS = 32
 
 
+#: The accumulator memory's read ports: the GEMM engine's and the vector engine's a, b
+#: and c operands (one copy of the memory each, ``spec.energy.ACC_COPIES``).
+ACC_READ_PORTS = ("gemm", "vec_a", "vec_b", "vec_c")
+
+
 class Counters(data.StructLayout):
     """Cycle counts from ``go`` until the program halts: every running cycle, split
     into exclusive phases by which engines are busy (``stall``: none is, the sequencer
@@ -32,14 +37,18 @@ class Counters(data.StructLayout):
     core's accepted operand beats, and the MACs of the GEMMs dispatched (m·k·p of each
     as the GEMM engine takes it, registers added: the work a program does at run time,
     modulo 2^32), the scratchpad's word accesses (``spad``: reads and writes of its
-    banks by the engines, the sequencer and arriving network words) and the
-    instructions the sequencer fetched (``fetches``: one read of the instruction memory
-    each, a loop's body once per pass)."""
+    banks by the engines, the sequencer and arriving network words), the instructions
+    the sequencer fetched (``fetches``: one read of the instruction memory each, a
+    loop's body once per pass) and the accumulator memory's entry accesses
+    (``acc_reads``: the entries a VEC beat reads, three each, a GEMM's accumulating
+    result rows, the sequencer's accumulator LOADs; ``acc_writes``: the entries the
+    GEMM and vector engines write; each write goes into every copy of the memory, one
+    per read port)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
             "cycles", "gemm", "vec", "gemm_vec", "dma", "stall", "wait", "tc_beats",
-            "macs", "spad", "fetches")})
+            "macs", "spad", "fetches", "acc_reads", "acc_writes")})
 
 
 def _join(m: Module, source, sink) -> None:
@@ -135,7 +144,7 @@ class Tile(wiring.Component):
         m.submodules.scratchpad = sp
         m.submodules.sequencer = seq = self.sequencer
         m.submodules.acc = acc = AccumulatorMemory(
-            n, self.acc_depth, read_ports=("gemm", "vec_a", "vec_b", "vec_c"),
+            n, self.acc_depth, read_ports=ACC_READ_PORTS,
             writers=("vec", "gemm"), banks=2)
         m.submodules.gemm = gemm = GemmEngine(n, acc_depth=self.acc_depth,
                                                 gate_core_clock=self.sim_gating)
@@ -216,6 +225,9 @@ class Tile(wiring.Component):
                 c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
                 c.spad.eq(c.spad + sp.accesses),
                 c.fetches.eq(c.fetches + seq.fetching),
+                c.acc_reads.eq(c.acc_reads + 3 * vec.beat + gemm.acc_read + seq.acc_read),
+                c.acc_writes.eq(c.acc_writes + (gemm.acc_w.valid & gemm.acc_w.ready)
+                                + (vec.acc_w.valid & vec.acc_w.ready)),
             ]
         return m
 

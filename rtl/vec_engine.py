@@ -136,6 +136,8 @@ class VecEngine(wiring.Component):
     spad_req/spad_resp : a scratchpad port, writes only; every write's response is
         counted
     busy : out, an instruction is in the engine (queued, pending or in flight)
+    beat : out, a beat issues this cycle: its a, b and c entries are read (every beat
+        reads all three, used by its op or not; for the tile's ``acc_reads``)
     error : out, sticky: a scratchpad response with an error status
 
     Timing
@@ -192,6 +194,7 @@ class VecEngine(wiring.Component):
             "spad_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
             "spad_resp": In(stream.Signature(Response(8 * n))),
             "busy": Out(1),
+            "beat": Out(1),
             "error": Out(1),
         })
         super().__init__(members)
@@ -316,7 +319,7 @@ class VecEngine(wiring.Component):
         ins = Signal(VecArgs(), name="ins")
         s0_valid, s1_valid = Signal(), Signal()
         s0_go, s0_last = Signal(), Signal()
-        m.d.comb += s0_go.eq(s0_valid & (~s1_valid | ops.ready))
+        m.d.comb += [s0_go.eq(s0_valid & (~s1_valid | ops.ready)), self.beat.eq(s0_go)]
         room = count != flights
         m.d.comb += start.eq(pend_valid & (quiet | (checked & ~blocked)) & room
                              & (~s0_valid | s0_last))

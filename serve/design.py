@@ -96,7 +96,8 @@ def _move_word_pj(config: ChipConfig) -> float:
     one flit injected and carried over one link."""
     from sim.chip_run import round_energy
 
-    counts = {"macs": 0, "vec": 0, "gemm_vec": 0, "spad": 2, "fetches": 0}
+    counts = {"macs": 0, "vec": 0, "gemm_vec": 0, "spad": 2, "fetches": 0, "acc_reads": 0,
+              "acc_writes": 0}
     return sum(round_energy({"tiles": {0: counts}, "flits": 1, "link_flits": 1},
                             config).values())
 

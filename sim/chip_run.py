@@ -284,7 +284,8 @@ def round_bounds(record: dict, config: ChipConfig) -> dict[str, int]:
 def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
     """One round's energy in pJ by class (:data:`spec.energy.CLASSES`), its counters x
     the energies per access of :mod:`spec.energy`: the tiles' MACs and vector-busy
-    cycles (N lanes each), their scratchpad accesses and instruction fetches, the flits
+    cycles (N lanes each), their scratchpad accesses, instruction fetches and
+    accumulator entry accesses (a write into each of its copies), the flits
     through routers (each injected flit and each link traversal) and over links, the
     memory channels' bytes."""
     e, n = per_access, config.tile.n
@@ -298,11 +299,19 @@ def round_energy(record: dict, config: ChipConfig) -> dict[str, float]:
         "compute": sum(c["macs"] * e.MAC_PJ + (c["vec"] + c["gemm_vec"]) * n * e.LANE_PJ
                        for c in tiles),
         "sram": sum(c["spad"] * e.SRAM_PJ_PER_64_BITS * 8 * n / 64
-                    + c["fetches"] * e.FETCH_PJ for c in tiles),
+                    + c["fetches"] * e.FETCH_PJ for c in tiles) + accumulator_pj(record, config),
         "network": ((record["flits"] + links) * e.ROUTER_PJ_PER_64_BITS * flit_bits / 64
                     + links * flit_bits * e.LINK_PJ_PER_BIT),
         "memory": memory_bytes * e.MEMORY_PJ_PER_BYTE,
     }
+
+
+def accumulator_pj(record: dict, config: ChipConfig) -> float:
+    """The part of a round's SRAM energy (:func:`round_energy`) that is the tiles'
+    accumulator memories: entries read, and entries written into each copy."""
+    e = per_access
+    return sum(c["acc_reads"] + c["acc_writes"] * e.ACC_COPIES
+               for c in record["tiles"].values()) * e.acc_entry_pj(config.tile.n)
 
 
 def chip_figures(result: dict, config: ChipConfig) -> dict:
@@ -415,6 +424,8 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         tokens = sum(r["tokens"] for r in attn) / steps  # the tokens the phase adds
         for c, value in energy.items():
             out[f"chip__{phase}__energy_{c}_pj"] = round(value)
+        out[f"chip__{phase}__energy_accumulator_pj"] = round(
+            sum(accumulator_pj(r, config) for r in attn + moe) / steps)
         out[f"chip__{phase}__energy_pj"] = round(sum(energy.values()))
         out[f"chip__{phase}__energy_per_token_pj"] = round(sum(energy.values()) / tokens)
         # The host port's transfers, written and read back, outside the rounds' energy

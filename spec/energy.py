@@ -3,8 +3,8 @@
 A run's energy is the sum over what its counters saw of count x energy per access, in
 four classes: **compute** (MACs the tensor cores did; vector-unit lane-cycles),
 **SRAM** (scratchpad word reads and writes; instructions fetched from the sequencer's
-instruction memory), **network** (flits through a router, flits
-over a link) and **memory** (bytes read from or written to the memory channels).
+instruction memory; accumulator entries read and written), **network** (flits through
+a router, flits over a link) and **memory** (bytes read from or written to the memory channels).
 
 The figures are for one process, so that their ratios mean something: 45 nm at 0.9 V,
 from M. Horowitz, "Computing's energy problem (and what we can do about it)", ISSCC
@@ -30,9 +30,11 @@ layers and the host's own memory not included).
 from __future__ import annotations
 
 from spec.isa import INSTRUCTION
+from spec.numerics import NUMERICS
 
-__all__ = ["CLASSES", "FETCH_PJ", "HOST_PJ_PER_BYTE", "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ",
-           "MEMORY_PJ_PER_BYTE", "ROUTER_PJ_PER_64_BITS", "SRAM_PJ_PER_64_BITS"]
+__all__ = ["ACC_COPIES", "ACC_PJ_PER_64_BITS", "CLASSES", "FETCH_PJ", "HOST_PJ_PER_BYTE",
+           "LANE_PJ", "LINK_PJ_PER_BIT", "MAC_PJ", "MEMORY_PJ_PER_BYTE",
+           "ROUTER_PJ_PER_64_BITS", "SRAM_PJ_PER_64_BITS", "acc_entry_pj"]
 
 #: The classes a run's energy is split into, in the order reports name them.
 CLASSES = ("compute", "sram", "network", "memory")
@@ -48,6 +50,12 @@ SRAM_PJ_PER_64_BITS = 20.0
 #: instruction memory, at the scratchpad's energy per 64 bits (4096 instructions are
 #: about 100 KB, the order of the 32 KB figure).
 FETCH_PJ = SRAM_PJ_PER_64_BITS * INSTRUCTION.size / 64
+#: 64 bits read or written in the accumulator memory: an 8 KB SRAM's access (a copy of
+#: the tile's 256 entries of N 48-bit lanes is 12 KB at N = 8).
+ACC_PJ_PER_64_BITS = 10.0
+#: Copies of the accumulator memory a tile keeps, one per read port (the GEMM engine's
+#: and the vector engine's a, b and c, ``rtl.tile``): a write goes into every copy.
+ACC_COPIES = 4
 #: A flit through a router's input buffer (a write and a read), per 64 bits.
 ROUTER_PJ_PER_64_BITS = 5.0
 #: A flit over a link between neighbouring routers (1 mm), per bit.
@@ -56,3 +64,8 @@ LINK_PJ_PER_BIT = 0.2
 MEMORY_PJ_PER_BYTE = 3.9 * 8
 #: A byte through the host port: a PCIe Gen4 link's transmitter and receiver.
 HOST_PJ_PER_BYTE = 2 * 1.93 * 8
+
+
+def acc_entry_pj(n: int) -> float:
+    """An accumulator entry of ``n`` lanes read or written in one copy."""
+    return ACC_PJ_PER_64_BITS * n * NUMERICS.attn_acc_bits / 64

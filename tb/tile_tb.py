@@ -454,6 +454,9 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
     assert run.counters["tc_beats"] == gemms * k, run.counters
     assert run.counters["macs"] == gemms * 8 * k * 8, run.counters  # m·k·p each
+    # Each GEMM writes its 8 result rows, reading none (it does not accumulate).
+    assert (run.counters["acc_reads"], run.counters["acc_writes"]) == (0, gemms * 8), \
+        run.counters
     vecs = [vec(beats=4, signal={"enable": 1, "semaphore": 2})] * 5
     cycles = []
     for ending in ([HALT], [encode(Opcode.WAIT, semaphore=2, count=len(vecs)), HALT]):
@@ -461,7 +464,20 @@ async def _halt_waits_for_every_engine_operation(driver: TileDriver) -> None:
         run = await driver.execute(40_000)
         assert run.error == ErrorCode.NONE and run.engine_error == 0, run
         cycles.append(run.counters["cycles"])
+        # 8 rows x 4 beats each, into accumulator entries (TILE): three entries read and
+        # one written a beat.
+        beats = len(vecs) * 8 * 4
+        assert (run.counters["acc_reads"], run.counters["acc_writes"]) == (3 * beats, beats), \
+            run.counters
     assert cycles[0] >= cycles[1] - 10, f"HALT after {len(vecs)} VECs: {cycles}"
+
+
+def _assert_acc_accesses(run, model: TileModel, what: str) -> None:
+    """The tile counted the accumulator entries the model reads and writes."""
+    got = (run.counters["acc_reads"], run.counters["acc_writes"])
+    assert got == (model.acc_reads, model.acc_writes), (
+        f"{what}: the tile counted {got} accumulator reads and writes, the model "
+        f"{(model.acc_reads, model.acc_writes)}")
 
 
 async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Sizes) -> None:
@@ -487,6 +503,7 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         run = await driver.execute(40_000)
         assert (run.error, run.pc) == (ErrorCode.NONE, model.pc), f"{what}: {run}"
         assert run.counters["fetches"] == model.fetches, f"{what}: {run.counters}"
+        _assert_acc_accesses(run, model, what)
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"{what}: the DMAs' copies differ"
     for what, program, error, pc in register_errors(sizes, config.n, config.program_depth):
@@ -502,6 +519,8 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         await driver.load(program, words, [])
         run = await driver.execute(20_000)
         assert (run.error.name, run.pc) == (error, pc), f"{what}: {run.error.name} at {run.pc}"
+        if error == "NONE":
+            _assert_acc_accesses(run, model, what)
     for what, program, spad, error, pc in idma_edges(sizes, config.n):
         model = TileModel(config.n, spad_words=config.spad_words, acc_depth=config.acc_depth,
                           slots=config.slots, position=(x, y), mesh=sizes.mesh)
@@ -531,6 +550,8 @@ async def _register_programs(driver: TileDriver, config: TileConfig, sizes: Size
         assert run.counters["fetches"] == model.fetches, \
             f"random program {index}: {run.counters['fetches']} fetches, the model "\
             f"{model.fetches}"
+        if error == "NONE":
+            _assert_acc_accesses(run, model, f"random program {index}")
         back, _ = await driver.read(list(range(256, 320)))
         assert back == model.spad[256:320], f"random program {index}: the DMAs' copies differ"
         outcomes.add(error)

@@ -3,13 +3,15 @@ access-energy model."""
 
 import pytest
 
+from rtl.tile import ACC_READ_PORTS
 from sim.chip_run import chip_config, chip_figures, round_bounds, round_energy
 from spec import energy
 
 
 def _record(phase, cycles, *, macs, beats, reads, tokens=None):
     tiles = {t: {"cycles": cycles, "tc_beats": b, "wait": 0, "macs": 0, "vec": 0,
-                 "gemm_vec": 0, "spad": 0, "fetches": 0} for t, b in enumerate(beats)}
+                 "gemm_vec": 0, "spad": 0, "fetches": 0, "acc_reads": 0, "acc_writes": 0}
+             for t, b in enumerate(beats)}
     return {"phase": phase, "contexts": [8], "cycles": cycles, "tiles": tiles,
             "outputs": 1, "macs": macs, "network_words": 0, "flits": 0, "link_flits": 0,
             "wall_s": 1.0, "channel_reads": reads,
@@ -72,11 +74,14 @@ def test_round_energy_is_each_counter_times_its_energy_per_access():
     config = chip_config("gpt-oss", k=2, n=8)  # 64-bit words, flits of 64 + 36 bits
     record = _record("decode", 1_000, macs=0, beats=[0, 0], reads=[3, 1])
     record["tiles"][0] |= {"macs": 1_000, "vec": 10, "gemm_vec": 5, "spad": 40}
-    record["tiles"][1] |= {"spad": 60, "fetches": 9}
+    record["tiles"][1] |= {"spad": 60, "fetches": 9, "acc_reads": 12, "acc_writes": 5}
     record |= {"flits": 7, "link_flits": 11}
     e = round_energy(record, config)
     assert e["compute"] == pytest.approx(1_000 * energy.MAC_PJ + 15 * 8 * energy.LANE_PJ)
-    assert e["sram"] == pytest.approx(100 * energy.SRAM_PJ_PER_64_BITS + 9 * energy.FETCH_PJ)
+    # An accumulator entry is 8 lanes of 48 bits; a write goes into every read port's copy.
+    assert len(ACC_READ_PORTS) == energy.ACC_COPIES
+    assert e["sram"] == pytest.approx(100 * energy.SRAM_PJ_PER_64_BITS + 9 * energy.FETCH_PJ
+                                      + (12 + 4 * 5) * 6 * energy.ACC_PJ_PER_64_BITS)
     assert pytest.approx(203 / 64 * energy.SRAM_PJ_PER_64_BITS) == energy.FETCH_PJ
     assert e["memory"] == pytest.approx(4 * 8 * energy.MEMORY_PJ_PER_BYTE)
     flit = e["network"] / ((7 + 11) * energy.ROUTER_PJ_PER_64_BITS / 64
@@ -119,8 +124,13 @@ def test_phase_energy_is_per_step_and_per_token():
     rounds = [_record("decode", 500, macs=0, beats=[0], reads=[10, 0], tokens=2),
               _record("decode", 500, macs=0, beats=[0], reads=[30, 0], tokens=2)]
     rounds[-1]["contexts"] = [9]
+    rounds[0]["tiles"][0] |= {"acc_reads": 3, "acc_writes": 1}  # 7 entry accesses
+    rounds[1]["tiles"][0] |= {"acc_reads": 10, "acc_writes": 2}  # 18
     f = chip_figures({"rounds": rounds}, config)
     memory = 20 * 8 * energy.MEMORY_PJ_PER_BYTE  # the mean of the two steps
+    accumulator = 12.5 * energy.acc_entry_pj(8)
     assert f["chip__decode__energy_memory_pj"] == round(memory)
-    assert f["chip__decode__energy_pj"] == round(memory)
-    assert f["chip__decode__energy_per_token_pj"] == round(memory / 2)
+    assert f["chip__decode__energy_accumulator_pj"] == round(accumulator)
+    assert f["chip__decode__energy_sram_pj"] == round(accumulator)
+    assert f["chip__decode__energy_pj"] == round(memory + accumulator)
+    assert f["chip__decode__energy_per_token_pj"] == round((memory + accumulator) / 2)
