@@ -491,6 +491,11 @@ class HandOffPlan:
         all a later one's)."""
         return sequence * tokens < self.first
 
+    def arrivals(self, sequences, tokens: int) -> int:
+        """The hand-off DMAs the jobs of ``sequences`` (``tokens`` a sequence) send
+        each tile over the mesh: one a token of each meshed sequence's job."""
+        return tokens * sum(self.meshed(s, tokens) for s in sequences)
+
 
 def _handoff_plan(chip: ChipConfig, wcfg: WorkloadConfig, most: int | None, batch: int,
                   tokens: int, stores: bool) -> HandOffPlan | None:
@@ -685,7 +690,7 @@ class _Batch:
         that go over the mesh, a DMA per job and token of the first MoE round's
         (:class:`compiler.attention.HandOff`), before its HALT."""
         busy = {job.tile for job in jobs}
-        count = sum(tokens for job in jobs if plan.meshed(job.sequence, tokens))
+        count = plan.arrivals([job.sequence for job in jobs], tokens)
         for t in range(self.chip.tiles):
             if t not in busy and count:  # none, or a striped owner's page sends only
                 load = loads.setdefault(t, TileLoad([encode(Opcode.HALT)], {}, []))
@@ -733,7 +738,7 @@ class _Batch:
                      "hand_off": HandOff(sum(chip.mask(d) for d in range(chip.tiles)
                                              if d != tile),
                                          SEM_HANDOFF,
-                                         tokens * sum(plan.meshed(o, tokens) for o in others),
+                                         plan.arrivals(others, tokens),
                                          (min(out_at, plan.at), chip.tile.kv_start), stored)}
         if phase != "decode":
             first = length - tokens
