@@ -149,6 +149,10 @@ class ChipRound:
     #: MACs of the GEMMs the round's programs dispatch (what the tiles' ``macs``
     #: counters must add up to).
     macs: int = 0
+    #: Accumulator entries the round's GEMMs and VECs read and write (what the tiles'
+    #: ``acc_reads`` and ``acc_writes`` counters must add up to).
+    acc_reads: int = 0
+    acc_writes: int = 0
     kv_bytes: int = 0
     summaries: list[dict] = field(default_factory=list)
     #: Tokens the step adds to each sequence (prefill: the context, decode: 1).
@@ -680,6 +684,8 @@ class _Batch:
         for job in jobs:
             summary = job.program.summary
             rnd.macs += summary.macs
+            rnd.acc_reads += summary.acc_reads
+            rnd.acc_writes += summary.acc_writes
             rnd.kv_bytes += summary.kv_bytes_unique
             rnd.summaries.append(summary.as_dict())
         return rnd
@@ -927,6 +933,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         Projection,
         WeightMemory,
         build_moe,
+        executed_acc_accesses,
         executed_macs,
         run_on_chip_model,
     )
@@ -973,9 +980,12 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         if chain is not None:
             chain.ran(model, golden.load)
         macs = executed_macs(model, issued)
+        acc = executed_acc_accesses(model, issued)
         network_words = sum(model.words_sent) - sent
     else:
         macs, network_words = s["macs_executed"], s["network_words_sent"]
+        acc = (sum(p.summary.acc_reads for p in program.tiles),
+               sum(p.summary.acc_writes for p in program.tiles))
     # The float64 twin starts from the layer's int8 input (golden.decoder's output, within
     # half an LSB of its own float64 twin unless clamped, which is counted): routing that
     # flips across a near-tie between a rounded and an unrounded input is no arithmetic
@@ -999,7 +1009,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                                                 program.summary), golden.out, inputs,
               reference, float(scales.out), saturation)
     return ChipRound(f"{phase}-moe", contexts_, loads, [job], network_words=network_words,
-                     macs=macs, memory=program.memory,
+                     macs=macs, acc_reads=acc[0], acc_writes=acc[1], memory=program.memory,
                      memory_words=s.get("memory_words", 0),
                      summaries=[{"dispatch": dispatch, "weights": weight_mode,
                                  "tokens": int(x.shape[0]), "macs_sparse": s["macs_sparse"],

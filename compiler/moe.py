@@ -55,6 +55,7 @@ from golden.exp import LOG2E, NEG_INF, exp2_neg, logit_multiplier, to_log2_domai
 from golden.gemm import quantize_multiplier, requantize, wrap
 from golden.moe import MoEScales, MoEWeights, expert_ffn, router_logits, silu_table, topk
 from golden.reciprocal import divide
+from golden.tile_model import acc_accesses
 from golden.vector_model import VectorOpcode as VOP
 from golden.vector_model import default_max_top_k
 from spec.config import TileConfig, ceil_div
@@ -65,7 +66,8 @@ from spec.numerics import NUMERICS
 __all__ = [
     "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection", "WeightMemory",
     "build_moe",
-    "check_chip_synchronisation", "dense_masked_reference", "executed_macs", "layer_problems",
+    "check_chip_synchronisation", "dense_masked_reference", "executed_acc_accesses",
+    "executed_macs", "layer_problems",
     "moe_from_workload", "moe_tile_config", "projection_problems", "run_on_chip_model",
 ]
 
@@ -1013,6 +1015,19 @@ def executed_macs(chip, since: list[int] | None = None) -> int:
     since = since or [0] * len(chip.tiles)
     return sum(f["m"] * f["k"] * f["p"] for tile, first in zip(chip.tiles, since, strict=True)
                for op, f in tile.issued[first:] if op == "GEMM")
+
+
+def executed_acc_accesses(chip, since: list[int] | None = None) -> tuple[int, int]:
+    """The accumulator entries the engine operations the tiles of a
+    ``golden.chip_model.ChipModel`` dispatched read and write (``since`` as for
+    :func:`executed_macs`): what their ``acc_reads`` and ``acc_writes`` count."""
+    since = since or [0] * len(chip.tiles)
+    reads = writes = 0
+    for tile, first in zip(chip.tiles, since, strict=True):
+        for op, f in tile.issued[first:]:
+            r, w = acc_accesses(op, f, tile.n)
+            reads, writes = reads + r, writes + w
+    return reads, writes
 
 
 def check_chip_synchronisation(program: MoeChipProgram) -> None:

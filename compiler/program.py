@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler.kv import KvLayout
+from golden.tile_model import acc_accesses
 from golden.vector_model import VectorOpcode
 from spec.config import TileConfig
 from spec.isa import Opcode, encode
@@ -37,6 +38,8 @@ class ProgramSummary:
     ``kv_bytes_read``: bytes the GEMMs fetch from the KV region; ``kv_bytes_unique``:
     distinct KV words touched x N. ``spad_words`` and
     ``acc_entries``: the non-KV scratchpad words and accumulator entries the program uses.
+    ``acc_reads``, ``acc_writes``: the accumulator entry accesses of its GEMMs and VECs
+    (``golden.tile_model.acc_accesses``: what the tile's counters of those names count).
     """
 
     instructions: dict[str, int]
@@ -47,6 +50,8 @@ class ProgramSummary:
     spad_words: int
     acc_entries: int
     notes: dict[str, int] = field(default_factory=dict)
+    acc_reads: int = 0
+    acc_writes: int = 0
 
     @property
     def length(self) -> int:
@@ -70,8 +75,10 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
     kinds = Counter(op.name for op, _ in ops)
     vec = Counter(VectorOpcode(f["op"]).name for op, f in executed if op == Opcode.VEC)
     macs = kv_read = 0
+    acc = [0, 0]
     kv_touched: set[int] = set()
     for op, f in executed:
+        acc = [a + b for a, b in zip(acc, acc_accesses(op.name, f, n), strict=True)]
         if op != Opcode.GEMM:
             continue
         m, k, p = f["m"], f["k"], f["p"]
@@ -86,7 +93,7 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
                 kv_read += words * n
                 kv_touched.update(range(base, base + words))
     return ProgramSummary(dict(kinds), dict(vec), macs, kv_read, len(kv_touched) * n,
-                          spad_words, acc_entries, dict(notes or {}))
+                          spad_words, acc_entries, dict(notes or {}), *acc)
 
 
 _ENCODED: dict[tuple, int] = {}

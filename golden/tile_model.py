@@ -47,7 +47,7 @@ from spec.numerics import NUMERICS
 
 __all__ = [
     "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "ProgramError", "TileModel", "VecDst",
-    "VecPack", "lanes_word", "word_lanes",
+    "VecPack", "acc_accesses", "lanes_word", "word_lanes",
 ]
 
 #: Width of an accumulator address field (``spec.isa.ACC_ADDR_BITS``; a test checks it).
@@ -111,6 +111,25 @@ _USES_C = {VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.
 def _value(field) -> int:
     """An enumeration field's number (fields come decoded as ints or given as members)."""
     return int(getattr(field, "value", field))
+
+
+def acc_accesses(engine: str, f: dict, n: int) -> tuple[int, int]:
+    """The accumulator entries an engine operation (``engine`` ``GEMM`` or ``VEC``, its
+    fields ``f``) reads and writes on a tile of ``n`` lanes, as the tile's
+    ``acc_reads`` and ``acc_writes`` counters count them: a GEMM writes every row of
+    its result tiles (padding included) and reads each too when it accumulates; a VEC
+    reads three entries a beat (a, b and c, used by its op or not) and writes one a
+    beat into a TILE or SCALAR destination and one a block of N rows' totals. Other
+    operations: none."""
+    if engine == "GEMM":
+        rows = ceil_div(f["m"], n) * ceil_div(f["p"], n) * n
+        return (rows if f.get("accumulate") else 0), rows
+    if engine == "VEC":
+        rows, beats = f["rows"], f["beats"]
+        to_acc = _value(f.get("dst_kind", 0)) in (VecDst.TILE, VecDst.SCALAR)
+        return 3 * rows * beats, (rows * beats if to_acc else 0) + (
+            ceil_div(rows, n) if f.get("total_write") else 0)
+    return 0, 0
 
 
 def word_lanes(word: int, n: int) -> np.ndarray:
@@ -417,8 +436,7 @@ class TileModel:
         result = wrap(a @ b, NUMERICS.acc_bits)
         self._acc_entry("GEMM C", f["c"] + tm * tp * n - 1)
         shift = f["acc_shift"]
-        self.acc_writes += tm * tp * n
-        self.acc_reads += tm * tp * n if f["accumulate"] else 0
+        self._count_acc("GEMM", f)
         for ti in range(tm):
             for tj in range(tp):
                 base = f["c"] + (ti * tp + tj) * n
@@ -473,6 +491,11 @@ class TileModel:
                 raise ValueError("VEC total entries overlap the TILE destination region")
         return code
 
+    def _count_acc(self, engine: str, f: dict) -> None:
+        reads, writes = acc_accesses(engine, f, self.n)
+        self.acc_reads += reads
+        self.acc_writes += writes
+
     def _vec(self, f: dict) -> None:
         code = self._check_vec(f)
         n, rows, beats = self.n, f["rows"], f["beats"]
@@ -480,9 +503,7 @@ class TileModel:
         uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
                 "c": code in _USES_C and not f["c_imm"]}
         written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats
-        self.acc_reads += 3 * rows * beats
-        self.acc_writes += (rows * beats if kind in (VecDst.TILE, VecDst.SCALAR) else 0) \
-            + (ceil_div(rows, n) if f["total_write"] else 0)
+        self._count_acc("VEC", f)
 
         def read(what: str, addr: int, lanes) -> np.ndarray:
             if uses[what] and any((addr, i) in written for i in lanes):

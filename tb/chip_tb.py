@@ -264,6 +264,12 @@ async def chip_layer(dut):
         assert counted % (1 << 32) == rnd.macs % (1 << 32), (
             f"round {index} ({rnd.phase}): the tiles counted {counted} MACs, the programs "
             f"dispatch {rnd.macs}")
+        # And their accumulator accesses (the access model's energy) to the operations'.
+        for name, expected in (("acc_reads", rnd.acc_reads), ("acc_writes", rnd.acc_writes)):
+            counted = sum(e.counters[name] for e in run.tiles.values())
+            assert counted % (1 << 32) == expected % (1 << 32), (
+                f"round {index} ({rnd.phase}): the tiles counted {counted} {name}, the "
+                f"programs' operations make {expected}")
         began = driver.host_cycles
         try:
             await _check_outputs(driver, index, rnd, dumped if p.get("dump") else None)

@@ -77,6 +77,10 @@ async def tile_attention(dut):
                                    + 10_000)
         assert run.error == ErrorCode.NONE, f"step {index}: {run.error.name} at pc {run.pc}"
         assert run.engine_error == 0, f"step {index}: engine error flags {run.engine_error:#b}"
+        got = (run.counters["acc_reads"], run.counters["acc_writes"])
+        assert got == (program.summary.acc_reads, program.summary.acc_writes), (
+            f"step {index}: the tile counted {got} accumulator reads and writes, the "
+            f"program's operations make {(program.summary.acc_reads, program.summary.acc_writes)}")
         words, _ = await driver.read(program.output_words)
         got = program.read_output(dict(zip(program.output_words, words, strict=True)).__getitem__)
         wrong = np.argwhere(got != step.expected)
