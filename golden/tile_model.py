@@ -162,9 +162,8 @@ class TileModel:
     (instructions read from the program: every step, one that stops it included, as
     the tile's ``fetches`` counter counts them), ``acc_reads`` and ``acc_writes`` (the
     accumulator entries read and written, as the tile's counters of those names count
-    them: three reads a VEC beat, a GEMM's every result row of N lanes written, and read
-    too when it accumulates, an accumulator LOAD's read, a VEC's write a beat to a
-    TILE or SCALAR destination and one a block of N rows' totals), ``issued``
+    them: :func:`acc_accesses` of every GEMM and VEC, and a read for an accumulator
+    LOAD), ``issued``
     (every engine operation, in order, as (engine, fields): an IDMA's rows are DMAs, and
     an IDMA of no rows is a DMA of no words to no tile that carries its signal), and
     ``done`` = the ``signal`` field of every finished engine operation, per engine
