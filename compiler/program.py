@@ -74,11 +74,11 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
     executed = ops if executed is None else executed
     kinds = Counter(op.name for op, _ in ops)
     vec = Counter(VectorOpcode(f["op"]).name for op, f in executed if op == Opcode.VEC)
-    macs = kv_read = 0
-    acc = [0, 0]
+    macs = kv_read = acc_reads = acc_writes = 0
     kv_touched: set[int] = set()
     for op, f in executed:
-        acc = [a + b for a, b in zip(acc, acc_accesses(op.name, f, n), strict=True)]
+        reads, writes = acc_accesses(op.name, f, n)
+        acc_reads, acc_writes = acc_reads + reads, acc_writes + writes
         if op != Opcode.GEMM:
             continue
         m, k, p = f["m"], f["k"], f["p"]
@@ -93,7 +93,7 @@ def summarise(config: TileConfig, ops: Sequence[Op], spad_words: int, acc_entrie
                 kv_read += words * n
                 kv_touched.update(range(base, base + words))
     return ProgramSummary(dict(kinds), dict(vec), macs, kv_read, len(kv_touched) * n,
-                          spad_words, acc_entries, dict(notes or {}), *acc)
+                          spad_words, acc_entries, dict(notes or {}), acc_reads, acc_writes)
 
 
 _ENCODED: dict[tuple, int] = {}

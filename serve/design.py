@@ -94,10 +94,10 @@ def _move_word_pj(config: ChipConfig) -> float:
     """The energy of a KV word moved to a neighbouring tile, as the access model prices
     a round's counts (:func:`sim.chip_run.round_energy`): a scratchpad read and write,
     one flit injected and carried over one link."""
+    from rtl.tile import Counters
     from sim.chip_run import round_energy
 
-    counts = {"macs": 0, "vec": 0, "gemm_vec": 0, "spad": 2, "fetches": 0, "acc_reads": 0,
-              "acc_writes": 0}
+    counts = {name: 0 for name, _ in Counters()} | {"spad": 2}
     return sum(round_energy({"tiles": {0: counts}, "flits": 1, "link_flits": 1},
                             config).values())
 
