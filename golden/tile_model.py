@@ -113,21 +113,30 @@ def _value(field) -> int:
     return int(getattr(field, "value", field))
 
 
+def operands_used(f: dict) -> dict[str, bool]:
+    """Per operand (``a``, ``b``, ``c``), whether a VEC with fields ``f`` reads it: a
+    unless RECIP, b for ``_USES_B``, c for ``_USES_C`` unless ``c_imm``."""
+    code = VectorOpcode(_value(f["op"]))
+    return {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
+            "c": code in _USES_C and not f.get("c_imm")}
+
+
 def acc_accesses(engine: str, f: dict, n: int) -> tuple[int, int]:
     """The accumulator entries an engine operation (``engine`` ``GEMM`` or ``VEC``, its
     fields ``f``) reads and writes on a tile of ``n`` lanes, as the tile's
     ``acc_reads`` and ``acc_writes`` counters count them: a GEMM writes every row of
     its result tiles (padding included) and reads each too when it accumulates; a VEC
-    reads three entries a beat (a, b and c, used by its op or not) and writes one a
-    beat into a TILE or SCALAR destination and one a block of N rows' totals. Other
-    operations: none."""
+    reads an entry a beat per operand its op uses (:func:`operands_used`) and writes
+    one a beat into a TILE or SCALAR destination and one a block of N rows' totals.
+    Other operations: none."""
     if engine == "GEMM":
         rows = ceil_div(f["m"], n) * ceil_div(f["p"], n) * n
         return (rows if f.get("accumulate") else 0), rows
     if engine == "VEC":
         rows, beats = f["rows"], f["beats"]
         to_acc = _value(f.get("dst_kind", 0)) in (VecDst.TILE, VecDst.SCALAR)
-        return 3 * rows * beats, (rows * beats if to_acc else 0) + (
+        reads = sum(operands_used(f).values()) * rows * beats
+        return reads, (rows * beats if to_acc else 0) + (
             ceil_div(rows, n) if f.get("total_write") else 0)
     return 0, 0
 
@@ -450,7 +459,7 @@ class TileModel:
         """Refuse a VEC the hardware would (ValueError); its vector opcode.
 
         Every region the instruction names is checked before anything changes, used by
-        its op or not (the engine reads a, b and c on every beat), as the sequencer does:
+        its op or not, as the sequencer does:
         a tile region is ceil(rows / N) x beats x N entries, a scalar region
         ceil(rows / N) entries."""
         n, rows, beats = self.n, f["rows"], f["beats"]
@@ -499,8 +508,7 @@ class TileModel:
         code = self._check_vec(f)
         n, rows, beats = self.n, f["rows"], f["beats"]
         kind, dst = f["dst_kind"], f["dst"]
-        uses = {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
-                "c": code in _USES_C and not f["c_imm"]}
+        uses = operands_used(f)
         written: set[tuple[int, int]] = set()  # (entry, lane) written by earlier beats
         self._count_acc("VEC", f)
 

@@ -33,15 +33,16 @@ class AccumulatorMemory(wiring.Component):
     """``depth`` entries of N lanes in ``banks`` banks, several read ports, several
     prioritised writers.
 
-    Entry ``e`` lives in bank ``e % banks``. Per read port ``r``: ``r_addr`` (in) and
-    ``r_data`` (out), the entry addressed in the previous cycle (a synchronous read that
-    does not see a write of the same cycle). Per writer ``w``: ``w`` (stream in of
-    :class:`AccWrite`). Each bank takes one write per cycle, the writer named first
-    winning it, so a later writer of the same bank waits (``ready`` low) and nothing is
-    dropped; writers of different banks write in the same cycle (the tile's GEMM engine
-    and vector engine both write rows of consecutive entries, so with two banks they
-    mostly pass each other instead of taking turns). Each read port is one copy of every
-    bank (block RAM on an FPGA).
+    Entry ``e`` lives in bank ``e % banks``. Per read port ``r``: ``r_addr`` and
+    ``r_en`` (in, 1 unless driven) and ``r_data`` (out), the entry addressed in the
+    last cycle ``r_en`` was high (a synchronous read that does not see a write of the
+    same cycle; with ``r_en`` low the port reads nothing and keeps its data). Per
+    writer ``w``: ``w`` (stream in of :class:`AccWrite`). Each bank takes one write per
+    cycle, the writer named first winning it, so a later writer of the same bank waits
+    (``ready`` low) and nothing is dropped; writers of different banks write in the
+    same cycle (the tile's GEMM engine and vector engine both write rows of consecutive
+    entries, so with two banks they mostly pass each other instead of taking turns).
+    Each read port is one copy of every bank (block RAM on an FPGA).
     """
 
     def __init__(self, n: int = 8, depth: int = 256, read_ports=("r",), writers=("w",),
@@ -57,7 +58,7 @@ class AccumulatorMemory(wiring.Component):
                     or not all(isinstance(name, str) and name.isidentifier() for name in names):
                 raise ValueError(f"accumulator {kind} names must be a sequence of unique "
                                  f"identifiers, not {names!r}")
-        port_members = [f"{name}_{end}" for name in read_ports for end in ("addr", "data")]
+        port_members = [f"{name}_{end}" for name in read_ports for end in ("addr", "en", "data")]
         if clash := sorted(set(port_members) & set(writers)):
             raise ValueError(f"accumulator writer names {clash} clash with the read ports' "
                              f"members {port_members}")
@@ -66,6 +67,7 @@ class AccumulatorMemory(wiring.Component):
         members = {}
         for name in self.read_ports:
             members[f"{name}_addr"] = In(range(depth))
+            members[f"{name}_en"] = In(1, init=1)
             members[f"{name}_data"] = Out(Entry(n))
         for name in self.writers:
             members[name] = In(stream.Signature(AccWrite(n, depth)))
@@ -104,6 +106,7 @@ class AccumulatorMemory(wiring.Component):
 
         for name in self.read_ports:
             r_addr, r_data = getattr(self, f"{name}_addr"), getattr(self, f"{name}_data")
+            r_en = getattr(self, f"{name}_en")
             datas = []
             for b, (addr, value, lanes) in enumerate(writes):
                 mem = memory.Memory(shape=Entry(n), depth=self.depth // banks, init=[])
@@ -111,13 +114,14 @@ class AccumulatorMemory(wiring.Component):
                 write = mem.write_port(granularity=1)  # one enable per lane
                 m.d.comb += [write.addr.eq(addr), write.data.eq(value), write.en.eq(lanes)]
                 read = mem.read_port()
-                m.d.comb += read.addr.eq(r_addr[bank_bits:])
+                m.d.comb += [read.addr.eq(r_addr[bank_bits:]), read.en.eq(r_en)]
                 datas.append(read.data)
             if banks == 1:
                 m.d.comb += r_data.eq(datas[0])
             else:  # the bank of the entry addressed last cycle
                 bank = Signal(bank_bits, name=f"{name}_bank")
-                m.d.sync += bank.eq(r_addr[:bank_bits])
+                with m.If(r_en):
+                    m.d.sync += bank.eq(r_addr[:bank_bits])
                 with m.Switch(bank):
                     for b, data in enumerate(datas):
                         with m.Case(b):

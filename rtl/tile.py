@@ -40,10 +40,10 @@ class Counters(data.StructLayout):
     banks by the engines, the sequencer and arriving network words), the instructions
     the sequencer fetched (``fetches``: one read of the instruction memory each, a
     loop's body once per pass) and the accumulator memory's entry accesses
-    (``acc_reads``: the entries a VEC beat reads, three each, a GEMM's accumulating
-    result rows, the sequencer's accumulator LOADs; ``acc_writes``: the entries the
-    GEMM and vector engines write; each write goes into every copy of the memory, one
-    per read port)."""
+    (``acc_reads``: the entries a VEC beat reads, one per operand its op uses, a
+    GEMM's accumulating result rows, the sequencer's accumulator LOADs;
+    ``acc_writes``: the entries the GEMM and vector engines write; each write goes
+    into every copy of the memory, one per read port)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
@@ -187,10 +187,12 @@ class Tile(wiring.Component):
         wiring.connect(m, vec.acc_w, acc.vec)
         m.d.comb += [acc.gemm_addr.eq(gemm.acc_addr), gemm.acc_data.eq(acc.gemm_data)]
         for operand in "ab":
-            m.d.comb += [getattr(acc, f"vec_{operand}_addr").eq(getattr(vec, f"{operand}_addr")),
-                         getattr(vec, f"{operand}_data").eq(getattr(acc, f"vec_{operand}_data"))]
+            m.d.comb += [getattr(acc, f"vec_{operand}_{end}").eq(getattr(vec, f"{operand}_{end}"))
+                         for end in ("addr", "en")]
+            m.d.comb += getattr(vec, f"{operand}_data").eq(getattr(acc, f"vec_{operand}_data"))
         # The c port is lent to the sequencer's LOAD while the vector engine is idle.
         m.d.comb += [acc.vec_c_addr.eq(Mux(seq.acc_read, seq.acc_addr, vec.c_addr)),
+                     acc.vec_c_en.eq(seq.acc_read | vec.c_en),
                      vec.c_data.eq(acc.vec_c_data), seq.acc_data.eq(acc.vec_c_data)]
 
         # Network: DMA words out; arriving words written, their signal after the write.
@@ -225,7 +227,8 @@ class Tile(wiring.Component):
                 c.macs.eq(c.macs + Mux(product_due, mk * gemm_p, 0)),
                 c.spad.eq(c.spad + sp.accesses),
                 c.fetches.eq(c.fetches + seq.fetching),
-                c.acc_reads.eq(c.acc_reads + 3 * vec.beat + gemm.acc_read + seq.acc_read),
+                c.acc_reads.eq(c.acc_reads + vec.a_en + vec.b_en + vec.c_en + gemm.acc_read
+                               + seq.acc_read),
                 c.acc_writes.eq(c.acc_writes + (gemm.acc_w.valid & gemm.acc_w.ready)
                                 + (vec.acc_w.valid & vec.acc_w.ready)),
             ]

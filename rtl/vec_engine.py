@@ -42,6 +42,17 @@ USES_C = (VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.R
           VectorOpcode.TOPK_INDEX)
 
 
+def operands_used(args) -> dict:
+    """Per operand (``a``, ``b``, ``c``), whether the instruction ``args``
+    (:class:`spec.isa.VecArgs`) reads it: a unless RECIP, b for :data:`USES_B`, c for
+    :data:`USES_C` unless ``c_imm``."""
+    def one_of(codes):
+        return Cat(*(args.op == code.value for code in codes)).any()
+
+    return {"a": args.op != VectorOpcode.RECIP.value, "b": one_of(USES_B),
+            "c": one_of(USES_C) & ~args.c_imm}
+
+
 class _Flight(data.StructLayout):
     """What the write-back and completion sides keep of an in-flight instruction."""
 
@@ -130,14 +141,14 @@ class VecEngine(wiring.Component):
     cmd : stream in of :class:`VecArgs` (range-checked by the sequencer)
     done : stream out of :data:`spec.isa.SIGNAL`, the instruction's ``signal``, one beat
         per finished instruction, in order
-    a_addr/a_data, b_addr/b_data, c_addr/c_data : accumulator read ports (data the
-        cycle after the address)
+    a_addr/a_en/a_data, b_addr/b_en/b_data, c_addr/c_en/c_data : accumulator read
+        ports (data the cycle after the address). A beat reads only the operands its
+        op uses (:func:`operands_used`): the others' ``en`` stay low, as they do while
+        a beat waits, whose operands stay on the ports
     acc_w : stream out of :class:`rtl.accumulator.AccWrite`
     spad_req/spad_resp : a scratchpad port, writes only; every write's response is
         counted
     busy : out, an instruction is in the engine (queued, pending or in flight)
-    beat : out, a beat issues this cycle: its a, b and c entries are read (every beat
-        reads all three, used by its op or not; for the tile's ``acc_reads``)
     error : out, sticky: a scratchpad response with an error status
 
     Timing
@@ -188,13 +199,13 @@ class VecEngine(wiring.Component):
         }
         for port in ("a", "b", "c"):
             members[f"{port}_addr"] = Out(range(acc_depth))
+            members[f"{port}_en"] = Out(1)
             members[f"{port}_data"] = In(Entry(n))
         members.update({
             "acc_w": Out(stream.Signature(AccWrite(n, acc_depth))),
             "spad_req": Out(stream.Signature(Request(addr_bits, 8 * n))),
             "spad_resp": In(stream.Signature(Response(8 * n))),
             "busy": Out(1),
-            "beat": Out(1),
             "error": Out(1),
         })
         super().__init__(members)
@@ -256,14 +267,12 @@ class VecEngine(wiring.Component):
                 m.d.sync += [lo.eq(Mux(used, base, 0)), hi.eq(Mux(used, base + size, 0))]
             return lo, hi
 
-        op_is = {code: cmd.op == code.value for code in VectorOpcode}
         blocks_or_tile = {name: Mux(cmd[f"{name}_scalar"], blocks, tile_size) for name in "ab"}
+        used = operands_used(cmd)
         pend_reads = [
-            range_reg("a", cmd.a, blocks_or_tile["a"], ~op_is[VectorOpcode.RECIP]),
-            range_reg("b", cmd.b, blocks_or_tile["b"],
-                      Cat(*(op_is[code] for code in USES_B)).any()),
-            range_reg("c", cmd.c, blocks,
-                      Cat(*(op_is[code] for code in USES_C)).any() & ~cmd.c_imm),
+            range_reg("a", cmd.a, blocks_or_tile["a"], used["a"]),
+            range_reg("b", cmd.b, blocks_or_tile["b"], used["b"]),
+            range_reg("c", cmd.c, blocks, used["c"]),
         ]
         to_entries = (cmd.dst_kind == VecDst.TILE) | (cmd.dst_kind == VecDst.SCALAR)
         pend_writes = [
@@ -319,7 +328,7 @@ class VecEngine(wiring.Component):
         ins = Signal(VecArgs(), name="ins")
         s0_valid, s1_valid = Signal(), Signal()
         s0_go, s0_last = Signal(), Signal()
-        m.d.comb += [s0_go.eq(s0_valid & (~s1_valid | ops.ready)), self.beat.eq(s0_go)]
+        m.d.comb += s0_go.eq(s0_valid & (~s1_valid | ops.ready))
         room = count != flights
         m.d.comb += start.eq(pend_valid & (quiet | (checked & ~blocked)) & room
                              & (~s0_valid | s0_last))
@@ -401,17 +410,16 @@ class VecEngine(wiring.Component):
         s0_addr = {"a": operand_addr(ins.a, ins.a_scalar),
                    "b": operand_addr(ins.b, ins.b_scalar),
                    "c": (ins.c + rd["entry"])[:ACC_ADDR_BITS]}
-        s1 = {name: Signal(range(self.acc_depth), name=f"s1_{name}_addr") for name in s0_addr}
         s1_lane, s1_first, s1_mask = Signal(log_n), Signal(), Signal(n)
         s1_slot = Signal(COUNT_FIELD_BITS)
-        st.__dict__.update(mask=mask, s0_addr=s0_addr, s1=s1, s1_first=s1_first, s1_lane=s1_lane,
+        st.__dict__.update(mask=mask, s0_addr=s0_addr, s1_first=s1_first, s1_lane=s1_lane,
                            s1_mask=s1_mask, s1_slot=s1_slot, slot_r=slot_r)
 
     def _stage1(self, m: Module, st: SimpleNamespace) -> None:
         """The op's fields travel with the beat: stage 0 may hold the next instruction."""
         fin, flight, flight_writes, flights = st.fin, st.flight, st.flight_writes, st.flights
         ins, mask, n, ops, pend = st.ins, st.mask, st.n, st.ops, st.pend
-        pend_writes, rd, s0_addr, s0_go, s1 = st.pend_writes, st.rd, st.s0_addr, st.s0_go, st.s1
+        pend_writes, rd, s0_addr, s0_go = st.pend_writes, st.rd, st.s0_addr, st.s0_go
         s1_first, s1_lane, s1_mask, s1_slot = st.s1_first, st.s1_lane, st.s1_mask, st.s1_slot
         s1_valid, slot_r, start, tail = st.s1_valid, st.slot_r, st.start, st.tail
         s1_ins = Signal(VecArgs(), name="s1_ins")
@@ -420,13 +428,14 @@ class VecEngine(wiring.Component):
                          s1_mask.eq(mask), s1_slot.eq(slot_r)]
             m.d.sync += [s1_ins[name].eq(ins[name]) for name in (
                 "op", "c_imm", "imm", "mult", "shift", "sat", "a_scalar", "b_scalar")]
-            m.d.sync += [s1[name].eq(addr) for name, addr in s0_addr.items()]
         with m.Elif(ops.ready):
             m.d.sync += s1_valid.eq(0)
-        # A held stage 1 reads its own entries again, so its data stays on the ports.
-        hold = s1_valid & ~ops.ready
+        # A beat reads the operands its op uses; while it waits in stage 1 the ports
+        # read nothing, so its data stays on them.
+        used = operands_used(ins)
         for name, addr in s0_addr.items():
-            m.d.comb += getattr(self, f"{name}_addr").eq(Mux(hold, s1[name], addr))
+            m.d.comb += [getattr(self, f"{name}_addr").eq(addr),
+                         getattr(self, f"{name}_en").eq(s0_go & used[name])]
 
         op = ops.payload
         m.d.comb += [

@@ -20,7 +20,7 @@ from golden.exp import NEG_INF, exp2_neg, logit_multiplier, to_log2_domain
 from golden.gemm import quantize_multiplier
 from golden.moe import silu_output_scale, silu_table
 from golden.softmax import normalise_output, online_softmax_pv
-from golden.tile_model import TileModel, VecDst, VecPack, lanes_word, word_lanes
+from golden.tile_model import TileModel, VecDst, VecPack, acc_accesses, lanes_word, word_lanes
 from golden.vector_model import VectorOpcode as OP
 from rtl.accumulator import LANE_BITS, AccWrite
 from rtl.scratchpad import Request, Response
@@ -71,17 +71,20 @@ def run_engine(program, *, n=4, slots=4, acc_depth=256, spad_words=256, seed=1,
     status = r_layout["status"]
     bad_address = 1 << (status.offset + status.shape["bad_address"].offset)
     dones, accepted, finished = [], [], []
-    state = {"cycle": 0, "issued": 0, "spad_writes": 0, "outstanding": 0}
+    state = {"cycle": 0, "issued": 0, "spad_writes": 0, "outstanding": 0, "reads": 0}
 
     async def accumulator(ctx):
         ctx.set(dut.acc_w.ready, 1)
         while True:
-            _, _, a, b, c, valid, ready, write = await ctx.tick().sample(
-                dut.a_addr, dut.b_addr, dut.c_addr, dut.acc_w.valid, dut.acc_w.ready,
-                dut.acc_w.payload.as_value())
+            _, _, a, b, c, a_en, b_en, c_en, valid, ready, write = await ctx.tick().sample(
+                dut.a_addr, dut.b_addr, dut.c_addr, dut.a_en, dut.b_en, dut.c_en,
+                dut.acc_w.valid, dut.acc_w.ready, dut.acc_w.payload.as_value())
             state["cycle"] += 1
-            for port, addr in (("a", a), ("b", b), ("c", c)):  # read before the write
-                ctx.set(getattr(dut, f"{port}_data").as_value(), entry_bits(hw.acc[addr]))
+            # A port reads (before the write) only when enabled, else keeps its data.
+            for port, addr, en in (("a", a, a_en), ("b", b, b_en), ("c", c, c_en)):
+                if en:
+                    ctx.set(getattr(dut, f"{port}_data").as_value(), entry_bits(hw.acc[addr]))
+                    state["reads"] += 1
             if valid and ready:
                 addr = (write >> w_addr[0]) & ((1 << w_addr[1]) - 1)
                 lanes = (write >> w_lanes[0]) & ((1 << n) - 1)
@@ -160,6 +163,10 @@ def run_engine(program, *, n=4, slots=4, acc_depth=256, spad_words=256, seed=1,
             assert not ctx.get(dut.busy) and not ctx.get(dut.acc_w.valid)
             assert not ctx.get(dut.spad_req.valid)
         assert len(dones) == state["issued"] and state["outstanding"] == 0
+        # Each beat read the entries of the operands its op uses, once (the tile's
+        # acc_reads): what the tile model counts.
+        assert state["reads"] == sum(acc_accesses("VEC", f, n)[0]
+                                     for name, f in program if name == "VEC")
         state["error"] = ctx.get(dut.error)
 
     sim = Simulator(dut)
