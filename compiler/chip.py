@@ -42,7 +42,7 @@ from golden.kv_cache import build_cache
 from golden.workloads import Workload, WorkloadConfig, generate, generate_batch, get_workload
 from rtl.scratchpad import KvOp
 from spec.config import ChipConfig, ceil_div
-from spec.isa import COUNT_FIELD_BITS, MEM_ADDR_BITS, DmaTarget, Opcode, encode
+from spec.isa import COUNT_FIELD_BITS, MEM_ADDR_BITS, DmaTarget, Opcode, decode, encode
 
 __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_CHUNK", "SEM_KV",
            "WEIGHT_MODES",
@@ -121,6 +121,9 @@ class TileLoad:
     looped: int = 0
     #: Where the program sits in the instruction memory (:func:`place_programs`).
     base: int = 0
+    #: The tile's program before this one ends with a HALT naming ``base``, where the
+    #: tile starts next: no SKIP at pc 0 to write (:meth:`image`).
+    entered: bool = False
     kv_setup: int = 0
     #: The scratchpad words that hold attention outputs an earlier round computed, the
     #: host writing them back (a step of several MoE rounds: no hand-off on chip).
@@ -128,12 +131,13 @@ class TileLoad:
 
     def image(self) -> dict[int, int]:
         """The instruction memory's words the round needs, {pc: word}: the program at
-        ``base`` (its LOOP and SKIP targets moved with it) and, when ``base`` > 0, a
-        SKIP at pc 0 to it (registers start at 0, so r0 >= r0 always jumps)."""
-        if not self.base:
-            return dict(enumerate(self.instructions))
-        return {0: encode(Opcode.SKIP, ra=0, rb=0, target=self.base),
-                **dict(enumerate(relocated(self.instructions, self.base), self.base))}
+        ``base`` (its LOOP and SKIP targets moved with it) and, when ``base`` > 0 and
+        no HALT before it names ``base`` (``entered``), a SKIP at pc 0 to it
+        (registers start at 0, so r0 >= r0 always jumps)."""
+        words = dict(enumerate(relocated(self.instructions, self.base), self.base))
+        if self.base and not self.entered:
+            return {0: encode(Opcode.SKIP, ra=0, rb=0, target=self.base), **words}
+        return words
 
 
 @dataclass
@@ -1127,9 +1131,11 @@ def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
     differ from the last step's in a few counts): each phase's programs (prefill,
     extend, decode, and each one's MoE rounds) in a region of their own from pc 1, as
     long as the longest program of every phase fits; else the attention programs from
-    pc 1 and the MoE programs after the longest of them; each round starts with a SKIP
-    at pc 0 to its program (``TileLoad.base``). When neither fits, or the run has one
-    phase only, every program starts at pc 0."""
+    pc 1 and the MoE programs after the longest of them (``TileLoad.base``). A tile's
+    first program starts with a SKIP at pc 0 to it; each program's HALT names where the
+    tile's next one starts (``next``), so the tile runs from there when started again
+    (``TileLoad.entered``). When neither fits, or the run has one phase only, every
+    program starts at pc 0."""
     longest: dict[str, int] = {}
     for r in rounds:
         size = max((len(load.instructions) for load in r.loads.values()), default=0)
@@ -1150,6 +1156,26 @@ def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
     for r in rounds:
         for load in r.loads.values():
             load.base = bases[r.phase]
+    before: dict[int, TileLoad] = {}  # each tile's program before the round
+    named: dict[tuple[int, int], int] = {}  # (tile, base): what its last HALT there named
+    for r in rounds:
+        for t, load in r.loads.items():
+            if t in before:
+                _halt_to(before[t], load.base)
+                named[t, before[t].base] = load.base
+                load.entered = True
+            before[t] = load
+    # A tile's last program (nothing starts it again) halts as the one before it in its
+    # region did: a word the host need not write again.
+    for t, load in before.items():
+        if (t, load.base) in named:
+            _halt_to(load, named[t, load.base])
+
+
+def _halt_to(load: TileLoad, pc: int) -> None:
+    """Make every HALT of ``load``'s program name ``pc`` as the tile's next start."""
+    load.instructions = [encode(Opcode.HALT, next=pc) if decode(word)[0] == Opcode.HALT
+                         else word for word in load.instructions]
 
 
 def first_programs(rounds: list[ChipRound]) -> dict[int, dict[int, int]]:

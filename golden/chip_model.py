@@ -154,7 +154,9 @@ class ChipModel:
 
         ``programs``: a list indexed by tile index, or a dict keyed by index or (x, y);
         each a list of instructions, ``(opcode name or Opcode, fields)`` or encoded
-        words. A tile without a program stays idle. Returns the instructions each tile
+        words: its instruction memory from pc 0, where it starts at its last HALT's
+        ``next`` (pc 0 at first, :meth:`TileModel.start`). A tile without a program
+        stays idle. Returns the instructions each tile
         executed (HALT included). ValueError on a deadlock, or after ``max_turns`` turns.
         """
         progs = self._programs(programs)

@@ -1,6 +1,7 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
-:class:`TileModel` executes decoded instructions from pc 0 — GEMM, VEC, DMA,
+:class:`TileModel` executes decoded instructions from pc 0 (or the last HALT's
+``next``) — GEMM, VEC, DMA,
 IDMA, WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOAD, LOOP, SKIP
 and WITH,
 with the semantics of the docstrings in ``spec/isa.py`` — on a scratchpad, an
@@ -57,7 +58,7 @@ SEMAPHORES, COUNT_BITS = 16, 16
 
 #: The fields of each opcode (``spec.isa`` layouts; a test checks they are the same).
 FIELDS = {
-    "HALT": (), "NOP": (),
+    "HALT": ("next",), "NOP": (),
     "GEMM": ("signal", "a", "b", "c", "m", "k", "p", "a_rows", "b_rows", "accumulate",
              "acc_shift", "a_limbs", "a_lo", "a_row_major", "b_stride"),
     "VEC": ("signal", "op", "a", "a_scalar", "b", "b_scalar", "c", "c_imm", "imm", "dst",
@@ -166,7 +167,8 @@ class TileModel:
 
     State: ``spad`` (list of ints, one word each), ``acc`` (int64 array (acc_depth, n),
     48-bit signed values), ``vector`` (the vector unit model), ``semaphores`` and
-    ``registers`` (lists of ints), ``pc``, ``halted``, ``executed`` (every instruction
+    ``registers`` (lists of ints), ``pc``, ``halted``, ``resume`` (where the next start
+    runs from: the last HALT's ``next``), ``executed`` (every instruction
     run, in order, with the fields it ran with: a WITH's registers added), ``fetches``
     (instructions read from the program: every step, one that stops it included, as
     the tile's ``fetches`` counter counts them), ``acc_reads`` and ``acc_writes`` (the
@@ -205,6 +207,8 @@ class TileModel:
         self.semaphores = [0] * SEMAPHORES
         self.registers = [0] * REGISTERS
         self.pc = 0
+        #: Where the next :meth:`start` puts the pc: the last HALT's ``next``.
+        self.resume = 0
         self._with: list[tuple[int, int]] = []  # a WITH's (field number, register) pairs
         self.halted = False
         self.done = {"GEMM": [], "VEC": [], "DMA": []}
@@ -225,14 +229,16 @@ class TileModel:
     # --- running ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """What the sequencer's ``start`` does to the model: pc 0, registers 0, no WITH
-        pending (the memories and semaphores are kept)."""
-        self.pc, self.registers, self._with = 0, [0] * REGISTERS, []
+        """What the sequencer's ``start`` does to the model: pc at ``resume`` (the last
+        HALT's ``next``, 0 at first), registers 0, no WITH pending (the memories and
+        semaphores are kept)."""
+        self.pc, self.registers, self._with = self.resume, [0] * REGISTERS, []
 
     def run(self, instructions, max_steps: int = 1_000_000) -> int:
-        """Execute ``(opcode_name, fields)`` instructions from pc 0 until HALT or the pc
-        leaves the program; returns how many were executed (HALT included). ValueError
-        after ``max_steps`` instructions."""
+        """Execute ``(opcode_name, fields)`` instructions (the program memory from pc 0)
+        from where :meth:`start` puts the pc until HALT or the pc leaves the program;
+        returns how many were executed (HALT included). ValueError after ``max_steps``
+        instructions."""
         self.start()
         for count in range(1, max_steps + 1):
             if not 0 <= self.pc < len(instructions):
@@ -258,7 +264,7 @@ class TileModel:
             raise ValueError(f"unknown opcode {opcode!r}")
         f = self._fields(name, fields)
         if name == "HALT":
-            self.halted = True
+            self.halted, self.resume = True, f["next"]
             return False
         next_pc = self._scalar(name, f)
         if name in self.done:

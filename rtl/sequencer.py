@@ -88,7 +88,9 @@ class Sequencer(wiring.Component):
     stream, echoing the operation's ``signal`` field. A finished operation with an
     enabled signal, an arrival from the network (``arrival``) and a SIGNAL instruction
     each add to a semaphore; WAIT blocks until its semaphore reaches the count and then
-    subtracts it. HALT waits until every dispatched operation has finished.
+    subtracts it. HALT waits until every dispatched operation has finished; its
+    ``next`` is where the following ``start`` runs from (a tile's programs chained in
+    its instruction memory without the host writing between them).
 
     A bad instruction stops the sequencer cleanly: nothing after it is dispatched,
     operations already dispatched finish, and ``status`` shows ``halted`` with the
@@ -121,7 +123,9 @@ class Sequencer(wiring.Component):
     program : stream in of ``ProgramWrite``
         Writes the instruction memory; held off (not ready) while running.
     start : in
-        Pulse: begin at pc 0, clear the status and the semaphores.
+        Pulse: begin at the ``next`` of the HALT that ended the last run (pc 0 after
+        reset, a run that stopped with an error or a HALT whose ``next`` is 0), clear
+        the status, the registers and the semaphores.
     status : out, :class:`SequencerStatus`
 
     Timing: five cycles per instruction (fetch, latch, measure the regions, check them,
@@ -307,6 +311,17 @@ class Sequencer(wiring.Component):
             m.d.sync += [status.error.eq(code), status.running.eq(0)]
             m.next = "DRAIN"
 
+        resume = Signal(range(self.program_depth))  # where the next start runs from
+
+        def halt():
+            """Stop (DRAIN waits for the engines); the next start runs from ``next``."""
+            target = instruction.args.halt.next
+            with m.If(target > last_pc):
+                fail(ErrorCode.PC_OVERFLOW)
+            with m.Else():
+                m.d.sync += [status.running.eq(0), resume.eq(target)]
+                m.next = "DRAIN"
+
         def advance():
             with m.If(status.pc == last_pc):
                 m.d.sync += status.error.eq(ErrorCode.PC_OVERFLOW)
@@ -360,7 +375,9 @@ class Sequencer(wiring.Component):
         with m.FSM(init="IDLE"):
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [status.pc.eq(0), status.running.eq(1), status.halted.eq(0),
+                    # From the pc the last HALT named, unless the last run failed.
+                    m.d.sync += [status.pc.eq(Mux(status.error == ErrorCode.NONE, resume, 0)),
+                                 status.running.eq(1), status.halted.eq(0),
                                  status.error.eq(ErrorCode.NONE), with_args.eq(0),
                                  *(r.eq(0) for r in regs)]
                     m.next = "FETCH"
@@ -385,7 +402,7 @@ class Sequencer(wiring.Component):
                 with m.If(with_bad):
                     fail(ErrorCode.BAD_REGISTER)
                 with m.Else():
-                    self._execute(m, opcode, sem, checks, fail, advance, dispatch,
+                    self._execute(m, opcode, sem, checks, fail, advance, dispatch, halt,
                                   lambda: _scalar_cases(m, instruction.args, regs, with_args,
                                                         fail, advance, jump, load),
                                   lambda: self._idma_start(m, instruction.args.idma, rows,
@@ -543,18 +560,16 @@ class Sequencer(wiring.Component):
             m.d.sync += regs[load.rd].eq(word.bit_select(load.lane * 8, REG_BITS))
             advance()
 
-    def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch,
+    def _execute(self, m: Module, opcode, sem, checks, fail, advance, dispatch, halt,
                  scalar_cases, idma_start) -> None:
-        """EXECUTE: per opcode, advance, stop, dispatch to an engine (or stop with the
-        first failed check's error), start an IDMA's rows, wait for or add to a
+        """EXECUTE: per opcode, advance, stop (``halt``), dispatch to an engine (or stop
+        with the first failed check's error), start an IDMA's rows, wait for or add to a
         semaphore, or work on the registers (``scalar_cases``)."""
-        status = self.status
         with m.Switch(opcode):
             with m.Case(Opcode.NOP):
                 advance()
             with m.Case(Opcode.HALT):
-                m.d.sync += status.running.eq(0)
-                m.next = "DRAIN"
+                halt()
             with m.Case(Opcode.GEMM):
                 dispatch(self.gemm, (checks.gemm_ok_shape, ErrorCode.BAD_SHAPE),
                          (checks.gemm_ok_bounds, ErrorCode.BAD_ADDRESS))

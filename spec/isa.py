@@ -341,6 +341,15 @@ class AddArgs(data.StructLayout):
         super().__init__({"rd": _REG, "ra": _REG, "imm": signed(REG_BITS + 1)})
 
 
+class HaltArgs(data.StructLayout):
+    """HALT: stop once every dispatched operation has finished; the tile's next start
+    runs from ``next`` (0: from pc 0). A ``next`` past the program memory stops the
+    program at the HALT with ``PC_OVERFLOW``."""
+
+    def __init__(self):
+        super().__init__({"next": unsigned(PC_BITS)})
+
+
 class LoopArgs(data.StructLayout):
     """LOOP, the last instruction of a loop body: register ``counter`` += 1; then back
     to ``target`` while ``counter`` < register ``limit``, else on to the next
@@ -419,6 +428,7 @@ INSTRUCTION = data.StructLayout({
         "add": AddArgs(),
         "loop": LoopArgs(),
         "skip": SkipArgs(),
+        "halt": HaltArgs(),
         "with_": WithArgs(),
         "load": LoadArgs(),
         "idma": IdmaArgs(),
@@ -426,8 +436,9 @@ INSTRUCTION = data.StructLayout({
 })
 assert INSTRUCTION.size <= INSTRUCTION_BITS
 
-#: Which union member holds an opcode's fields (HALT and NOP have none).
+#: Which union member holds an opcode's fields (NOP has none).
 ARGS_OF = {
+    Opcode.HALT: "halt",
     Opcode.GEMM: "gemm", Opcode.VEC: "vec", Opcode.DMA: "dma",
     Opcode.WAIT: "wait", Opcode.SIGNAL: "wait", Opcode.SET: "set", Opcode.ADD: "add",
     Opcode.LOOP: "loop", Opcode.SKIP: "skip", Opcode.WITH: "with_", Opcode.LOAD: "load",

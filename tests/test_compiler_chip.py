@@ -67,7 +67,7 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False,
                 for address, word in job.program.kv_words.items():
                     chip.tiles[job.tile].spad[address] = word
         for load in rnd.loads.values():  # the sequencer would run past the end
-            assert load.instructions[-1] == encode(Opcode.HALT)
+            assert decode(load.instructions[-1])[0] == Opcode.HALT
         programs = {t: load.instructions for t, load in rnd.loads.items()}
         if resident:
             for t, load in rnd.loads.items():
@@ -75,6 +75,9 @@ def run_rounds(config: ChipConfig, rounds, resident: bool = False,
                 # Between two regions, past a tile's shorter program: words never run.
                 programs[t] = [memory[t].get(pc, encode(Opcode.HALT))
                                for pc in range(max(memory[t]) + 1)]
+        else:  # each program alone, from its first instruction
+            for t in programs:
+                chip.tiles[t].resume = 0
         chip.run(programs)
         if held:
             held.ran(rnd)
@@ -348,12 +351,13 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
 
 def test_programs_stay_resident_where_they_are_placed():
     """A layer of tiny with two decode steps: each phase's programs (prefill, decode and
-    their MoE rounds) sit in a region of their own from pc 1, each round jumping there
-    from pc 0; the host writes them all once (``first_programs``), and then a round
-    changes pc 0 and a few words of what the step before left; run from the instruction
-    memory the rounds leave behind, every output is golden's. A program memory too
-    small for a region a phase puts the attention programs from pc 1 and the MoE
-    programs after them; too small for both, every program at pc 0."""
+    their MoE rounds) sit in a region of their own from pc 1, a tile's first program
+    jumping there from pc 0 and each program's HALT naming where the tile's next one
+    starts; the host writes them all once (``first_programs``), and then a round
+    changes a few words of what the step before left, the first round of a phase none;
+    run from the instruction memory the rounds leave behind, every output is golden's.
+    A program memory too small for a region a phase puts the attention programs from
+    pc 1 and the MoE programs after them; too small for both, every program at pc 0."""
     config = chip_config("tiny", k=2)
     rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2)
     longest: dict[str, int] = {}
@@ -367,14 +371,18 @@ def test_programs_stay_resident_where_they_are_placed():
     run_rounds(config, rounds, resident=True)
     held = first_programs(rounds)
     assert all(len(words) <= 1 + sum(longest.values()) for words in held.values())
-    written, seen = [], set()
+    written, seen, after = [], set(), {}
     for r in rounds:
         images = {t: load.image() for t, load in r.loads.items()}
-        assert all(image[0] == encode(Opcode.SKIP, ra=0, rb=0, target=r.loads[t].base)
-                   for t, image in images.items())
+        for t, load in r.loads.items():  # pc 0 jumps to a tile's first program only
+            assert (0 in images[t]) == (t not in after), (r.phase, t)
+            assert load.entered == (t in after)
+            if t in after:  # the program before names this one's first instruction
+                assert decode(after[t].instructions[-1]) == (Opcode.HALT, {"next": load.base})
+            after[t] = load
         new = changed(held, images)
         if r.phase not in seen:  # its program is where the host put it
-            assert all(set(words) <= {0} for words in new.values()), r.phase
+            assert not any(new.values()), r.phase
         seen.add(r.phase)
         written.append(sum(map(len, new.values())))
     last_step = sum(len(load.instructions) for r in rounds[-2:] for load in r.loads.values())

@@ -297,6 +297,47 @@ def test_semaphore_overflow_is_an_error():
     coverage.sequencer_error("SEMAPHORE_OVERFLOW")
 
 
+def test_a_halt_names_where_the_next_start_runs_from():
+    """Each start runs from the ``next`` of the HALT that ended the run before (a tile's
+    programs chained in its memory, the host writing none of them again); a HALT whose
+    ``next`` is past the memory stops there with PC_OVERFLOW, and the start after a run
+    that stopped with an error runs from pc 0. The tile model starts where it does."""
+    depth = 8
+    program = [encode(Opcode.HALT, next=2), encode(Opcode.HALT), encode(Opcode.NOP),
+               encode(Opcode.HALT, next=5), encode(Opcode.NOP),
+               encode(Opcode.HALT, next=depth), encode(Opcode.NOP), encode(Opcode.NOP)]
+    dut = Sequencer(array_size=8, scratchpad_words=WORDS, acc_depth=ENTRIES, slots=SLOTS,
+                    mesh=(2, 2), program_depth=depth)
+    stops = []
+
+    async def bench(ctx):
+        for address, word in enumerate(program):
+            ctx.set(dut.program.payload.address, address)
+            ctx.set(dut.program.payload.word, word)
+            ctx.set(dut.program.valid, 1)
+            await ctx.tick().until(dut.program.ready)
+        ctx.set(dut.program.valid, 0)
+        for _ in range(4):
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            await ctx.tick().until(dut.status.halted)
+            stops.append((ctx.get(dut.status.pc), ErrorCode(ctx.get(dut.status.error))))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    run_amaranth(sim)
+    assert stops == [(0, ErrorCode.NONE), (3, ErrorCode.NONE), (5, ErrorCode.PC_OVERFLOW),
+                     (0, ErrorCode.NONE)]
+    model = TileModel(8)
+    listing = [(opcode.name, fields) for opcode, fields in map(decode, program)]
+    for pc in (0, 3):
+        model.run(listing)
+        assert (model.pc, model.halted) == (pc, True)
+    coverage.sequencer_error("PC_OVERFLOW")
+
+
 def test_running_off_the_end_of_the_program_is_an_error():
     trace = run([encode(Opcode.NOP)] * 4, depth=4)
     assert trace["status"]["error"] == ErrorCode.PC_OVERFLOW and trace["status"]["pc"] == 3
@@ -338,7 +379,10 @@ def test_isa_round_trip_and_refusals():
     with pytest.raises(ValueError, match="no field"):
         encode(Opcode.DMA, destination=3)
     with pytest.raises(ValueError, match="takes no fields"):
+        encode(Opcode.NOP, count=1)
+    with pytest.raises(ValueError, match=r"HALT has no field\(s\) \['count'\]"):
         encode(Opcode.HALT, count=1)
+    assert decode(encode(Opcode.HALT, next=(1 << 16) - 1)) == (Opcode.HALT, {"next": 65535})
     with pytest.raises(ValueError, match=r"GEMM.signal has no field\(s\) \['sem'\]"):
         encode(Opcode.GEMM, signal={"sem": 1})
     with pytest.raises(ValueError, match="VEC.pack = 3 is no member"):
