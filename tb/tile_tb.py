@@ -569,7 +569,8 @@ async def tile_programs(dut):
     end of their memory are accepted; a semaphore overflow and running off the end of
     the program memory are errors; every semaphore counts each source of increments
     exactly; register programs end as the tile model does; random instructions at the
-    edges of their memories get the verdict the ISA gives them."""
+    edges of their memories get the verdict the ISA gives them; a HALT's ``next`` is
+    where the next go runs from."""
     p = parameters()
     config = TileConfig(**p["config"])
     tile = sim_tile(config)
@@ -617,6 +618,20 @@ async def tile_programs(dut):
         got = (run.error.name, run.pc if error != "NONE" else 0)
         assert got == (error, 0), f"{opcode.name} {fields}: {run.error.name} at {run.pc}"
         assert run.engine_error == 0, f"{opcode.name} {fields}: engine error flags"
+    await _halts_chain_programs(driver, config.program_depth)
     report(passed=True)
+
+
+async def _halts_chain_programs(driver: TileDriver, depth: int) -> None:
+    """Each go runs from the ``next`` of the HALT that ended the run before: two
+    programs chained in one memory; a ``next`` past the memory stops at its HALT with
+    PC_OVERFLOW, and the go after that error runs from pc 0."""
+    await driver.load([encode(Opcode.HALT, next=2), HALT, vec(), encode(Opcode.HALT, next=5),
+                       HALT, encode(Opcode.HALT, next=depth)], {}, [])
+    for pc, error, vec_ran in ((0, "NONE", False), (3, "NONE", True), (5, "PC_OVERFLOW", False),
+                               (0, "NONE", False)):
+        run = await driver.execute(20_000)
+        got = (run.pc, run.error.name, run.counters["vec"] + run.counters["gemm_vec"] > 0)
+        assert got == (pc, error, vec_ran), f"chained programs: {got}, not {(pc, error, vec_ran)}"
 
 
