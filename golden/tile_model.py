@@ -1,11 +1,9 @@
 """Instruction-level functional model of one tile: the reference the RTL tile is checked with.
 
 :class:`TileModel` executes decoded instructions from pc 0 (or the last HALT's
-``next``) — GEMM, VEC, DMA,
-IDMA, WAIT/SIGNAL, NOP, HALT and the register instructions SET, ADD, LOAD, LOOP, SKIP
-and WITH,
-with the semantics of the docstrings in ``spec/isa.py`` — on a scratchpad, an
-accumulator memory, the vector unit's slot state
+``next``) — GEMM, VEC, DMA, IDMA, WAIT/SIGNAL, NOP, HALT and the register instructions
+SET, ADD, LOAD, LOOP, SKIP and WITH, with the semantics of the docstrings in
+``spec/isa.py`` — on a scratchpad, an accumulator memory, the vector unit's slot state
 (:class:`golden.vector_model.VectorUnitModel`), the semaphores and the registers. An
 instruction is ``(opcode_name, fields)``, what ``spec.isa.decode`` returns with
 ``opcode.name`` for the enum (an enum with a ``name`` is accepted too); missing fields
