@@ -59,6 +59,16 @@ CHANNELS, CHANNEL_WORDS = 2, 1000
 SIZES = Sizes(WORDS, ENTRIES, SLOTS, (2, 2), CHANNELS, CHANNEL_WORDS)
 
 
+async def write_program(ctx, dut, program) -> None:
+    """Write ``program`` into the sequencer's instruction memory from pc 0."""
+    for address, word in enumerate(program):
+        ctx.set(dut.program.payload.address, address)
+        ctx.set(dut.program.payload.word, word)
+        ctx.set(dut.program.valid, 1)
+        await ctx.tick().until(dut.program.ready)
+    ctx.set(dut.program.valid, 0)
+
+
 def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cycles=2000,
         rng=None, spad=None, bad_words=(), acc=None):
     """Run ``program``; engines take a command when the cycle count is a multiple of
@@ -80,12 +90,7 @@ def run(program, *, depth=64, arrivals=(), engine_delay=5, ready_every=1, max_cy
     sim.add_clock(1e-8)
 
     async def bench(ctx):
-        for address, word in enumerate(program):
-            ctx.set(dut.program.payload.address, address)
-            ctx.set(dut.program.payload.word, word)
-            ctx.set(dut.program.valid, 1)
-            await ctx.tick().until(dut.program.ready)
-        ctx.set(dut.program.valid, 0)
+        await write_program(ctx, dut, program)
         ctx.set(dut.start, 1)
         await ctx.tick()
         ctx.set(dut.start, 0)
@@ -311,12 +316,7 @@ def test_a_halt_names_where_the_next_start_runs_from():
     stops = []
 
     async def bench(ctx):
-        for address, word in enumerate(program):
-            ctx.set(dut.program.payload.address, address)
-            ctx.set(dut.program.payload.word, word)
-            ctx.set(dut.program.valid, 1)
-            await ctx.tick().until(dut.program.ready)
-        ctx.set(dut.program.valid, 0)
+        await write_program(ctx, dut, program)
         for _ in range(4):
             ctx.set(dut.start, 1)
             await ctx.tick()
