@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compiler.program import Op
+from golden.tile_model import operands_used
 from golden.vector_model import VectorOpcode as VOP
 from spec.config import ceil_div
 from spec.isa import MASK_COLUMNS, DmaTarget, Opcode, VecDst, decode
@@ -38,9 +39,6 @@ _ENGINES = (Opcode.GEMM, Opcode.VEC, Opcode.DMA)
 _REGISTER_OPCODES = (Opcode.SET, Opcode.ADD, Opcode.LOOP, Opcode.SKIP, Opcode.WITH)
 #: Accumulator entries are keyed apart from scratchpad words.
 _ACC = 1 << 20
-_USES_B = {VOP.RESCALE, VOP.ADD, VOP.MUL, VOP.SWIGLU}
-_USES_C = {VOP.LOGIT, VOP.MAX, VOP.EXP, VOP.RESCALE, VOP.RECIP, VOP.SILU_LOAD, VOP.TOPK,
-           VOP.TOPK_INDEX}
 
 
 #: Vector opcodes by value (an Amaranth enum's call costs microseconds; this runs per VEC).
@@ -75,11 +73,12 @@ def accesses(op: Opcode, f: dict, n: int) -> tuple[set[int], set[int]]:
         def region(base: int, is_scalar: int) -> set[int]:
             return set(range(_ACC + base, _ACC + base + (scalar if is_scalar else tile)))
 
-        if code != VOP.RECIP:
+        uses = operands_used(f)
+        if uses["a"]:
             reads |= region(f["a"], f.get("a_scalar", 0))
-        if code in _USES_B:
+        if uses["b"]:
             reads |= region(f["b"], f.get("b_scalar", 0))
-        if code in _USES_C and not f.get("c_imm"):
+        if uses["c"]:
             reads |= region(f["c"], 1)
         kind = VecDst(f.get("dst_kind", 0))  # an int (encoded fields) or the enum
         if kind == VecDst.TILE:

@@ -43,6 +43,7 @@ from spec.isa import (
     tile_bit,
 )
 from spec.numerics import NUMERICS
+from spec.vector import USES_B, USES_C
 
 __all__ = [
     "ACC_ADDR_BITS", "FIELDS", "SEMAPHORES", "ProgramError", "TileModel", "VecDst",
@@ -100,13 +101,6 @@ class VecPack:
     BYTE, LIMB_LO, LIMB_HI = 0, 1, 2
 
 
-#: Operands each vector opcode reads (an operand it ignores may hold anything).
-_USES_B = {VectorOpcode.RESCALE, VectorOpcode.ADD, VectorOpcode.MUL, VectorOpcode.SWIGLU}
-_USES_C = {VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.RESCALE,
-           VectorOpcode.RECIP, VectorOpcode.SILU_LOAD, VectorOpcode.TOPK,
-           VectorOpcode.TOPK_INDEX}
-
-
 def _value(field) -> int:
     """An enumeration field's number (fields come decoded as ints or given as members)."""
     return int(getattr(field, "value", field))
@@ -114,10 +108,10 @@ def _value(field) -> int:
 
 def operands_used(f: dict) -> dict[str, bool]:
     """Per operand (``a``, ``b``, ``c``), whether a VEC with fields ``f`` reads it: a
-    unless RECIP, b for ``_USES_B``, c for ``_USES_C`` unless ``c_imm``."""
+    unless RECIP, b for ``spec.vector.USES_B``, c for ``USES_C`` unless ``c_imm``."""
     code = VectorOpcode(_value(f["op"]))
-    return {"a": code != VectorOpcode.RECIP, "b": code in _USES_B,
-            "c": code in _USES_C and not f.get("c_imm")}
+    return {"a": code != VectorOpcode.RECIP, "b": code in USES_B,
+            "c": code in USES_C and not f.get("c_imm")}
 
 
 def acc_accesses(engine: str, f: dict, n: int) -> tuple[int, int]:

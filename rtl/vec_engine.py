@@ -24,6 +24,7 @@ from rtl.sim_gate import gated
 from rtl.vector_unit import VectorOpcode, VectorUnit
 from spec.isa import ACC_ADDR_BITS, ADDR_BITS, COUNT_FIELD_BITS, SIGNAL, VecArgs, VecDst, VecPack
 from spec.params import check_bool
+from spec.vector import USES_B, USES_C
 
 __all__ = ["VecEngine"]
 
@@ -34,18 +35,12 @@ OFFSET_BITS = 2 * COUNT_FIELD_BITS + 2
 BOUND_WORK_BITS = 16
 #: Width of an accumulator range end (base + a region's size) in the hazard check.
 RANGE_BITS = OFFSET_BITS
-#: Opcodes that read operand b, and operand c (unless ``c_imm``); every op but RECIP
-#: reads a (golden/tile_model.py, ``_USES_B`` and ``_USES_C``).
-USES_B = (VectorOpcode.RESCALE, VectorOpcode.ADD, VectorOpcode.MUL, VectorOpcode.SWIGLU)
-USES_C = (VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.RESCALE,
-          VectorOpcode.RECIP, VectorOpcode.SILU_LOAD, VectorOpcode.TOPK,
-          VectorOpcode.TOPK_INDEX)
 
 
 def operands_used(args) -> dict:
     """Per operand (``a``, ``b``, ``c``), whether the instruction ``args``
-    (:class:`spec.isa.VecArgs`) reads it: a unless RECIP, b for :data:`USES_B`, c for
-    :data:`USES_C` unless ``c_imm``."""
+    (:class:`spec.isa.VecArgs`) reads it: a unless RECIP, b for ``spec.vector.USES_B``,
+    c for ``USES_C`` unless ``c_imm``."""
     def one_of(codes):
         return Cat(*(args.op == code.value for code in codes)).any()
 

@@ -9,8 +9,8 @@ from amaranth.lib import enum
 from spec.numerics import NUMERICS
 
 __all__ = [
-    "LANE_BITS", "MUL_BITS", "TOPK_DEFAULT", "TOPK_INDEX_BITS", "VectorOpcode",
-    "default_max_top_k",
+    "LANE_BITS", "MUL_BITS", "TOPK_DEFAULT", "TOPK_INDEX_BITS", "USES_B", "USES_C",
+    "VectorOpcode", "default_max_top_k",
 ]
 
 #: Width of a lane value and of a slot total: golden's P.V accumulator
@@ -48,3 +48,12 @@ class VectorOpcode(enum.IntEnum, shape=4):
     SILU_LOAD = 12
     TOPK = 13
     TOPK_INDEX = 14
+
+
+#: The opcodes that read operand b, and those that read operand c (unless the
+#: instruction's ``c_imm``); every opcode but RECIP reads a. An operand an op does
+#: not read may hold anything, and the vector engine does not read it.
+USES_B = (VectorOpcode.RESCALE, VectorOpcode.ADD, VectorOpcode.MUL, VectorOpcode.SWIGLU)
+USES_C = (VectorOpcode.LOGIT, VectorOpcode.MAX, VectorOpcode.EXP, VectorOpcode.RESCALE,
+          VectorOpcode.RECIP, VectorOpcode.SILU_LOAD, VectorOpcode.TOPK,
+          VectorOpcode.TOPK_INDEX)
