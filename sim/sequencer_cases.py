@@ -509,6 +509,7 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
     per_word = entries_per_word(n)
     fit = s.words // (1 << ENTRY_ROW_BITS)  # rows of this many words: the last row ends last
     last_table = {s.words - 3 + i: 0 for i in range(3)}
+    half = s.words // 2  # 2 x 200 words from 192 below it fit, not from as far past it
     return [
         ("an IDMA entry's row past the scratchpad",
          [op(Opcode.IDMA, **idma | {"row": 64}), HALT], table((1023, 0)), "BAD_INDEX", 0),
@@ -550,6 +551,16 @@ def idma_edges(s: Sizes, n: int) -> list[tuple[str, list[int], dict[int, int], s
         ("an empty IDMA entry, whose row and tile would be past everything",
          [op(Opcode.IDMA, **idma | {"row": 64, "tile_base": 63}), HALT],
          dict(enumerate(_table_words([EMPTY, EMPTY], n), TABLES_AT)), "NONE", 1),
+        ("empty IDMA entries with a tile base past the mesh, consecutive rows just below "
+         "half the scratchpad",
+         [op(Opcode.IDMA, **idma | {"dst": half - 192, "row": 200, "tile_base": 4}), HALT],
+         dict(enumerate(_table_words([EMPTY, EMPTY], n), TABLES_AT)), "NONE", 1),
+        ("an IDMA of 2**17 words", [op(Opcode.IDMA, **idma | {"count": 2048, "row": 64}),
+                                    HALT], {}, "BAD_ADDRESS", 0),
+        ("an IDMA scatter from rows at alternating address bits",
+         [op(Opcode.IDMA, **idma | {"src": 0x555, "scatter": 1}), HALT],
+         table((1, 0)) | {0x555 + i: 0x1111 * (i + 1) for i in range(8)}
+         | {0x155 + i: 0 for i in range(8)}, "NONE", 1),
     ]
 
 
@@ -715,6 +726,10 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
          "BAD_REGISTER", 1),
         ("WITH a field DMA lacks", [with_((0, 0), (len(WITH_FIELDS[d]) + 1, 0)), dma(), HALT],
          "BAD_REGISTER", 1),
+        *[(f"WITH field {code} on {opcode.name}, which has {len(WITH_FIELDS[opcode])}",
+           [with_((code, 0)), instruction, HALT], "BAD_REGISTER", 1)
+          for opcode, instruction in _one_of_each(s).items()
+          for code in range(len(WITH_FIELDS[opcode]) + 1, 16)],
         *[(f"WITH slot {slot} field {code} before HALT",
            [with_(*[(0, 0)] * slot, (code, 0)), HALT], "BAD_REGISTER", 1)
           for slot in range(WITH_SLOTS) for code in (1, 2, 4, 8)],
@@ -758,6 +773,15 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
         *_sums_at_the_top(s, n),
         *_tile_indices_outside(s),
     ]
+
+
+def _one_of_each(s: Sizes) -> dict[Opcode, int]:
+    """A valid instruction of each opcode WITH may precede."""
+    return {Opcode.GEMM: gemm(), Opcode.VEC: vec(), Opcode.DMA: dma(),
+            Opcode.WAIT: op(Opcode.WAIT, semaphore=0, count=0),
+            Opcode.SIGNAL: op(Opcode.SIGNAL, semaphore=0, count=0),
+            Opcode.LOAD: op(Opcode.LOAD, rd=1, addr=0, lane=0),
+            Opcode.IDMA: op(Opcode.IDMA, src=0, dst=256, table=TABLES_AT, count=1, row=1)}
 
 
 def _tile_indices_outside(s: Sizes) -> list[tuple[str, list[int], str, int]]:

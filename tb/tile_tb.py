@@ -46,6 +46,7 @@ from sim.tile_run import harness_depths, sim_tile
 from spec.config import TileConfig
 from spec.isa import (
     SEMAPHORES,
+    DmaTarget,
     Opcode,
     VecDst,
     decode,
@@ -193,7 +194,9 @@ async def tile_network(dut):
     """Words from the network land in the scratchpad and their signal releases a WAIT;
     a local DMA copies them and signals both its own and the arrival semaphore; a DMA
     to this tile and another writes here and sends every word on ``net_out`` (the
-    receiver counts the signal on the last)."""
+    receiver counts the signal on the last), each word bound for tiles, not a memory
+    channel; a DMA raises only the semaphores it asks for; a long one under
+    backpressure reads and writes each word once."""
     p = parameters()
     config = TileConfig(**p["config"])
     driver = TileDriver(dut, sim_tile(config), harness_depths(config))
@@ -235,6 +238,7 @@ async def tile_network(dut):
     got, _ = await driver.read([far + i for i in range(count)])
     assert got == words, [hex(w) for w in got]
     await _signal_only_dmas(driver, own, other)
+    await _dmas_signal_only_where_asked(driver, own, other)
     await _long_dma_under_backpressure(driver, own, other)
     await _longest_local_dma(driver, own)
     await _dmas_at_alternating_address_bits(driver, own, config.spad_words)
@@ -329,6 +333,9 @@ def _dma_and_wait(src: int, dst: int, count: int, tiles: int, arrival: int) -> l
 
 
 def _fields(word) -> dict:
+    """The fields of a word a DMA sent to tiles, which names no memory channel."""
+    bound = (word["target"], int(word["channel"]))
+    assert bound == (DmaTarget.TILES, 0), f"a word to tiles bound for {bound}"
     return {name: int(word[name]) for name in ("tiles", "addr", "data", "write", "last",
                                                 "signal", "semaphore")}
 
@@ -357,6 +364,32 @@ async def _signal_only_dmas(driver: TileDriver, own: int, other: int) -> None:
     assert driver.words_sent() == 2, f"{driver.words_sent()} words sent, not 2"
 
 
+async def _dmas_signal_only_where_asked(driver: TileDriver, own: int, other: int) -> None:
+    """A DMA without a completion signal raises no semaphore, and one to another tile
+    alone raises no arrival here, whatever semaphores their fields name: both full
+    (65 535), any increment would overflow. A local DMA behind them signals when both
+    are done."""
+    quiet, remote = 9, 10
+    await driver.load([
+        encode(Opcode.SIGNAL, semaphore=quiet, count=0xFFFF),
+        encode(Opcode.SIGNAL, semaphore=remote, count=0xFFFF),
+        encode(Opcode.DMA, src=0, dst=40, length=2, tiles=other,
+               signal={"enable": 0, "semaphore": quiet}, remote_signal=1,
+               remote_semaphore=remote),
+        encode(Opcode.DMA, src=0, dst=40, length=2, tiles=own,
+               signal={"enable": 0, "semaphore": remote}),
+        encode(Opcode.DMA, src=0, dst=0, length=0, tiles=own,
+               signal={"enable": 1, "semaphore": 2}),
+        encode(Opcode.WAIT, semaphore=2, count=1),
+        encode(Opcode.WAIT, semaphore=quiet, count=0xFFFF),
+        encode(Opcode.WAIT, semaphore=remote, count=0xFFFF),
+        encode(Opcode.HALT)], {}, [])
+    sent = [_fields(w) for w in await driver.go_and_receive(2)]
+    run = await driver.wait_halt(10_000)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    assert [w["tiles"] for w in sent] == [other, other], sent
+
+
 async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int) -> None:
     """300 words (a length past 8 bits) to this tile and another, the network stalling
     half the time: every word written here and sent there, in order."""
@@ -374,6 +407,8 @@ async def _long_dma_under_backpressure(driver: TileDriver, own: int, other: int)
                      "last": int(i == count - 1), "signal": 1, "semaphore": 3}
                     for i in range(count)], "the network words differ"
     assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
+    # Each word read once and written here once, however long the network held it.
+    assert run.counters["spad"] == 2 * count, run.counters
     got, _ = await driver.read([dst + i for i in range(count)])
     assert got == words, "the local copy differs"
 
