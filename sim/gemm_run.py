@@ -27,6 +27,9 @@ GEMM_CASES = [
     # One beat per tile and a result stream that almost never drains: the core must
     # stop taking tiles when the result FIFO's room is reserved, and lose no row.
     ("result-backpressure", 16, 1, 16, "random", 0.0, 0.9),
+    # Many one-beat tiles, operands and results both irregular: the reservation count
+    # rises and falls through its whole range with tiles taken at any cycle.
+    ("tiles-idle-backpressure", 32, 1, 48, "random", 0.6, 0.6),
 ]
 
 

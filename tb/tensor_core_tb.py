@@ -3,14 +3,18 @@
 Each test reads its parameters with :func:`sim.runner.parameters` and hands metrics back
 with :func:`sim.runner.report`. The scoreboard is the golden GEMM: every result row is
 compared, and the row count must be exact (a missing, duplicated or extra row fails).
+:class:`CoreWatch` checks the core's ``active`` output and its flow control cycle
+by cycle.
 """
 
 from __future__ import annotations
 
 import cocotb
 import numpy as np
+from cocotb.triggers import FallingEdge
 
 from golden.gemm import gemm
+from rtl.tensor_core import TensorCore
 from sim.gemm_stream import assemble, operand_beats, result_rows, tile_grid
 from sim.harness_driver import HarnessDriver
 from sim.runner import parameters, report
@@ -47,6 +51,7 @@ class TensorCoreTB:
         a_words, b_words = operand_beats(a, b, self.n)
         self.harness.load("a", a_words)
         self.harness.load("b", b_words)
+        self.a_words = a_words
         rows, cols = tile_grid(a.shape[0], b.shape[1], self.n)
         expected_rows = rows * cols * self.n
         self.harness.expect("c", expected_rows)
@@ -65,6 +70,127 @@ class TensorCoreTB:
             f"{len(bad)} wrong results, first at {tuple(bad[0])}: "
             f"got {got[tuple(bad[0])]}, want {want[tuple(bad[0])]}"
         )
+
+
+class CoreWatch:
+    """Checks the core cycle by cycle, from what the harness counts (beats sent on ``a``,
+    rows received from ``c``) and the A beats the run sends (``a_words``: their ``last``
+    flags say which take ends a tile):
+
+    - ``active`` (``TensorCore.active``): high while a beat may be in the array (fewer
+      than ``latency + N`` cycles since a beat was taken; by then its rows are in the
+      result FIFO) or a row of a taken tile has not left on ``c``, so a clock gated by it
+      never stops mid-work; low otherwise, so an idle core's clock can stop;
+    - with ``intake`` (A and B offered in every cycle until all are sent, the streams
+      agreeing): the flow control, exactly. A beat is taken in every cycle after the
+      first take unless it is a ``last`` beat without room: fewer than N of the
+      ``result_depth`` result rows unreserved (a tile reserves N at its last beat, each
+      row leaving on ``c`` frees one) or fewer than N cycles since the previous last
+      beat. So the core neither takes a tile it has no room for (a lost row) nor holds
+      one back that it has room for (a lost cycle).
+
+    Watches from the cycle after a reset; :meth:`stop` raises on the first cycle that
+    differed, or if the core was never seen quiet."""
+
+    def __init__(self, tb: TensorCoreTB, a_words: list[int], intake: bool = False):
+        self.dut, self.n, self.intake = tb.dut, tb.n, intake
+        core = TensorCore(tb.n)
+        self.flush, self.depth = core.latency + tb.n, core.result_depth
+        flag = 1 << (8 * tb.n)
+        self.is_last = [bool(w & flag) for w in a_words]
+        self.lasts = np.concatenate([[0], np.cumsum(self.is_last)])
+        self.failure: str | None = None
+        self.quiet_cycles = 0
+        self.task = cocotb.start_soon(self._watch())
+
+    def _fail(self, cycle: int, message: str) -> None:
+        if self.failure is None:
+            self.failure = f"cycle {cycle} after reset: {message}"
+
+    async def _watch(self) -> None:
+        dut, n, flush = self.dut, self.n, self.flush
+        since, sent_before, received_before = flush, int(dut.a_sent.value), 0
+        credits, since_last, cycle, decided = self.depth, n, 0, None
+        while True:
+            await FallingEdge(dut.clk)  # registers settled after the rising edge
+            cycle += 1
+            sent, received = int(dut.a_sent.value), int(dut.c_received.value)
+            took = sent > sent_before
+            # The core's registers after this edge, from what it did in the last cycle.
+            ended = took and self.is_last[sent_before]
+            credits += received - received_before - (n if ended else 0)
+            since_last = 1 if ended else min(since_last + 1, n)
+            since = 0 if took else min(since + 1, flush)
+            if decided is not None and took != decided[0]:
+                self._fail(cycle, f"beat {sent_before} {'taken' if took else 'not taken'}, "
+                                  f"expected {'' if decided[0] else 'not '}(credits "
+                                  f"{decided[1]}, {decided[2]} cycles since a last beat)")
+            if credits < 0:
+                self._fail(cycle, f"a tile taken without room for its rows ({credits})")
+            sent_before, received_before = sent, received
+            owed = n * int(self.lasts[sent]) - received
+            want = since < flush or owed > 0
+            got = int(dut.active.value)
+            if got != want:
+                self._fail(cycle, f"active = {got}, expected {int(want)} ({since} cycles "
+                                  f"since a beat was taken, {owed} rows owed)")
+            self.quiet_cycles = 0 if want else self.quiet_cycles + 1
+            # This cycle's beat, offered from the first take until all are sent.
+            decided = None  # (must the beat be taken, the credits and count it follows)
+            if self.intake and 0 < sent < len(self.is_last):
+                room = credits >= n and since_last == n
+                decided = (not self.is_last[sent] or room, credits, since_last)
+
+    def stop(self) -> None:
+        self.task.cancel()
+        assert self.failure is None, self.failure
+        assert self.quiet_cycles > 0, "the core never went quiet after the run"
+
+
+async def _reset_one_cycle(dut) -> None:
+    """Hold ``rst`` over exactly one rising edge (written on falling edges, so no race
+    with the edge): the harness registers it, and the core sees one cycle of reset."""
+    await FallingEdge(dut.clk)
+    dut.rst.value = 1
+    await FallingEdge(dut.clk)
+    dut.rst.value = 0
+
+
+async def _one_cycle_resets(tb: TensorCoreTB, rng: np.random.Generator) -> None:
+    """The reset is synchronous and one cycle of it clears every register: a GEMM of
+    K = N tiles (a ``last`` beat every N cycles, no idle input or backpressure) is cut by
+    a one-cycle reset at each of ``latency + 3N`` consecutive cycles into its stream, so
+    cuts land while the pipeline stages of the PEs, PE (N-1, N-1)'s included, hold a
+    ``last`` beat (a stage not cleared by the reset would push a stale row). After
+    each cut the core must be quiet (``active`` low: no stale row pushed into the result
+    FIFO, nothing in flight) with ``error`` clear; then a fresh GEMM (new operands
+    loaded; the reset stopped the harness too) runs bit-exact, its flow control and
+    ``active`` checked cycle by cycle (:class:`CoreWatch`)."""
+    dut, n = tb.dut, tb.n
+    tb.set_idle_generator(0.0)
+    tb.set_backpressure_generator(0.0)
+    for offset in range(1, TensorCore(n).latency + 3 * n + 1):
+        what = f"one-cycle reset {offset} cycles into a GEMM"
+        a, b = make_operands(rng, 2 * n, n, 4 * n, "random")
+        tb.load(a, b)
+        stats = await tb.harness.run(seed=offset, timeout_cycles=offset)
+        assert not stats.finished, f"{what}: the GEMM finished before the reset"
+        await _reset_one_cycle(dut)
+        await tb.harness.settle(n + 4)
+        assert int(dut.active.value) == 0, f"{what}: core active after the reset (stale state)"
+        assert int(dut.error.value) == 0, f"{what}: error flag set after the reset"
+        a, b = make_operands(rng, 2 * n, n, 4 * n, "random")
+        beats, rows = tb.load(a, b)
+        watch = CoreWatch(tb, tb.a_words, intake=True)
+        stats = await tb.harness.run(seed=offset, timeout_cycles=_timeout(beats, rows, 0, 0, n))
+        assert stats.finished, f"{what}: the fresh GEMM timed out"
+        await tb.harness.settle(4 * n)
+        try:
+            tb.check(a, b, rows)
+            watch.stop()
+        except AssertionError as error:
+            raise AssertionError(f"{what}: fresh GEMM: {error}") from None
+        assert int(dut.error.value) == 0, f"{what}: error flag set on the fresh GEMM"
 
 
 def _timeout(beats: int, rows: int, idle: float, stall: float, n: int) -> int:
@@ -124,7 +250,10 @@ async def reset_mid_stream(dut):
 
 @cocotb.test()
 async def operand_stream_ends_early(dut):
-    """A ends one beat before B on the second tile: error set, first tile intact, halt."""
+    """A ends one beat before B on the second tile: error set, first tile intact, halt;
+    ``active`` right in every cycle, low once the first tile has drained. Then one
+    cycle of reset clears the error, and one-cycle resets cut GEMMs at every cycle of
+    a sweep (:func:`_one_cycle_resets`)."""
     p = parameters()
     n, k = p["n"], p["k"]
     rng = np.random.default_rng(p["seed"])
@@ -136,6 +265,7 @@ async def operand_stream_ends_early(dut):
     flag = 1 << (8 * n)
     a_words[k + k - 2] |= flag  # second tile: `last` on A's beat K-2 only
     tb.harness.load("a", a_words)
+    watch = CoreWatch(tb, a_words)
     stats = await tb.harness.run(seed=p["seed"], timeout_cycles=4 * k + 40 * n)
     assert not stats.finished, "the harness finished although the streams disagree"
     assert int(dut.error.value) == 1, "mismatched `last` flags did not set the error flag"
@@ -144,6 +274,11 @@ async def operand_stream_ends_early(dut):
     tb.check(a[:, :], b[:, :n], n)  # the first tile drained, exactly once
     await tb.harness.settle(8 * n)
     assert tb.harness.counter("c_received") == n, "rows left the core after the error"
+    watch.stop()  # quiet once the first tile drained, though the bad beats wait
+    await _reset_one_cycle(dut)
+    await tb.harness.settle(2)
+    assert int(dut.error.value) == 0, "one cycle of reset did not clear the error flag"
+    await _one_cycle_resets(tb, rng)
 
 
 @cocotb.test()
@@ -166,7 +301,9 @@ async def two_runs_in_one_simulation(dut):
 @cocotb.test()
 async def gemm_cases(dut):
     """Several GEMMs in one simulation (``cases``: m, k, p, kind, idle, stall, seed, name),
-    each after a reset, with its idle/backpressure; every one bit-exact, no error flag."""
+    each after a reset, with its idle/backpressure; every one bit-exact, no error flag,
+    ``active`` right in every cycle, and without idle input the flow control exact
+    (:class:`CoreWatch`)."""
     p = parameters()
     n = p["n"]
     tb = TensorCoreTB(dut, n)
@@ -178,6 +315,7 @@ async def gemm_cases(dut):
         tb.set_backpressure_generator(case["stall"])
         await tb.harness.reset()
         beats, rows = tb.load(a, b)
+        watch = CoreWatch(tb, tb.a_words, intake=case["idle"] == 0)
         stats = await tb.harness.run(
             seed=case["seed"], timeout_cycles=_timeout(beats, rows, case["idle"],
                                                        case["stall"], n))
@@ -185,6 +323,7 @@ async def gemm_cases(dut):
         await tb.harness.settle(4 * n)
         try:
             tb.check(a, b, rows)
+            watch.stop()
         except AssertionError as error:
             raise AssertionError(f"{what}: {error}") from None
         assert int(dut.error.value) == 0, f"{what}: error flag set on a well-formed stream"
