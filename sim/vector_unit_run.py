@@ -50,6 +50,9 @@ PROGRAM_CASES = [
     ("attention-sink-stalls", "attention-sink", 400, 0.2, 0.3),
     ("gating-stalls", "gating", 400, 0.1, 0.4),
     ("routing-stalls", "routing", 120, 0.1, 0.4),
+    # Exponents with one high bit, top-k values at every scale (tb.vector_unit_tb's
+    # edge_program): where the random programs' operand ranges stop short.
+    ("edges-stalls", "edges", 400, 0.1, 0.3),
 ]
 
 

@@ -303,6 +303,41 @@ def routing_program(rng: np.random.Generator, n: int, slots: int, rows: int,
     return program, finals, golden
 
 
+def edge_program(rng: np.random.Generator, n: int, rounds: int):
+    """Operands at every scale, where the random programs' ranges stop short.
+
+    Per round: an EXP beat per bit k of the exponent ``d = c - a_i`` (k = 0 .. 47), its
+    lanes ``d = 2**k + r`` with small ``r`` (so a lost high bit of ``d`` turns a result
+    that underflows to 0 into a large one); and a top-k row per scale ``2**s``
+    (s = 1 .. 45), three beats of values ``base + [-2**s, 2**s)`` then a TOPK_INDEX read,
+    so the merge's compares are decided at every bit of the values. Final beats: every
+    EXP (golden ``exp2_neg``) and every TOPK_INDEX (golden ``topk``, all K entries).
+    """
+    k_list = default_max_top_k(n)
+    f_bits = NUMERICS.exp_frac_bits
+    program, finals, golden = [], [], []
+    for _ in range(rounds):
+        for k in range(LANE_BITS):
+            c = (1 << 20) + int(rng.integers(0, 1 << 20))  # a = c - d stays above -2**47
+            d = (1 << k) + rng.integers(0, 1 << (f_bits + 2), n)
+            shift, sat = int(rng.integers(1, 30)), int(rng.integers(2))
+            program.append(beat(OP.EXP, n, a=c - d, c=c, shift=shift, sat=sat,
+                                first=1))
+            p = exp2_neg(d, shift)
+            finals.append(len(program) - 1)
+            golden.append(np.minimum(p, (1 << shift) - 1) if sat else p)
+        for scale in range(1, 46):
+            base = int(rng.integers(-(1 << 46), 1 << 46))
+            logits = base + rng.integers(-(1 << scale), 1 << scale, 3 * n)
+            for start in range(0, logits.size, n):
+                program.append(beat(OP.TOPK, n, a=logits[start:start + n], c=start,
+                                    first=start == 0))
+            program.append(beat(OP.TOPK_INDEX, n, mask=0))
+            finals.append(len(program) - 1)
+            golden.append(topk(logits[None, :], k_list)[0])
+    return program, finals, golden
+
+
 def _bits(flags) -> int:
     return sum(1 << i for i, f in enumerate(flags) if f)
 
@@ -321,6 +356,8 @@ def build_program(kind: str, n: int, slots: int, seed: int, count: int,
         return gating_program(rng, n, rows=max(1, count // 4))
     if kind == "routing":
         return routing_program(rng, n, slots, rows=max(1, count // 12), ties=ties)
+    if kind == "edges":
+        return edge_program(rng, n, rounds=max(1, count // 200))
     raise ValueError(f"unknown program kind {kind!r}")
 
 
