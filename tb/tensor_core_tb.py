@@ -180,21 +180,30 @@ async def _one_cycle_resets(tb: TensorCoreTB, rng: np.random.Generator) -> None:
         assert int(dut.active.value) == 0, f"{what}: core active after the reset (stale state)"
         assert int(dut.error.value) == 0, f"{what}: error flag set after the reset"
         a, b = make_operands(rng, 2 * n, n, 4 * n, "random")
-        beats, rows = tb.load(a, b)
-        watch = CoreWatch(tb, tb.a_words, intake=True)
-        stats = await tb.harness.run(seed=offset, timeout_cycles=_timeout(beats, rows, 0, 0, n))
-        assert stats.finished, f"{what}: the fresh GEMM timed out"
-        await tb.harness.settle(4 * n)
-        try:
-            tb.check(a, b, rows)
-            watch.stop()
-        except AssertionError as error:
-            raise AssertionError(f"{what}: fresh GEMM: {error}") from None
-        assert int(dut.error.value) == 0, f"{what}: error flag set on the fresh GEMM"
+        await _checked_gemm(tb, a, b, f"{what}, the fresh GEMM", offset, 0.0, 0.0)
 
 
 def _timeout(beats: int, rows: int, idle: float, stall: float, n: int) -> int:
     return int(4 * (beats / (1 - idle) + rows / (1 - stall))) + 20 * n + 1000
+
+
+async def _checked_gemm(tb: TensorCoreTB, a, b, what: str, seed: int, idle: float,
+                        stall: float) -> None:
+    """Run A · B (``idle`` and ``stall``: what the harness's generators are set to),
+    watched by :class:`CoreWatch`, its flow control too when no input idles: every row
+    bit-exact, no error flag."""
+    beats, rows = tb.load(a, b)
+    watch = CoreWatch(tb, tb.a_words, intake=idle == 0)
+    stats = await tb.harness.run(seed=seed,
+                                 timeout_cycles=_timeout(beats, rows, idle, stall, tb.n))
+    assert stats.finished, f"{what}: timed out after {stats.cycles} cycles"
+    await tb.harness.settle(4 * tb.n)
+    try:
+        tb.check(a, b, rows)
+        watch.stop()
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {error}") from None
+    assert int(tb.dut.error.value) == 0, f"{what}: error flag set on a well-formed stream"
 
 
 async def _start(dut, idle: float, stall: float, kind: str = "random"):
@@ -314,17 +323,5 @@ async def gemm_cases(dut):
         tb.set_idle_generator(case["idle"])
         tb.set_backpressure_generator(case["stall"])
         await tb.harness.reset()
-        beats, rows = tb.load(a, b)
-        watch = CoreWatch(tb, tb.a_words, intake=case["idle"] == 0)
-        stats = await tb.harness.run(
-            seed=case["seed"], timeout_cycles=_timeout(beats, rows, case["idle"],
-                                                       case["stall"], n))
-        assert stats.finished, f"{what}: timed out after {stats.cycles} cycles"
-        await tb.harness.settle(4 * n)
-        try:
-            tb.check(a, b, rows)
-            watch.stop()
-        except AssertionError as error:
-            raise AssertionError(f"{what}: {error}") from None
-        assert int(dut.error.value) == 0, f"{what}: error flag set on a well-formed stream"
+        await _checked_gemm(tb, a, b, what, case["seed"], case["idle"], case["stall"])
     report(passed=True, cases=len(p["cases"]))
