@@ -224,15 +224,16 @@ class TensorCore(wiring.Component):
                 m.d.sync += [v_reg[i][j].eq(v_in), l_reg[i][j].eq(l_in)]
                 # The multiplier gets operand registers of its own: with fanout 1 they
                 # can sit next to its DSP, while a_reg/b_reg also feed the next PE. They
-                # load only on a valid beat, which also keeps Yosys from merging them
-                # with the next PE's a_reg/b_reg (a `keep` attribute on them does not).
+                # load in every cycle (they follow a_reg/b_reg, which hold still while
+                # no beat is valid): the next PE's copies load only on a valid beat, so
+                # the two are different cells that Yosys cannot merge into one register
+                # driving both (a `keep` attribute on them does not stop it).
                 mul_a = Signal(a_operand, name=f"ma_{i}_{j}")
                 mul_b = Signal(operand, name=f"mb_{i}_{j}")
                 mul_valid = Signal(name=f"mv_{i}_{j}")
                 mul_last = Signal(name=f"ml_{i}_{j}")
-                with m.If(v_reg[i][j]):
-                    m.d.sync += [mul_a.eq(a_reg[i][j]), mul_b.eq(b_reg[i][j])]
                 m.d.sync += [
+                    mul_a.eq(a_reg[i][j]), mul_b.eq(b_reg[i][j]),
                     mul_valid.eq(v_reg[i][j]),
                     mul_last.eq(v_reg[i][j] & l_reg[i][j]),
                 ]
