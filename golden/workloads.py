@@ -16,10 +16,11 @@ import numpy as np
 from golden.attention import (
     AttentionScales,
     attention_decode_float,
+    attention_prefill,
     attention_prefill_float,
     calibrate_out_scale,
 )
-from golden.decoder import ProjectionScales
+from golden.decoder import ProjectionScales, project_residual
 from golden.gemm import HEADROOM_LSB
 from golden.kv_cache import build_cache
 from golden.moe import MoEScales, MoEWeights, calibrate_moe_scales
@@ -345,7 +346,7 @@ def generate_batch(
     scales: dict[str, dict] = {}
     contexts = tuple(int(c) for c in cfg.decode_context_lens)
     tokens = max(cfg.prefill_tokens, *contexts)
-    projections = []  # per layer: its real W_o (as quantised) and each sequence's outputs
+    projections = []  # per layer: its output projection (Projection)
     for layer, window in enumerate(cfg.windows):
         projection, scales[f"attn{layer}"] = _attention_tensors(cfg, layer, window, tensors,
                                                                  contexts, tokens)
@@ -354,10 +355,25 @@ def generate_batch(
     return [Workload(cfg, t, scales) for t in tensors]
 
 
+@dataclass(frozen=True)
+class Projection:
+    """An attention layer's output projection, for calibrating the MoE layer: the real
+    ``w_o`` and each sequence's prefill outputs in real units (float64), and as the chip
+    has them: ``w_o_int8``, the output and ``w_o`` scales, each sequence's int8 prefill
+    outputs (T, H·d_v)."""
+
+    w_o: np.ndarray
+    outputs: list[np.ndarray]
+    w_o_int8: np.ndarray
+    out: float
+    s_wo: float
+    chip_outputs: list[np.ndarray]
+
+
 def _attention_tensors(cfg: WorkloadConfig, layer: int, window: int | None,
                        tensors: list[dict], contexts: tuple[int, ...], tokens: int):
     """Attention layer ``layer``'s tensors into each sequence's ``tensors``: its
-    projection (real W_o, each sequence's prefill outputs in real units) and scales."""
+    projection (:class:`Projection`) and scales."""
     params = _AttentionLayerParams.draw(cfg, cfg.seed, layer)
     seqs = [_sequence_tokens(cfg, params, cfg.seed, layer, s, tokens)
             for s in range(len(tensors))]
@@ -391,7 +407,14 @@ def _attention_tensors(cfg: WorkloadConfig, layer: int, window: int | None,
     w_o, s_wo = quantize(params.w_o)
     for t in tensors:
         t[p + "w_o"] = w_o
-    projection = (w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]])
+    # The prefill outputs the chip computes (int8, keys in page blocks: a decode step's
+    # output is the same row), which the MoE layer's inputs are projected from.
+    scales = AttentionScales(s_q, s_k, s_v, out)
+    chip = [attention_prefill(t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"],
+                              scales, window=window, sinks=params.sinks,
+                              block_keys=cfg.page_size) for t in tensors]
+    projection = Projection(w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]],
+                            w_o, out, s_wo, [o.reshape(o.shape[0], -1) for o in chip])
     return projection, {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
                         "window": window, "out": out, "w_o": s_wo}
 
@@ -420,17 +443,23 @@ def _moe_tensors(cfg: WorkloadConfig, tensors: list[dict], projections: list) ->
         weight_scales[name] = s
     # The residual stream (the hidden states entering the layer, ``moe.x``) and the MoE
     # layer's input after each attention layer: residual + projected attention output
-    # (golden.decoder), for the tokens both cover. The hidden scale holds both.
+    # (golden.decoder), for the tokens both cover. The hidden scale holds both (in real
+    # units); the activations are calibrated on the inputs as the chip computes them
+    # (int8 attention outputs, the requantised projection, the clamped sum).
     xs = [_stream(cfg.seed, _MOE_TOKENS, s).standard_normal((cfg.moe_tokens, h)) * gains
           for s in range(len(tensors))]
     both = min(cfg.moe_tokens, cfg.prefill_tokens)
-    inputs = [x[:both] + o[:both] @ w_o for w_o, outputs in projections
-              for x, o in zip(xs, outputs, strict=True)]
+    inputs = [x[:both] + o[:both] @ pr.w_o for pr in projections
+              for x, o in zip(xs, pr.outputs, strict=True)]
     s_x = max(_peak_scale(xs), _peak_scale(inputs) * 127.0 / (127.0 - HEADROOM_LSB))
-    x_all = np.concatenate([_q8(x, s_x) for x in xs])
+    x_q = [_q8(x, s_x) for x in xs]
+    x_all = np.concatenate(x_q)
     weights = MoEWeights(r_i, shared["moe.w_gate"], shared["moe.w_up"], shared["moe.w_down"],
                          cfg.shared_experts)
-    calibration = np.concatenate([x_all] + [_q8(x, s_x) for x in inputs])
+    chip_inputs = [project_residual(o[:both], pr.w_o_int8, x[:both],
+                                    ProjectionScales(pr.out, pr.s_wo, s_x))
+                   for pr in projections for x, o in zip(x_q, pr.chip_outputs, strict=True)]
+    calibration = np.concatenate([x_all] + chip_inputs)
     for s, t in enumerate(tensors):
         t.update(shared)
         t["moe.x"] = x_all[s * cfg.moe_tokens:(s + 1) * cfg.moe_tokens]
