@@ -728,7 +728,7 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
          "BAD_REGISTER", 1),
         *[(f"WITH field {code} on {opcode.name}, which has {len(WITH_FIELDS[opcode])}",
            [with_((code, 0)), instruction, HALT], "BAD_REGISTER", 1)
-          for opcode, instruction in _one_of_each(s).items()
+          for opcode, instruction in _one_of_each().items()
           for code in range(len(WITH_FIELDS[opcode]) + 1, 16)],
         *[(f"WITH slot {slot} field {code} before HALT",
            [with_(*[(0, 0)] * slot, (code, 0)), HALT], "BAD_REGISTER", 1)
@@ -775,7 +775,7 @@ def register_errors(s: Sizes, n: int, depth: int) -> list[tuple[str, list[int], 
     ]
 
 
-def _one_of_each(s: Sizes) -> dict[Opcode, int]:
+def _one_of_each() -> dict[Opcode, int]:
     """A valid instruction of each opcode WITH may precede."""
     return {Opcode.GEMM: gemm(), Opcode.VEC: vec(), Opcode.DMA: dma(),
             Opcode.WAIT: op(Opcode.WAIT, semaphore=0, count=0),
