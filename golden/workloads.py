@@ -357,17 +357,20 @@ def generate_batch(
 
 @dataclass(frozen=True)
 class Projection:
-    """An attention layer's output projection, for calibrating the MoE layer: the real
-    ``w_o`` and each sequence's prefill outputs in real units (float64), and as the chip
-    has them: ``w_o_int8``, the output and ``w_o`` scales, each sequence's int8 prefill
-    outputs (T, H·d_v)."""
+    """An attention layer's output projection, for calibrating the MoE layer: ``w_o``
+    (int8) and its scale ``s_wo``, the attention output scale ``out``, and each
+    sequence's prefill outputs (T, H·d_v), in real units (float64, ``outputs``) and as
+    the chip computes them (int8, ``chip_outputs``)."""
 
     w_o: np.ndarray
-    outputs: list[np.ndarray]
-    w_o_int8: np.ndarray
-    out: float
     s_wo: float
+    out: float
+    outputs: list[np.ndarray]
     chip_outputs: list[np.ndarray]
+
+    @property
+    def w_o_real(self) -> np.ndarray:
+        return self.w_o * self.s_wo
 
 
 def _attention_tensors(cfg: WorkloadConfig, layer: int, window: int | None,
@@ -409,12 +412,11 @@ def _attention_tensors(cfg: WorkloadConfig, layer: int, window: int | None,
         t[p + "w_o"] = w_o
     # The prefill outputs the chip computes (int8, keys in page blocks: a decode step's
     # output is the same row), which the MoE layer's inputs are projected from.
-    scales = AttentionScales(s_q, s_k, s_v, out)
     chip = [attention_prefill(t[p + "q_prefill"], t[p + "k_prefill"], t[p + "v_prefill"],
-                              scales, window=window, sinks=params.sinks,
+                              replace(base, out=out), window=window, sinks=params.sinks,
                               block_keys=cfg.page_size) for t in tensors]
-    projection = Projection(w_o * s_wo, [o.reshape(o.shape[0], -1) for o in peaks[::2]],
-                            w_o, out, s_wo, [o.reshape(o.shape[0], -1) for o in chip])
+    projection = Projection(w_o, s_wo, out, [o.reshape(o.shape[0], -1) for o in peaks[::2]],
+                            [o.reshape(o.shape[0], -1) for o in chip])
     return projection, {"q": s_q, "k": s_k, "v": s_v, "softmax_scale": None,
                         "window": window, "out": out, "w_o": s_wo}
 
@@ -449,14 +451,14 @@ def _moe_tensors(cfg: WorkloadConfig, tensors: list[dict], projections: list) ->
     xs = [_stream(cfg.seed, _MOE_TOKENS, s).standard_normal((cfg.moe_tokens, h)) * gains
           for s in range(len(tensors))]
     both = min(cfg.moe_tokens, cfg.prefill_tokens)
-    inputs = [x[:both] + o[:both] @ pr.w_o for pr in projections
+    inputs = [x[:both] + o[:both] @ pr.w_o_real for pr in projections
               for x, o in zip(xs, pr.outputs, strict=True)]
     s_x = max(_peak_scale(xs), _peak_scale(inputs) * 127.0 / (127.0 - HEADROOM_LSB))
     x_q = [_q8(x, s_x) for x in xs]
     x_all = np.concatenate(x_q)
     weights = MoEWeights(r_i, shared["moe.w_gate"], shared["moe.w_up"], shared["moe.w_down"],
                          cfg.shared_experts)
-    chip_inputs = [project_residual(o[:both], pr.w_o_int8, x[:both],
+    chip_inputs = [project_residual(o[:both], pr.w_o, x[:both],
                                     ProjectionScales(pr.out, pr.s_wo, s_x))
                    for pr in projections for x, o in zip(x_q, pr.chip_outputs, strict=True)]
     calibration = np.concatenate([x_all] + chip_inputs)

@@ -38,6 +38,7 @@ class TensorCoreTB:
     def __init__(self, dut, n: int):
         self.harness = HarnessDriver(dut)
         self.dut, self.n = dut, n
+        self.core = TensorCore(n)  # its latency and result FIFO depth
 
     def set_idle_generator(self, probability: float) -> None:
         self.harness.set_idle("a", probability)
@@ -94,8 +95,7 @@ class CoreWatch:
 
     def __init__(self, tb: TensorCoreTB, a_words: list[int], intake: bool = False):
         self.dut, self.n, self.intake = tb.dut, tb.n, intake
-        core = TensorCore(tb.n)
-        self.flush, self.depth = core.latency + tb.n, core.result_depth
+        self.flush, self.depth = tb.core.latency + tb.n, tb.core.result_depth
         flag = 1 << (8 * tb.n)
         self.is_last = [bool(w & flag) for w in a_words]
         self.lasts = np.concatenate([[0], np.cumsum(self.is_last)])
@@ -169,7 +169,7 @@ async def _one_cycle_resets(tb: TensorCoreTB, rng: np.random.Generator) -> None:
     dut, n = tb.dut, tb.n
     tb.set_idle_generator(0.0)
     tb.set_backpressure_generator(0.0)
-    for offset in range(1, TensorCore(n).latency + 3 * n + 1):
+    for offset in range(1, tb.core.latency + 3 * n + 1):
         what = f"one-cycle reset {offset} cycles into a GEMM"
         a, b = make_operands(rng, 2 * n, n, 4 * n, "random")
         tb.load(a, b)
