@@ -462,9 +462,10 @@ def loaded_words(n: int, own_index: int) -> dict[int, int]:
 def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
     """IDMAs of rows of this tile: a gather over two table words (each row's DMA asking
     for an arrival on semaphore 4, the last one's signalling semaphore 2), a scatter
-    into rows, one of no rows then one of two, their counts from a register, and a
-    gather and a scatter over a table of empty entries (the last one too) whose tiles
-    are relative to ``tile_base``."""
+    into rows, one of no rows then one of two, their counts from a register, a gather
+    whose source, destination and table come from registers, and a gather and a
+    scatter over a table of empty entries (the last one too) whose tiles are relative
+    to ``tile_base``."""
     tables = _tables(n, own_index)
     gather, scatter, sparse = (tables[name][0] for name in ("gather", "scatter", "sparse"))
     entries = len(_TABLES["sparse"])
@@ -485,6 +486,13 @@ def _idma_programs(n: int, own_index: int) -> list[tuple[str, list[int]]]:
             op(Opcode.WAIT, semaphore=2, count=1),
             op(Opcode.SET, rd=1, value=2), with_((count, 1)),
             op(Opcode.IDMA, src=0, dst=280, table=gather, row=4, **signal),
+            op(Opcode.WAIT, semaphore=2, count=1), HALT]),
+        ("an IDMA's source, destination and table from registers", [
+            op(Opcode.SET, rd=1, value=2), op(Opcode.SET, rd=2, value=56),
+            op(Opcode.SET, rd=3, value=5),
+            with_((_field(Opcode.IDMA, "src"), 1), (_field(Opcode.IDMA, "dst"), 2),
+                  (_field(Opcode.IDMA, "table"), 3)),
+            op(Opcode.IDMA, src=0, dst=200, table=gather - 5, count=5, row=2, **signal),
             op(Opcode.WAIT, semaphore=2, count=1), HALT]),
         ("IDMAs passing over empty entries, tiles relative to a base", [
             op(Opcode.IDMA, src=0, dst=256, table=sparse, count=entries, row=3,
@@ -656,19 +664,20 @@ def register_programs(own_index: int, n: int) -> list[tuple[str, list[int]]]:
              with_((tile, 4)), dma(src=0, dst=300, length=2, tiles=own),
              with_((0, 0), (tile, 4)), dma(src=2, dst=302, length=2, tiles=0),
              with_((0, 0), (0, 0), (tile, 4)), dma(src=4, dst=304, length=2, tiles=own), HALT]
-    # Every register holding bit 9 (with bits 0-8 all set, or alternating), brought back
-    # to a small offset by an ADD, moves a DMA's addresses: a register bit that reads
-    # wrong makes the ADD's result negative (BAD_REGISTER) or the copy land elsewhere.
-    bit9 = []
+    # Every register holding bit 9 (with bits 0-8 all set, or alternating), then 0x5555
+    # and 0xAAAA (each of its bits set once), brought back to a small offset by an ADD,
+    # moves a DMA's addresses: a register bit that reads wrong makes the ADD's result
+    # negative or past 16 bits (BAD_REGISTER) or the copy land elsewhere.
+    bits = []
     for reg in range(8):
-        value = (0x3FF, 0x2AA)[reg % 2]
-        bit9 += [op(Opcode.SET, rd=reg, value=value),
-                 op(Opcode.ADD, rd=reg, ra=reg, imm=reg - value),
-                 with_((_field(d, "src"), reg), (_field(d, "dst"), reg)),
-                 dma(src=0, dst=256, length=1, tiles=own)]
-    bit9.append(HALT)
+        for value in ((0x3FF, 0x2AA)[reg % 2], 0x5555, 0xAAAA):
+            bits += [op(Opcode.SET, rd=reg, value=value),
+                     op(Opcode.ADD, rd=reg, ra=reg, imm=reg - value),
+                     with_((_field(d, "src"), reg), (_field(d, "dst"), reg)),
+                     dma(src=0, dst=256, length=1, tiles=own)]
+    bits.append(HALT)
     return [("SIGNAL and WAIT counts of high bits from two registers", counts),
-            ("every register's bit 9 in a DMA's addresses", bit9),
+            ("every register's bits in a DMA's addresses", bits),
             ("a DMA's tile from each of WITH's slots", slots),
             ("a loop stepping every engine's addresses", loop),
             ("nested loops", nested),

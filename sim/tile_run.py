@@ -16,9 +16,8 @@ from spec.config import TileConfig, kv_context
 
 MODULE = "tb.tile_tb"
 
-#: Harness memory depths (beats) of the host streams; longer transfers take several
-#: harness runs (sim.tile_driver).
-#: Harness memory depths (beats) of the tile's host, KV and network streams.
+#: Harness memory depths (beats) of the tile's host, KV and network streams; longer
+#: transfers take several harness runs (sim.tile_driver).
 HOST_DEPTH, KV_DEPTH, NET_DEPTH = 2048, 2048, 512
 
 
@@ -67,11 +66,19 @@ def _tile_build(config_text: str, simulator: str | None, waves: bool | None) -> 
                  simulator=simulator, waves=waves, opt_fast="-O1")
 
 
+#: The memory channels the simulated tile's DMAs may name (their words leave on
+#: ``net_out``; a test answers LOADs as a channel would), of words whose bits alternate,
+#: so every bit of the sequencer's bound on a channel's words is seen both ways.
+SIM_CHANNELS, SIM_CHANNEL_WORDS = 5, 0xA5A5A5
+
+
 def sim_tile(config: TileConfig) -> Tile:
     """The tile as simulated: with the fault-injection hook on the host port (``flip``),
     so one build serves every test (synthesis builds leave it out), and as tile (0, 0)
-    of a 2 x 1 mesh, so a DMA may name its neighbour (the words leave on ``net_out``)."""
-    return Tile(**config.to_rtl(fault_injection=True), mesh=(2, 1))
+    of a 2 x 1 mesh with :data:`SIM_CHANNELS` memory channels, so a DMA may name its
+    neighbour or a channel (the words leave on ``net_out``)."""
+    return Tile(**config.to_rtl(fault_injection=True), mesh=(2, 1),
+                memory_channels=SIM_CHANNELS, channel_words=SIM_CHANNEL_WORDS)
 
 
 def tile_build(config: TileConfig, *, simulator: str | None = None,

@@ -18,6 +18,7 @@ from rtl.scratchpad import KvOp
 from rtl.sequencer import ErrorCode
 from sim import coverage
 from sim.attention_scenario import attention_steps
+from sim.harness_driver import MAX_PROBABILITY
 from sim.runner import parameters, report
 from sim.sequencer_cases import (
     HALT,
@@ -55,6 +56,7 @@ from spec.isa import (
     tile_bit,
     tile_index,
 )
+from spec.memory import MemRead
 
 #: Cycles a program may take per instruction before the run is declared hung.
 CYCLES_PER_INSTRUCTION = 400
@@ -196,7 +198,8 @@ async def tile_network(dut):
     to this tile and another writes here and sends every word on ``net_out`` (the
     receiver counts the signal on the last), each word bound for tiles, not a memory
     channel; a DMA raises only the semaphores it asks for; a long one under
-    backpressure reads and writes each word once."""
+    backpressure reads and writes each word once; STOREs and LOADs through the memory
+    channels."""
     p = parameters()
     config = TileConfig(**p["config"])
     driver = TileDriver(dut, sim_tile(config), harness_depths(config))
@@ -242,11 +245,80 @@ async def tile_network(dut):
     await _long_dma_under_backpressure(driver, own, other)
     await _longest_local_dma(driver, own)
     await _dmas_at_alternating_address_bits(driver, own, config.spad_words)
-    await _local_dma_beside_a_gemm(driver, own)
+    await _dma_beside_a_gemm(driver, own, other)
     await _dma_behind_a_dma(driver, own)
     await _idma_rows_to_both_tiles(driver, own, other)
     await _four_increments_in_one_cycle(driver, own)
+    await _stores_and_loads_through_channels(driver, own)
     report(passed=True)
+
+
+async def _stores_and_loads_through_channels(driver: TileDriver, own: int) -> None:
+    """A STORE of 37 words under backpressure sends each to its channel (``tiles`` 0,
+    the memory address counting up, no signal) and writes nothing here; one of length 0
+    sends nothing. A LOAD sends one request word (its :class:`spec.memory.MemRead`:
+    the scratchpad address, this tile, the length) and reads nothing; answered as the
+    channel would (the words it holds, the signal on the last), its WAIT passes and the
+    words land; a LOAD of length 0 asks for the signal alone. The network takes a word
+    in one cycle of 256 while the requests wait to leave, and the memory addresses are of
+    alternating bits (0x5A5A55 and 0x25A5AA, within the channel's 0xA5A5A5 words)."""
+    count, src, dst, base = 37, 0x155, 0x2A8, 0x5A5A55
+    rng = np.random.default_rng(12)
+    words = [int(w) for w in rng.integers(0, 1 << 62, count)]
+    store = {"target": DmaTarget.STORE, "channel": 4, "tiles": 0,
+             "signal": {"enable": 1, "semaphore": 2}}
+    await driver.load([dma(src=src, dst=dst, length=count, mem_addr=base, **store),
+                       dma(src=src, dst=dst, length=0, mem_addr=base, **store),
+                       encode(Opcode.WAIT, semaphore=2, count=2), HALT],
+                      {src + i: w for i, w in enumerate(words)} | {dst: 0x77}, [])
+    driver.set_traffic(0.0, 0.5, 9)
+    sent = await driver.go_and_receive(count)
+    run = await driver.wait_halt(10_000)
+    driver.set_traffic(0.0, 0.0, 1)
+    assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+    fields = [_word(w, "target", "channel", "tiles", "addr", "data", "write", "last", "signal")
+              for w in sent]
+    assert fields == [{"target": DmaTarget.STORE, "channel": 4, "tiles": 0,
+                       "addr": base + i, "data": words[i], "write": 1,
+                       "last": int(i == count - 1), "signal": 0} for i in range(count)], fields
+    assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
+    assert run.counters["spad"] == count, run.counters  # each word read once, none written
+    got, _ = await driver.read([dst])
+    assert got == [0x77], "a STORE wrote into the scratchpad"
+
+    far = 0x25A5AA
+    memory = {far + i: int(w) for i, w in enumerate(rng.integers(0, 1 << 62, count))}
+    for length, at, semaphore in ((count - 5, far, 7), (0, far, 8)):
+        await driver.load([
+            dma(dst=dst, length=length, mem_addr=at, target=DmaTarget.LOAD, channel=3,
+                tiles=0, remote_signal=1, remote_semaphore=semaphore,
+                signal={"enable": 1, "semaphore": 2}),
+            encode(Opcode.WAIT, semaphore=2, count=1),
+            encode(Opcode.WAIT, semaphore=semaphore, count=1), HALT], {}, [])
+        driver.set_traffic(0.0, MAX_PROBABILITY, 10 + length)
+        (request,) = await driver.go_and_receive(1)
+        driver.set_traffic(0.0, 0.0, 1)
+        got = _word(request, "target", "channel", "tiles", "addr", "write", "last", "signal",
+                    "semaphore")
+        assert got == {"target": DmaTarget.LOAD, "channel": 3, "tiles": 0, "addr": at,
+                       "write": 0, "last": 1, "signal": 1, "semaphore": semaphore}, got
+        read = MemRead(driver.tile.n)
+        data = int(request["data"])
+        assert data < 1 << read.size, f"a request with bits past its fields: {data:#x}"
+        asked = {name: data >> f.offset & (1 << f.width) - 1 for name, f in read}
+        assert asked == {"spad_addr": dst, "x": 0, "y": 0, "length": length}, asked
+        assert driver.words_sent() == 1, f"{driver.words_sent()} words sent, not 1"
+        reply = [{"tiles": own, "addr": dst + i, "data": memory[at + i], "write": 1,
+                  "last": int(i == length - 1), "signal": int(i == length - 1),
+                  "semaphore": semaphore} for i in range(length)]
+        await driver.send(reply or [{"tiles": own, "addr": 0, "data": 0, "write": 0,
+                                     "last": 1, "signal": 1, "semaphore": semaphore}])
+        run = await driver.wait_halt(10_000)
+        assert run.error == ErrorCode.NONE and run.engine_error == 0, run
+        assert run.counters["spad"] == length, run.counters  # the reply's writes alone
+        if length:
+            got, _ = await driver.read([dst + i for i in range(length)])
+            assert got == [memory[at + i] for i in range(length)], "the loaded words differ"
 
 
 async def _four_increments_in_one_cycle(driver: TileDriver, own: int) -> None:
@@ -330,6 +402,11 @@ def _dma_and_wait(src: int, dst: int, count: int, tiles: int, arrival: int) -> l
             encode(Opcode.WAIT, semaphore=2, count=1),
             encode(Opcode.WAIT, semaphore=arrival, count=1),
             encode(Opcode.HALT)]
+
+
+def _word(word, *names: str) -> dict:
+    """The named fields of a network word (``target`` a :class:`DmaTarget`)."""
+    return {name: word[name] if name == "target" else int(word[name]) for name in names}
 
 
 def _fields(word) -> dict:
@@ -459,23 +536,29 @@ async def _longest_local_dma(driver: TileDriver, own: int) -> None:
         assert got == words[start:start + 256], f"the copy differs from word {start} on"
 
 
-async def _local_dma_beside_a_gemm(driver: TileDriver, own: int) -> None:
-    """A local DMA while a GEMM streams its operands from the same banks: the DMA's
-    reads and writes wait their turns at the banks, and every word still lands."""
+async def _dma_beside_a_gemm(driver: TileDriver, own: int, other: int) -> None:
+    """A DMA to this tile and another while a GEMM streams its operands from the same
+    banks: the DMA's reads and writes wait their turns at the banks (a word may leave on
+    the network before its local write gets in, or after), and every word still lands
+    here and leaves once, in order."""
     count, src, dst = 256, 0, 3000
     rng = np.random.default_rng(9)
     words = {a: int(w) for a, w in enumerate(rng.integers(0, 1 << 62, 1024 + 256))}
     await driver.load([
         gemm(a=0, b=1024, c=0, m=8, k=256, p=8, signal={"enable": 1, "semaphore": 0}),
-        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own,
+        encode(Opcode.DMA, src=src, dst=dst, length=count, tiles=own | other,
                signal={"enable": 1, "semaphore": 1}),
         encode(Opcode.WAIT, semaphore=0, count=1),
         encode(Opcode.WAIT, semaphore=1, count=1),
         encode(Opcode.HALT),
     ], words, [])
-    run = await driver.execute(20_000)
+    sent = [_fields(w) for w in await driver.go_and_receive(count)]
+    run = await driver.wait_halt(20_000)
     assert run.error == ErrorCode.NONE and run.engine_error == 0, run
     assert run.counters["gemm"] + run.counters["gemm_vec"] > 0
+    assert [(w["tiles"], w["addr"], w["data"]) for w in sent] == [
+        (other, dst + i, words[src + i]) for i in range(count)], "the DMA's network words differ"
+    assert driver.words_sent() == count, f"{driver.words_sent()} words sent, not {count}"
     got, _ = await driver.read([dst + i for i in range(count)])
     assert got == [words[src + i] for i in range(count)], "the DMA's copy differs"
 
@@ -611,7 +694,8 @@ async def tile_programs(dut):
     tile = sim_tile(config)
     driver = TileDriver(dut, tile, harness_depths(config))
     await driver.reset()
-    sizes = Sizes(config.spad_words, config.acc_depth, config.slots, tile.mesh)
+    sizes = Sizes(config.spad_words, config.acc_depth, config.slots, tile.mesh,
+                  tile.sequencer.memory_channels, tile.sequencer.channel_words)
     for what, bad, error in bad_instructions(sizes):
         await driver.load([gemm(), bad, vec(), HALT], {}, [])
         run = await driver.execute(10_000)

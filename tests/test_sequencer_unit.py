@@ -439,7 +439,7 @@ def test_instructions_at_the_edges_of_their_memories_get_the_isa_verdict():
 
 
 #: Program memory words of the register tests.
-DEPTH = 64
+DEPTH = 128
 
 
 def model_run(program: list[int], spad=None) -> tuple[list, str, int, TileModel]:

@@ -42,7 +42,8 @@ def test_the_sequencer_checks_hold_on_the_rtl_tile():
 def test_network_words_arrive_and_signal():
     """net_in words are written and their signal releases a WAIT; a local DMA with a
     remote signal raises the tile's own semaphore; a DMA raises no semaphore it was
-    not asked to, and each word it sends is bound for tiles."""
+    not asked to, and each word it sends to tiles is bound for tiles; a STORE sends
+    its words to their memory channel, a LOAD its read request, whose reply lands."""
     assert simulate_case(TINY, "tile_network")["passed"]
 
 
