@@ -288,9 +288,9 @@ async def _stores_and_loads_through_channels(driver: TileDriver, own: int) -> No
 
     far = 0x25A5AA
     memory = {far + i: int(w) for i, w in enumerate(rng.integers(0, 1 << 62, count))}
-    for length, at, semaphore in ((count - 5, far, 7), (0, far, 8)):
+    for length, semaphore in ((count - 5, 7), (0, 8)):
         await driver.load([
-            dma(dst=dst, length=length, mem_addr=at, target=DmaTarget.LOAD, channel=3,
+            dma(dst=dst, length=length, mem_addr=far, target=DmaTarget.LOAD, channel=3,
                 tiles=0, remote_signal=1, remote_semaphore=semaphore,
                 signal={"enable": 1, "semaphore": 2}),
             encode(Opcode.WAIT, semaphore=2, count=1),
@@ -300,15 +300,13 @@ async def _stores_and_loads_through_channels(driver: TileDriver, own: int) -> No
         driver.set_traffic(0.0, 0.0, 1)
         got = _word(request, "target", "channel", "tiles", "addr", "write", "last", "signal",
                     "semaphore")
-        assert got == {"target": DmaTarget.LOAD, "channel": 3, "tiles": 0, "addr": at,
+        assert got == {"target": DmaTarget.LOAD, "channel": 3, "tiles": 0, "addr": far,
                        "write": 0, "last": 1, "signal": 1, "semaphore": semaphore}, got
-        read = MemRead(driver.tile.n)
-        data = int(request["data"])
-        assert data < 1 << read.size, f"a request with bits past its fields: {data:#x}"
-        asked = {name: data >> f.offset & (1 << f.width) - 1 for name, f in read}
-        assert asked == {"spad_addr": dst, "x": 0, "y": 0, "length": length}, asked
+        asked = MemRead(driver.tile.n).const({"spad_addr": dst, "x": 0, "y": 0,
+                                              "length": length}).as_value().value
+        assert int(request["data"]) == asked, f"request {int(request['data']):#x}"
         assert driver.words_sent() == 1, f"{driver.words_sent()} words sent, not 1"
-        reply = [{"tiles": own, "addr": dst + i, "data": memory[at + i], "write": 1,
+        reply = [{"tiles": own, "addr": dst + i, "data": memory[far + i], "write": 1,
                   "last": int(i == length - 1), "signal": int(i == length - 1),
                   "semaphore": semaphore} for i in range(length)]
         await driver.send(reply or [{"tiles": own, "addr": 0, "data": 0, "write": 0,
@@ -318,7 +316,7 @@ async def _stores_and_loads_through_channels(driver: TileDriver, own: int) -> No
         assert run.counters["spad"] == length, run.counters  # the reply's writes alone
         if length:
             got, _ = await driver.read([dst + i for i in range(length)])
-            assert got == [memory[at + i] for i in range(length)], "the loaded words differ"
+            assert got == [memory[far + i] for i in range(length)], "the loaded words differ"
 
 
 async def _four_increments_in_one_cycle(driver: TileDriver, own: int) -> None:
@@ -411,10 +409,9 @@ def _word(word, *names: str) -> dict:
 
 def _fields(word) -> dict:
     """The fields of a word a DMA sent to tiles, which names no memory channel."""
-    bound = (word["target"], int(word["channel"]))
-    assert bound == (DmaTarget.TILES, 0), f"a word to tiles bound for {bound}"
-    return {name: int(word[name]) for name in ("tiles", "addr", "data", "write", "last",
-                                                "signal", "semaphore")}
+    bound = _word(word, "target", "channel")
+    assert bound == {"target": DmaTarget.TILES, "channel": 0}, f"a word to tiles bound for {bound}"
+    return _word(word, "tiles", "addr", "data", "write", "last", "signal", "semaphore")
 
 
 async def _signal_only_dmas(driver: TileDriver, own: int, other: int) -> None:
