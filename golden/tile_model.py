@@ -117,14 +117,15 @@ def operands_used(f: dict) -> dict[str, bool]:
 def acc_accesses(engine: str, f: dict, n: int) -> tuple[int, int]:
     """The accumulator entries an engine operation (``engine`` ``GEMM`` or ``VEC``, its
     fields ``f``) reads and writes on a tile of ``n`` lanes, as the tile's
-    ``acc_reads`` and ``acc_writes`` counters count them: a GEMM writes every row of
-    its result tiles (padding included) and reads each too when it accumulates; a VEC
+    ``acc_reads`` and ``acc_writes`` counters count them: a GEMM writes the rows of
+    its result tiles up to m (the padding rows of the last row tile keep their entries)
+    and, when it accumulates, reads every row, padding included; a VEC
     reads an entry a beat per operand its op uses (:func:`operands_used`) and writes
     one a beat into a TILE or SCALAR destination and one a block of N rows' totals.
     Other operations: none."""
     if engine == "GEMM":
         rows = ceil_div(f["m"], n) * ceil_div(f["p"], n) * n
-        return (rows if f.get("accumulate") else 0), rows
+        return (rows if f.get("accumulate") else 0), f["m"] * ceil_div(f["p"], n)
     if engine == "VEC":
         rows, beats = f["rows"], f["beats"]
         to_acc = _value(f.get("dst_kind", 0)) in (VecDst.TILE, VecDst.SCALAR)
@@ -447,9 +448,10 @@ class TileModel:
             for tj in range(tp):
                 base = f["c"] + (ti * tp + tj) * n
                 tile = result[ti * n:(ti + 1) * n, tj * n:(tj + 1) * n]
+                live = min(n, m - ti * n)  # rows past m are not written
                 if f["accumulate"]:
                     tile = (self.acc[base:base + n] << shift) + tile
-                self.acc[base:base + n] = wrap(tile, LANE_BITS)
+                self.acc[base:base + live] = wrap(tile[:live], LANE_BITS)
 
     # --- VEC --------------------------------------------------------------------------
 

@@ -352,11 +352,12 @@ class GemmEngine(wiring.Component):
 
     Output tiles are computed in row-tile-major order, k beats each; their rows land in
     consecutive entries from ``c`` (the C-tile layout of :class:`spec.isa.GemmArgs`), so
-    the writeback only counts. Commands wait in a queue of ``queue`` (so the sequencer
-    dispatches past them); one starts while the previous one is still writing back
-    (the feeder moves on at once), so GEMMs follow each other without a bubble in the
-    tensor core. Each finished GEMM is reported on ``done`` (its ``signal``) after its
-    last row is written, in order.
+    the writeback only counts. A row past ``m`` (the last row tile's padding) takes its
+    turn with no lane enabled, so its entry keeps its value and the GEMM its cycles.
+    Commands wait in a queue of ``queue`` (so the sequencer dispatches past them); one
+    starts while the previous one is still writing back (the feeder moves on at once),
+    so GEMMs follow each other without a bubble in the tensor core. Each finished GEMM
+    is reported on ``done`` (its ``signal``) after its last row is written, in order.
 
     Accumulating GEMMs read the old entry a cycle before writing it, the next row's
     entry while a row is written (rows of one GEMM are distinct entries): one row per
@@ -437,6 +438,7 @@ class GemmEngine(wiring.Component):
         # --- writeback queue: what the result rows of each GEMM become -------------
         wb_layout = data.StructLayout({
             "c": unsigned(ACC_ADDR_BITS), "rows": unsigned(2 * DIM_BITS + 1),
+            "last_tile": unsigned(2 * DIM_BITS + 1), "tail": unsigned(ceil_log2(self.n)),
             "accumulate": 1, "acc_shift": unsigned(4), "signal": SIGNAL,
         })
         m.submodules.wbq = wbq = fifo.SyncFIFOBuffered(width=wb_layout.size, depth=2)
@@ -490,6 +492,9 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             wb_entry.c.eq(cmd.c),
             wb_entry.rows.eq((row_tiles * col_tiles) << log_n),
+            # The last row tile's first row, and its live rows (0: all N are).
+            wb_entry.last_tile.eq(((row_tiles - 1) * col_tiles) << log_n),
+            wb_entry.tail.eq(cmd.m[:log_n]),
             wb_entry.accumulate.eq(cmd.accumulate),
             wb_entry.acc_shift.eq(cmd.acc_shift),
             wb_entry.signal.eq(cmd.signal),
@@ -534,8 +539,9 @@ class GemmEngine(wiring.Component):
 
     def _writeback(self, m: Module, core, wbq, wb_layout) -> None:
         """Result rows into consecutive accumulator entries (added to the shifted old
-        value when accumulating), then the GEMM's done."""
-        n = self.n
+        value when accumulating), then the GEMM's done. A row past ``m`` (in the last row
+        tile) is taken in its turn with no lane enabled: its entry keeps its value."""
+        n, log_n = self.n, ceil_log2(self.n)
         wb = Signal(wb_layout)
         m.d.comb += wb.eq(wbq.r_data)
         row_count = Signal(2 * DIM_BITS + 1)
@@ -545,6 +551,9 @@ class GemmEngine(wiring.Component):
         done_valid = Signal()
         last_row = Signal()
         m.d.comb += last_row.eq(row_count == wb.rows - 1)
+        padding = Signal()  # a row past m: nothing written
+        m.d.comb += padding.eq((wb.tail != 0) & (row_count >= wb.last_tile)
+                               & (row_count[:log_n] >= wb.tail))
         # While a row is written, the next row's entry is read (a different entry), so an
         # accumulating GEMM writes a row per cycle; the first row of a GEMM is read a
         # cycle ahead of its write, after the previous GEMM's last write.
@@ -563,7 +572,7 @@ class GemmEngine(wiring.Component):
         m.d.comb += [
             self.acc_w.payload.addr.eq(addr),
             self.acc_w.payload.data.eq(extended),
-            self.acc_w.payload.lanes.eq((1 << n) - 1),
+            self.acc_w.payload.lanes.eq(Mux(padding, 0, (1 << n) - 1)),
             self.acc_w.valid.eq(can_write & (~wb.accumulate | primed)),
             core.c.ready.eq(self.acc_w.valid & self.acc_w.ready),
             self.acc_read.eq(core.c.ready & wb.accumulate),

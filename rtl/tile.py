@@ -42,8 +42,8 @@ class Counters(data.StructLayout):
     loop's body once per pass) and the accumulator memory's entry accesses
     (``acc_reads``: the entries a VEC beat reads, one per operand its op uses, a
     GEMM's accumulating result rows, the sequencer's accumulator LOADs;
-    ``acc_writes``: the entries the GEMM and vector engines write; each write goes
-    into every copy of the memory, one per read port)."""
+    ``acc_writes``: the entries the GEMM (a result's rows up to m) and vector engines
+    write; each write goes into every copy of the memory, one per read port)."""
 
     def __init__(self):
         super().__init__({name: unsigned(COUNTER_BITS) for name in (
@@ -229,7 +229,8 @@ class Tile(wiring.Component):
                 c.fetches.eq(c.fetches + seq.fetching),
                 c.acc_reads.eq(c.acc_reads + vec.a_en + vec.b_en + vec.c_en + gemm.acc_read
                                + seq.acc_read),
-                c.acc_writes.eq(c.acc_writes + (gemm.acc_w.valid & gemm.acc_w.ready)
+                c.acc_writes.eq(c.acc_writes + (gemm.acc_w.valid & gemm.acc_w.ready
+                                                 & gemm.acc_w.payload.lanes.any())
                                 + (vec.acc_w.valid & vec.acc_w.ready)),
             ]
         return m

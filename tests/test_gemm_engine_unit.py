@@ -289,6 +289,38 @@ def test_joined_limbs_multiply_in_one_pass(a_layout, stall, seed):
                                           want[t * n:(t + 1) * n][rows])
 
 
+@pytest.mark.parametrize("stall", [0.0, 0.3])
+def test_rows_past_m_keep_their_entries(stall, seed):
+    """A GEMM writes its result rows up to m only: over entries a full GEMM wrote, one
+    of m = N + 1 rows (every layout of A, block padding rows holding data) and an
+    accumulating one of m = 3 leave the other rows of their last row tile as they
+    were, and a GEMM that waits behind them reads what they left."""
+    n = 4
+    rng = np.random.default_rng(41 + seed)
+    k, p = 5, 6  # two column tiles
+    a_full, b = operands(rng, 2 * n, k, p)
+    gemms = [{"A": a_full, "B": b, "a": 0, "b": 200, "c": 0, "a_rows": 1}]
+    for index, layout in enumerate(A_LAYOUTS.values()):
+        a, b2 = operands(rng, n + 1, k, p)
+        gemms.append({"A": a, "B": b2, "a": 300 + 100 * index, "b": 700 + 100 * index,
+                      "c": 0, **layout})
+    a3, b3 = operands(rng, 3, k, p)
+    gemms.append({"A": a3, "B": b3, "a": 1000, "b": 1100, "c": 0, "a_rows": 1,
+                  "accumulate": 1, "acc_shift": 2, "signal": {"enable": 1, "semaphore": 4}})
+    acc, dones, error = run(n, gemms, seed=13 + seed, stall=stall)
+    assert error == 0 and dones[-1] == (1, 4)
+    want = np.zeros_like(acc)
+    for g in gemms:  # each GEMM's rows below m, over what the GEMMs before left
+        m = g["A"].shape[0]
+        size = -(-m // n) * 2 * n
+        tiles = reference(g["A"], g["B"], n, want[:size] if g.get("accumulate") else None,
+                          g.get("acc_shift", 0))
+        for t in range(len(tiles) // n):
+            rows = [r for r in range(n) if (t // 2) * n + r < m]
+            want[[t * n + r for r in rows]] = tiles[[t * n + r for r in rows]]
+    np.testing.assert_array_equal(acc, want)
+
+
 @pytest.mark.parametrize("port", ["a", "a_lo", "b"])
 def test_an_uncorrectable_word_sets_the_error_and_the_gemms_still_finish(port):
     """A double-bit ECC error on any operand port, the low-limb one included, sets the

@@ -89,6 +89,39 @@ def test_gemm_layouts_against_golden(a_rows, b_rows, m, k, p):
     assert model.semaphores[3] == 0 and model.done["GEMM"] == [{"enable": 1, "semaphore": 3}]
 
 
+@pytest.mark.parametrize("accumulate", [0, 1])
+def test_gemm_writes_its_rows_up_to_m(accumulate):
+    """A GEMM of m = N + 2 rows writes every row of its first row tile and two of its
+    last; the padding rows keep their entries (accumulating or not), and the tile's
+    counters count the rows written (an accumulating GEMM reads every row)."""
+    n, m, k, p = 4, 6, 5, 7
+    rng = np.random.default_rng(9 + accumulate)
+    a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, p))
+    model = TileModel(n, spad_words=512, acc_depth=256)
+    _store_a(model, 0, a, 1)
+    _store_a(model, 200, b.T, 0)
+    before = rng.integers(-(1 << 40), 1 << 40, model.acc.shape)
+    model.acc[:] = before
+    model.step("GEMM", {"a": 0, "b": 200, "c": 8, "m": m, "k": k, "p": p, "a_rows": 1,
+                        "accumulate": accumulate, "acc_shift": 3})
+    tp = -(-p // n)
+    for t in range(2 * tp):  # row tile t // tp, column tile t % tp
+        for r in range(n):
+            entry, row = 8 + t * n + r, (t // tp) * n + r
+            if row >= m:
+                assert (model.acc[entry] == before[entry]).all(), (t, r)
+                continue
+            cols = gemm(a, b)[row]
+            want = np.zeros(n, np.int64)
+            width = min(n, p - (t % tp) * n)
+            want[:width] = cols[(t % tp) * n:(t % tp) * n + width]
+            if accumulate:
+                want = wrap((before[entry] << 3) + want, 48)
+            assert (model.acc[entry] == want).all(), (t, r)
+    written = m * tp
+    assert (model.acc_reads, model.acc_writes) == (2 * tp * n if accumulate else 0, written)
+
+
 @pytest.mark.parametrize("a_rows", [0, 1])
 def test_gemm_joins_a_from_two_limb_regions(a_rows):
     """``a_limbs``: A = hi·2⁷ + lo from two regions of the same layout, any int8 limbs."""
