@@ -489,11 +489,12 @@ class GemmEngine(wiring.Component):
             m.d.sync += [cmd.eq(p), setup.eq(1), ti.eq(0), tj.eq(0),
                          row_tiles.eq(blocks(p.m)), col_tiles.eq(blocks(p.p))]
         wb_entry = Signal(wb_layout)
+        tiles = row_tiles * col_tiles
         m.d.comb += [
             wb_entry.c.eq(cmd.c),
-            wb_entry.rows.eq((row_tiles * col_tiles) << log_n),
+            wb_entry.rows.eq(tiles << log_n),
             # The last row tile's first row, and its live rows (0: all N are).
-            wb_entry.last_tile.eq(((row_tiles - 1) * col_tiles) << log_n),
+            wb_entry.last_tile.eq((tiles - col_tiles) << log_n),
             wb_entry.tail.eq(cmd.m[:log_n]),
             wb_entry.accumulate.eq(cmd.accumulate),
             wb_entry.acc_shift.eq(cmd.acc_shift),
