@@ -291,10 +291,10 @@ def test_joined_limbs_multiply_in_one_pass(a_layout, stall, seed):
 
 @pytest.mark.parametrize("stall", [0.0, 0.3])
 def test_rows_past_m_keep_their_entries(stall, seed):
-    """A GEMM writes its result rows up to m only: over entries a full GEMM wrote, one
-    of m = N + 1 rows (every layout of A, block padding rows holding data) and an
-    accumulating one of m = 3 leave the other rows of their last row tile as they
-    were, and a GEMM that waits behind them reads what they left."""
+    """A GEMM writes its result rows up to m only: over entries a full GEMM wrote, GEMMs
+    of m = N + 1 rows (in every layout of A) and an accumulating one of m = 3 leave the
+    other rows of their last row tile as they were; the accumulating one adds onto
+    what the GEMMs before it left."""
     n = 4
     rng = np.random.default_rng(41 + seed)
     k, p = 5, 6  # two column tiles
