@@ -116,6 +116,26 @@ def test_synth_table_rows_say_fmax_fit_and_mapping(tmp_path):
     assert "tensor_core_n8" not in table  # no figures, no row
 
 
+def test_a_partial_synth_report_keeps_the_other_designs_rows(tmp_path):
+    """A report of one design (``make synth ARGS='--only gemm_engine'``): its row is new,
+    the other designs keep their committed rows, the abc footnote with them."""
+    committed = ("<!-- results:synth -->\n| design | cells |\n|---|---:|\n"
+                 "| `tensor_core_n4` | 12,266 | 2026-12-07, `python -m synth` |\n"
+                 "| `sequencer` \\* | 23,894 | 2026-12-07, `python -m synth` |\n"
+                 "| `gemm_engine` | 88,966 | 2026-12-06, `python -m synth` |\n\n"
+                 "\\* mapped with Yosys's `abc` instead of `abc9`.\n<!-- /results:synth -->\n")
+    kept = results.table_rows(committed, "synth")
+    assert set(kept) == {"tensor_core_n4", "sequencer", "gemm_engine"}
+    metrics = {"synth__gemm_engine__generic_cells": 90474, "synth__gemm_engine__ecp5_abc9": 1}
+    origin = {"synth__gemm_engine__generic_cells": {"command": "python -m synth --only "
+                                                    "gemm_engine", "date": "2026-12-07"}}
+    table = results.synth_table(metrics, origin, tmp_path, kept)
+    assert kept["tensor_core_n4"] in table and kept["sequencer"] in table
+    assert "| `gemm_engine` | 90,474 |" in table and "88,966" not in table
+    assert "mapped with Yosys's `abc`" in table
+    assert table.index("tensor_core_n4") < table.index("sequencer") < table.index("gemm_engine")
+
+
 def test_the_documents_carry_the_markers():
     readme = (results.ROOT / "README.md").read_text()
     docs = (results.ROOT / "docs" / "results.md").read_text()

@@ -97,12 +97,16 @@ def _load(name: str) -> tuple[dict, dict] | None:
 _SECTION = re.compile(r"<!-- results:(\w+) -->\n(.*?)<!-- /results:\1 -->", re.S)
 #: A row of the benchmark table: the metric, its value, target and when measured.
 _BENCH_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", re.M)
+#: A row of the synthesis table: the design (marked when mapped with abc), its figures.
+_SYNTH_ROW = re.compile(r"^\| `([^`]+)`(?: \\\*)? \| .*\|$", re.M)
 
 
 def table_rows(text: str, name: str = "bench") -> dict[str, str]:
-    """The rows of generated table ``name`` in ``text``, by metric (none if absent)."""
+    """The rows of generated table ``name`` in ``text``, by metric, or by design for
+    ``synth`` (none if absent)."""
     section = next((m.group(2) for m in _SECTION.finditer(text) if m.group(1) == name), "")
-    return {m.group(1): m.group(0) for m in _BENCH_ROW.finditer(section)}
+    row = _SYNTH_ROW if name == "synth" else _BENCH_ROW
+    return {m.group(1): m.group(0) for m in row.finditer(section)}
 
 
 def bench_table(metrics: dict, origin: dict, targets: dict,
@@ -204,10 +208,13 @@ def critical_path(text: str) -> str:
     return f"{where}{delay:.1f} ns ({routing / delay:.0%} routing)"
 
 
-def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth") -> str:
+def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth",
+                kept: dict[str, str] | None = None) -> str:
     """One row per registered design with figures: Yosys's cells, the ECP5 mapping,
     nextpnr's Fmax and critical path (``paths``/<design>/critical_path.txt), with the
-    command and date that measured the row."""
+    command and date that measured the row; a design the report lacks keeps its row
+    from ``kept`` (:func:`table_rows` of ``synth``)."""
+    kept = kept or {}
     heads = " | ".join(h for _, h in SYNTH_COLUMNS)
     lines = [f"| design | {heads} | Fmax (MHz) | critical path | measured |",
              "|---|" + "---:|" * len(SYNTH_COLUMNS) + "---|---|---|"]
@@ -215,6 +222,9 @@ def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth") -> s
     for design in DESIGNS:
         values = [metrics.get(metric_name(design, m)) for m, _ in SYNTH_COLUMNS]
         if all(v is None for v in values):
+            if design in kept:
+                lines.append(kept[design])
+                mapped_with_abc |= "\\*" in kept[design].split("|")[1]
             continue
         name = f"`{design}`"
         if metrics.get(metric_name(design, "ecp5_abc9")) == 0:
@@ -242,15 +252,17 @@ def render() -> dict[str, str | None]:
     sections: dict[str, str | None] = {}
     bench = _load("bench")
     try:
-        kept = table_rows((ROOT / "docs" / "results.md").read_text())
+        text = (ROOT / "docs" / "results.md").read_text()
     except OSError:
-        kept = {}
+        text = ""
+    kept = table_rows(text)
     sections["bench"] = bench_table(*bench, _targets(), kept) if bench else None
     sections["headline"] = headline_table(*bench, kept) if bench else None
     mutate = _load("mutate")
     sections["mutate"] = mutate_table(*mutate) if mutate else None
     synth = _load("synth")
-    sections["synth"] = synth_table(*synth) if synth else None
+    sections["synth"] = (synth_table(*synth, kept=table_rows(text, "synth")) if synth
+                         else None)
     return sections
 
 
