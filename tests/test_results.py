@@ -43,13 +43,13 @@ def test_a_partial_report_updates_its_figures_and_keeps_the_others():
                  "`python -m bench --only chip` |\n"
                  "| `serve__c1__tokens_per_j` | 10,000 |  | 2026-12-04, "
                  "`python -m bench --only serve` |\n<!-- /results:bench -->\n")
-    kept = results.table_rows(committed)
+    kept = results.table_rows(committed, "bench", results.BENCH_ROW)
     assert set(kept) == {"chip__sim__cycles_per_s", "serve__c1__tokens_per_j"}
     metrics = {"serve__c1__tokens_per_j": 10825}
     origin = {"serve__c1__tokens_per_j": {"command": "python -m bench --only serve",
                                           "date": "2026-12-06"}}
     table = results.bench_table(metrics, origin, {}, kept)
-    assert kept["chip__sim__cycles_per_s"] in table
+    assert kept["chip__sim__cycles_per_s"].group(0) in table
     assert "| `serve__c1__tokens_per_j` | 10,825 |  | 2026-12-06, " in table
     assert "10,000" not in table
     headline = results.headline_table(metrics, origin, kept)
@@ -124,13 +124,13 @@ def test_a_partial_synth_report_keeps_the_other_designs_rows(tmp_path):
                  "| `sequencer` \\* | 23,894 | 2026-12-07, `python -m synth` |\n"
                  "| `gemm_engine` | 88,966 | 2026-12-06, `python -m synth` |\n\n"
                  "\\* mapped with Yosys's `abc` instead of `abc9`.\n<!-- /results:synth -->\n")
-    kept = results.table_rows(committed, "synth")
+    kept = results.table_rows(committed, "synth", results.SYNTH_ROW)
     assert set(kept) == {"tensor_core_n4", "sequencer", "gemm_engine"}
     metrics = {"synth__gemm_engine__generic_cells": 90474, "synth__gemm_engine__ecp5_abc9": 1}
     origin = {"synth__gemm_engine__generic_cells": {"command": "python -m synth --only "
                                                     "gemm_engine", "date": "2026-12-07"}}
     table = results.synth_table(metrics, origin, tmp_path, kept)
-    assert kept["tensor_core_n4"] in table and kept["sequencer"] in table
+    assert kept["tensor_core_n4"].group(0) in table and kept["sequencer"].group(0) in table
     assert "| `gemm_engine` | 90,474 |" in table and "88,966" not in table
     assert "mapped with Yosys's `abc`" in table
     assert table.index("tensor_core_n4") < table.index("sequencer") < table.index("gemm_engine")

@@ -96,28 +96,29 @@ def _load(name: str) -> tuple[dict, dict] | None:
 #: A generated section: its name, then its text.
 _SECTION = re.compile(r"<!-- results:(\w+) -->\n(.*?)<!-- /results:\1 -->", re.S)
 #: A row of the benchmark table: the metric, its value, target and when measured.
-_BENCH_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", re.M)
-#: A row of the synthesis table: the design (marked when mapped with abc), its figures.
-_SYNTH_ROW = re.compile(r"^\| `([^`]+)`(?: \\\*)? \| .*\|$", re.M)
+BENCH_ROW = re.compile(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", re.M)
+#: A row of the synthesis table: the design, its abc marker (when mapped with abc), its
+#: figures.
+SYNTH_ROW = re.compile(r"^\| `([^`]+)`( \\\*)? \| .*\|$", re.M)
 
 
-def table_rows(text: str, name: str = "bench") -> dict[str, str]:
-    """The rows of generated table ``name`` in ``text``, by metric, or by design for
-    ``synth`` (none if absent)."""
+def table_rows(text: str, name: str, row: re.Pattern) -> dict[str, re.Match]:
+    """The rows of generated table ``name`` in ``text`` that ``row`` matches, by its
+    first group (the metric, or the design; none if the table is absent)."""
     section = next((m.group(2) for m in _SECTION.finditer(text) if m.group(1) == name), "")
-    row = _SYNTH_ROW if name == "synth" else _BENCH_ROW
-    return {m.group(1): m.group(0) for m in row.finditer(section)}
+    return {m.group(1): m for m in row.finditer(section)}
 
 
 def bench_table(metrics: dict, origin: dict, targets: dict,
-                kept: dict[str, str] | None = None) -> str:
+                kept: dict[str, re.Match] | None = None) -> str:
     """Every benchmark figure: value, target and whether it is met, when measured; a
-    figure the report lacks keeps its row from ``kept`` (:func:`table_rows`)."""
+    figure the report lacks keeps its row from ``kept`` (:func:`table_rows` of
+    ``BENCH_ROW``)."""
     kept = kept or {}
     lines = ["| metric | value | target | measured |", "|---|---:|---|---|"]
     for key in sorted(set(metrics) | set(kept)):
         if key not in metrics:
-            lines.append(kept[key])
+            lines.append(kept[key].group(0))
             continue
         value, rule = metrics[key], targets.get(key)
         target = ""
@@ -131,7 +132,8 @@ def bench_table(metrics: dict, origin: dict, targets: dict,
     return "\n".join(lines)
 
 
-def headline_table(metrics: dict, origin: dict, kept: dict[str, str] | None = None) -> str:
+def headline_table(metrics: dict, origin: dict,
+                   kept: dict[str, re.Match] | None = None) -> str:
     """The README's headline figures; one the report lacks from its ``kept`` row of the
     benchmark table (:func:`table_rows`), with the date and command there."""
     lines = ["| figure | value |", "|---|---:|"]
@@ -142,7 +144,7 @@ def headline_table(metrics: dict, origin: dict, kept: dict[str, str] | None = No
             if key in origin:
                 used.append(origin[key])
         elif key in (kept or {}):
-            _, value, _, when = _BENCH_ROW.match(kept[key]).groups()
+            _, value, _, when = kept[key].groups()
             lines.append(f"| {what} (`{key}`) | {value} |")
             date, _, command = when.partition(", ")
             if command:
@@ -209,11 +211,11 @@ def critical_path(text: str) -> str:
 
 
 def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth",
-                kept: dict[str, str] | None = None) -> str:
+                kept: dict[str, re.Match] | None = None) -> str:
     """One row per registered design with figures: Yosys's cells, the ECP5 mapping,
     nextpnr's Fmax and critical path (``paths``/<design>/critical_path.txt), with the
     command and date that measured the row; a design the report lacks keeps its row
-    from ``kept`` (:func:`table_rows` of ``synth``)."""
+    from ``kept`` (:func:`table_rows` of ``SYNTH_ROW``)."""
     kept = kept or {}
     heads = " | ".join(h for _, h in SYNTH_COLUMNS)
     lines = [f"| design | {heads} | Fmax (MHz) | critical path | measured |",
@@ -223,8 +225,8 @@ def synth_table(metrics: dict, origin: dict, paths: Path = BUILD / "synth",
         values = [metrics.get(metric_name(design, m)) for m, _ in SYNTH_COLUMNS]
         if all(v is None for v in values):
             if design in kept:
-                lines.append(kept[design])
-                mapped_with_abc |= "\\*" in kept[design].split("|")[1]
+                lines.append(kept[design].group(0))
+                mapped_with_abc |= kept[design].group(2) is not None
             continue
         name = f"`{design}`"
         if metrics.get(metric_name(design, "ecp5_abc9")) == 0:
@@ -255,14 +257,14 @@ def render() -> dict[str, str | None]:
         text = (ROOT / "docs" / "results.md").read_text()
     except OSError:
         text = ""
-    kept = table_rows(text)
+    kept = table_rows(text, "bench", BENCH_ROW)
     sections["bench"] = bench_table(*bench, _targets(), kept) if bench else None
     sections["headline"] = headline_table(*bench, kept) if bench else None
     mutate = _load("mutate")
     sections["mutate"] = mutate_table(*mutate) if mutate else None
     synth = _load("synth")
-    sections["synth"] = (synth_table(*synth, kept=table_rows(text, "synth")) if synth
-                         else None)
+    sections["synth"] = (synth_table(*synth, kept=table_rows(text, "synth", SYNTH_ROW))
+                         if synth else None)
     return sections
 
 
