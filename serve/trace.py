@@ -97,29 +97,36 @@ def parse_request(line: str, where: str) -> Request:
 
 
 def read_trace(path: Path) -> list[Request]:
-    """Every request of a JSONL trace (blank lines skipped); TraceError with the line
-    number of the first line that is not a request, repeats an id, or continues a
-    conversation with a prefix longer than that conversation's previous context."""
+    """Every request of a JSONL trace (blank lines skipped); TraceError for a file that
+    cannot be read as UTF-8 text, and with the line number of the first line that is
+    not a request, repeats an id, or continues a conversation with a prefix longer than
+    that conversation's previous context."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read the trace ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise TraceError(f"{path}: not a text file (byte {error.start}: "
+                         f"{error.reason})") from None
     requests: list[Request] = []
     seen: set[str] = set()
     context: dict[str, int] = {}
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            request = parse_request(line, where)
-            if request.id in seen:
-                raise TraceError(f"{where}: id {request.id!r} repeats an earlier request")
-            seen.add(request.id)
-            if request.conversation is not None:
-                held = context.get(request.conversation, 0)
-                if request.prefix > held:
-                    raise TraceError(f"{where}: prefix {request.prefix} is longer than "
-                                     f"conversation {request.conversation!r}'s previous "
-                                     f"context ({held} tokens)")
-                context[request.conversation] = request.input + request.output
-            requests.append(request)
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        request = parse_request(line, where)
+        if request.id in seen:
+            raise TraceError(f"{where}: id {request.id!r} repeats an earlier request")
+        seen.add(request.id)
+        if request.conversation is not None:
+            held = context.get(request.conversation, 0)
+            if request.prefix > held:
+                raise TraceError(f"{where}: prefix {request.prefix} is longer than "
+                                 f"conversation {request.conversation!r}'s previous "
+                                 f"context ({held} tokens)")
+            context[request.conversation] = request.input + request.output
+        requests.append(request)
     if not requests:
         raise TraceError(f"{path}: no requests")
     return requests

@@ -70,6 +70,15 @@ def test_malformed_trace_lines_are_refused_with_their_line_number(tmp_path, line
         read_trace(path)
 
 
+def test_a_trace_that_cannot_be_read_as_text_is_refused(tmp_path):
+    with pytest.raises(TraceError, match=r"missing.jsonl: cannot read the trace \(No such"):
+        read_trace(tmp_path / "missing.jsonl")
+    path = tmp_path / "binary.jsonl"
+    path.write_bytes(b'{"id": "r0"}\n\xff\xfe')
+    with pytest.raises(TraceError, match="binary.jsonl: not a text file"):
+        read_trace(path)
+
+
 def test_empty_trace_is_refused(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n")
