@@ -461,8 +461,14 @@ def test_serve_merge_rebuilds_comparisons(tmp_path, capsys):
     assert [item["ratio"] for item in comparison["e2e_latency_speedup"]] == \
         pytest.approx([1.5, 1.5])
     assert "B against A" in capsys.readouterr().out
+    capsys.readouterr()
     (tmp_path / "bad.json").write_text("{}")
-    assert main(["serve", "--merge", str(tmp_path / "bad.json")]) == 2
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
+    for name, reason in (("bad.json", "not a serve JSON file ('runs')"),
+                         ("binary.json", "not a serve JSON file"),
+                         ("missing.json", "cannot read it (No such file or directory)")):
+        assert main(["serve", "--merge", str(tmp_path / name)]) == 2
+        assert f"--merge {tmp_path / name}: {reason}" in capsys.readouterr().err
 
 
 def test_serve_runs_a_split_for_each_prefill_tile_count(monkeypatch, tmp_path, capsys):
@@ -500,8 +506,12 @@ def test_serve_refuses_a_malformed_trace_before_calibrating(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, reason", [
     (["--write-trace", "/proc/serrano/t.jsonl"], "--write-trace /proc/serrano/t.jsonl"),
-    (["--tool-wait", "-1"], "--tool-wait and --gap must be >= 0"),
-    (["--agent", "--gap", "-2"], "--tool-wait and --gap must be >= 0"),
+    (["--tool-wait", "-1"], None),
+    (["--tool-wait", "nan"], None),
+    (["--agent", "--gap", "-2"], None),
+    (["--agent", "--gap", "inf"], None),
+    (["--slo", "0"], None),
+    (["--slo", "nan"], None),
     (["--agent", "--burst", "0"], None),
     (["--clock", "fpgaa"], None),
     (["--shard", "2/2"], None),
