@@ -5,6 +5,7 @@ before a run starts (:func:`check_output_paths`)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
@@ -52,6 +53,21 @@ positive = at_least(1, "positive")
 
 
 non_negative = at_least(0, "non-negative")
+
+
+def seconds(above_zero: bool):
+    """An argparse type: a finite number of seconds, > 0 if ``above_zero`` else >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+            raise argparse.ArgumentTypeError(
+                f"a finite number of seconds {'> 0' if above_zero else '>= 0'} is needed, "
+                f"not {text}")
+        return value
+    return parse
 
 
 def moe_tokens(text: str) -> int:

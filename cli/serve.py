@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -36,21 +35,6 @@ def clock(text: str) -> float | str:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"a clock in Hz (e.g. 1e9) or fpga, not {text}")
     return value
-
-
-def seconds(positive: bool):
-    """An argparse type: a finite number of seconds, > 0 if ``positive`` else >= 0."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise argparse.ArgumentTypeError(
-                f"a finite number of seconds {'> 0' if positive else '>= 0'} is needed, "
-                f"not {text}")
-        return value
-    return parse
 
 
 def shard(text: str) -> tuple[int, int]:
@@ -127,11 +111,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         help="tokens of each tool result (default 64)")
     parser.add_argument("--answer", type=options.positive, default=32,
                         help="tokens of each answer (default 32)")
-    parser.add_argument("--tool-wait", type=seconds(False), default=0.5,
+    parser.add_argument("--tool-wait", type=options.seconds(False), default=0.5,
                         help="seconds each tool call takes (default 0.5)")
     parser.add_argument("--burst", type=options.positive, default=1,
                         help="agent conversations that start together (default 1)")
-    parser.add_argument("--gap", type=seconds(False), default=0.0,
+    parser.add_argument("--gap", type=options.seconds(False), default=0.0,
                         help="seconds between two bursts of agent conversations "
                              "(default 0: all start at once)")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -143,7 +127,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--clock", type=clock, default=DEFAULT_CLOCK_HZ,
                         help="clock in Hz, or fpga for the synthesised tile's Fmax "
                              f"(default {DEFAULT_CLOCK_HZ:.0e}, an assumed ASIC clock)")
-    parser.add_argument("--slo", type=seconds(True), default=None, metavar="S",
+    parser.add_argument("--slo", type=options.seconds(True), default=None, metavar="S",
                         help="end-to-end seconds beyond which a request counts as a timeout")
     parser.add_argument("--seed", type=options.non_negative, default=1,
                         help="seed of the generated trace (default 1)")

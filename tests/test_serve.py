@@ -461,7 +461,6 @@ def test_serve_merge_rebuilds_comparisons(tmp_path, capsys):
     assert [item["ratio"] for item in comparison["e2e_latency_speedup"]] == \
         pytest.approx([1.5, 1.5])
     assert "B against A" in capsys.readouterr().out
-    capsys.readouterr()
     (tmp_path / "bad.json").write_text("{}")
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
     for name, reason in (("bad.json", "not a serve JSON file ('runs')"),
