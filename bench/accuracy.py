@@ -82,7 +82,8 @@ def run(quick: bool) -> dict:
     attention, moe, saturated, outputs = [], [], 0, 0
     for entry in spread:
         for phase, figures in measure(*entry).items():
-            (moe if phase.endswith("moe") else attention).append(figures)
+            if not phase.endswith("proj"):  # the projection's clamps count below
+                (moe if phase.endswith("moe") else attention).append(figures)
             saturated += figures["saturated"]
             outputs += figures["outputs"]
     long = [long_context_cosine(w, c) for w in ("gpt-oss", "deepseek-r1", "kimi-k2")

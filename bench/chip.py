@@ -74,13 +74,13 @@ def run(quick: bool) -> dict:
     out |= out_far
 
     # A whole decode step's energy per token under each placement (the access model): the
-    # placement's attention rounds and the local run's MoE rounds (the MoE layer does not
-    # depend on where KV pages live).
+    # placement's attention rounds and the local run's projection and MoE rounds (they
+    # do not depend on where KV pages live).
     def step_pj(result, phase):
         return sum(sum(round_energy(r, config).values()) for r in result["rounds"]
                    if r["phase"] == phase)
 
-    moe = step_pj(local, "decode-moe")
+    moe = step_pj(local, "decode-proj") + step_pj(local, "decode-moe")
     step = {name: (step_pj(result, "decode") + moe) / BATCH
             for name, result in (("local", local), ("striped", striped), ("far", far))}
     for name, pj in step.items():

@@ -36,8 +36,8 @@ def run(quick: bool) -> dict:
     out: dict = {}
     full = chip_figures(simulate_layer(config, WORKLOAD, 1, batch=1, prefill=prompt,
                                        steps=2, weights="resident"), config)
-    for key in ("cycles", "attention_cycles", "moe_cycles", "utilisation", "host_bytes",
-                "host_attention_bytes"):
+    for key in ("cycles", "attention_cycles", "projection_cycles", "moe_cycles",
+                "utilisation", "host_bytes", "host_attention_bytes"):
         out[f"chip__{WORKLOAD}__{name}__{key}"] = full[f"chip__prefill__{key}"]
     out[f"chip__{WORKLOAD}__{name}__decode_cycles_per_token"] = \
         full["chip__decode__cycles_per_token"]

@@ -7,13 +7,16 @@ host writes them before each round: the two mappings' compute compares), and spa
 with the weights streamed from the memory channels (``--weights streamed``, the
 default). Figures:
 
-- ``moe__executed_over_sparse_macs``: the MACs the tiles counted in the MoE rounds (every
-  GEMM dispatched, registers added; ``rtl.tile.Counters.macs``) over those of the router,
-  the projection and each token's top-k experts (the sparse-dispatch work), over all the
-  run's MoE rounds.
-- ``moe__{prefill,decode}__dense_over_sparse_cycles``: the MoE rounds' cycles
-  dense-masked over sparse, in the same run.
-- ``moe__decode__bound_ratio``: a decode step's MoE cycles over its bound, the busiest
+- ``moe__executed_over_sparse_macs``: the MACs the tiles counted in the MoE rounds and
+  the projection rounds before them (every GEMM dispatched, registers added;
+  ``rtl.tile.Counters.macs``) over those of the projection, the router and each token's
+  top-k experts (the sparse-dispatch work), over all the run's such rounds.
+- ``moe__{prefill,decode}__dense_over_sparse_cycles``: the cycles from the attention
+  outputs to the MoE layer's output, dense-masked (one round, home projecting) over
+  sparse (a projection round, every tile a slice, and the MoE round), in the same run
+  (``moe__{phase}__{dense,sparse}_cycles``).
+- ``moe__decode__bound_ratio``: a decode step's MoE cycles (its MoE round's: the
+  projection round before it is attention's output projection) over its bound, the busiest
   tile's bytes of selected-expert weights over the bytes per cycle its tensor core
   streams (N, one B word a beat): gpt-oss's expert is 3 x 128 x 64 B = 3 072 cycles at
   N = 8; ``moe__decode__bound_cycles`` that bound, ``moe__decode__chipwide_bound_cycles``
@@ -75,10 +78,11 @@ def moe_figures(rounds, result: dict, workload: str, config) -> dict:
     cfg = get_workload(workload)
     tiles, n = config.tiles, config.tile.n
     expert_bytes = 3 * cfg.hidden * cfg.ffn
-    moe = [(compiled, run) for compiled, run in zip(rounds, result["rounds"], strict=True)
-           if run["phase"].endswith("moe")]
+    both = [(compiled, run) for compiled, run in zip(rounds, result["rounds"], strict=True)
+            if run["phase"].endswith(("moe", "proj"))]
+    moe = [(compiled, run) for compiled, run in both if run["phase"].endswith("moe")]
     out = {"moe__executed_over_sparse_macs": round(
-        sum(run["macs"] for _, run in moe) / sum(run["macs_sparse"] for _, run in moe), 4)}
+        sum(run["macs"] for _, run in both) / sum(run["macs_sparse"] for _, run in both), 4)}
     figures = chip_figures(result, config)
     for phase in ("prefill", "decode"):
         out[f"moe__{phase}__network_wait_share"] = \
@@ -129,10 +133,11 @@ def run(quick: bool) -> dict:
         out[f"moe__{name}__decode__memory_energy_share"] = round(
             figures["chip__decode__energy_memory_pj"] / figures["chip__decode__energy_pj"], 3)
     for phase in ("prefill", "decode"):
-        out[f"moe__{phase}__sparse_cycles"] = sf[f"chip__{phase}__moe_cycles"]
+        sparse = sf[f"chip__{phase}__projection_cycles"] + sf[f"chip__{phase}__moe_cycles"]
+        out[f"moe__{phase}__sparse_cycles"] = sparse
         out[f"moe__{phase}__dense_cycles"] = df[f"chip__{phase}__moe_cycles"]
         out[f"moe__{phase}__dense_over_sparse_cycles"] = round(
-            df[f"chip__{phase}__moe_cycles"] / sf[f"chip__{phase}__moe_cycles"], 3)
+            df[f"chip__{phase}__moe_cycles"] / sparse, 3)
     for name, k in () if quick else LARGE.items():
         large = chip_config(name, k=k, n=N)
         _, result = _layer(large, name, len(get_workload(name).windows) - 1, k, context,

@@ -348,9 +348,9 @@ def _host_line(metrics: dict) -> str:
 
 
 def _moe_line(dispatch: str, tokens: int, rounds: list[dict], metrics: dict) -> str:
-    """What the MoE rounds (of up to ``tokens`` tokens) executed against a sparse
-    dispatch's MACs (the tiles' counters), and how."""
-    moe = [r for r in rounds if r["phase"].endswith("moe")]
+    """What the MoE rounds (of up to ``tokens`` tokens) and the projection rounds before
+    them executed against a sparse dispatch's MACs (the tiles' counters), and how."""
+    moe = [r for r in rounds if r["phase"].endswith(("moe", "proj"))]
     ratio = sum(r["macs"] for r in moe) / max(sum(r["macs_sparse"] for r in moe), 1)
     metrics["moe__executed_over_sparse_macs"] = round(ratio, 4)
     how = ("sparse dispatch: each token to its experts' tiles by indexed DMA, each expert "
@@ -373,6 +373,8 @@ def _phase_rows(args: argparse.Namespace, metrics: dict, fmax: float | None) -> 
             continue
         cycles = metrics[f"chip__{phase}__{name}"]
         split = f"attention {metrics[f'chip__{phase}__attention_cycles']:,}"
+        if f"chip__{phase}__projection_cycles" in metrics:
+            split += f" + projection {metrics[f'chip__{phase}__projection_cycles']:,}"
         if f"chip__{phase}__moe_cycles" in metrics:
             split += f" + MoE {metrics[f'chip__{phase}__moe_cycles']:,}"
         line = (f"{cycles:,} cycles{' per token' if phase == 'decode' else ''} "
@@ -453,11 +455,14 @@ def agent(args: argparse.Namespace) -> int:
             return 1
         result = outcome["result"]
         rounds = result["rounds"]
-        attention = sum(r["cycles"] for r in rounds if not r["phase"].endswith("moe"))
-        moe = sum(r["cycles"] for r in rounds if r["phase"].endswith("moe"))
-        totals[cache] = attention + moe
-        results[cache] = {"rounds": rounds, "cycles": attention + moe,
-                          "attention_cycles": attention, "moe_cycles": moe}
+        attention, projection, moe = (
+            sum(r["cycles"] for r in rounds if kind(r["phase"])) for kind in (
+                lambda phase: not phase.endswith(("proj", "moe")),
+                lambda phase: phase.endswith("proj"), lambda phase: phase.endswith("moe")))
+        totals[cache] = attention + projection + moe
+        results[cache] = {"rounds": rounds, "cycles": totals[cache],
+                          "attention_cycles": attention, "projection_cycles": projection,
+                          "moe_cycles": moe}
         print(f"  {cache}: {len(rounds)} rounds, every output bit-exact", flush=True)
     speedup = totals["miss"] / totals["hit"]
     print()
@@ -465,7 +470,8 @@ def agent(args: argparse.Namespace) -> int:
                         ("miss", "cache evicted: the context prefilled again every turn")):
         r = results[cache]
         print(f"{cache:<12} {r['cycles']:,} cycles end to end (attention "
-              f"{r['attention_cycles']:,} + MoE {r['moe_cycles']:,}); {text}")
+              f"{r['attention_cycles']:,} + projection {r['projection_cycles']:,} + MoE "
+              f"{r['moe_cycles']:,}); {text}")
     print(f"{'hit/miss':<12} {speedup:.2f}x faster with the cache kept")
     if args.json and not report.write_json(args, {"passed": True, **results,
                                            "chip__agent_loop__hit_over_miss__speedup":

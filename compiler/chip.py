@@ -911,14 +911,18 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
               x: np.ndarray, o: np.ndarray | None = None, layer: int = 0,
               dispatch: str = "sparse", weight_mode: str | None = None,
               chain: MoeChain | None = None, handoff: int | None = None,
-              fetch: tuple | None = None) -> ChipRound:
+              fetch: tuple | None = None) -> list[ChipRound]:
     """The MoE layer of ``wl`` (its weights and scales) on ``x`` (T, hidden) int8: one
     round, every tile busy (experts round-robin), the output on the home tile checked
     against ``golden.moe.moe_layer``. With ``o`` (T, H·d_v), the attention outputs of
-    the same tokens, ``x`` is the residual stream and the home tile first computes the
-    layer's input ``clamp(x + rq(o · W_o))`` of attention layer ``layer``
-    (``golden.decoder``). The host writes every tile's other words before the round
-    (attention rounds reuse the working space). ``dispatch``: ``sparse``
+    the same tokens, ``x`` is the residual stream and the layer's input
+    ``clamp(x + rq(o · W_o))`` of attention layer ``layer`` (``golden.decoder``) is
+    computed first: with sparse dispatch in a round of its own before (phase
+    ``{phase}-proj``, every tile a slice of the channels; its output on the home tile
+    checked against ``golden.decoder.project_residual``), dense-masked by the home tile
+    at the start of the MoE round. Returns the rounds in order. The host writes every
+    tile's other words before the first (attention rounds reuse the working space).
+    ``dispatch``: ``sparse``
     (:func:`compiler.moe_sparse.build_sparse_moe`; its programs run on the chip's
     functional model here, which gives the MACs and network words they execute at run
     time, the hardware's counters checked against them) or ``dense``
@@ -940,6 +944,7 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
         executed_acc_accesses,
         executed_macs,
         run_on_chip_model,
+        run_projection_on_chip_model,
     )
     from compiler.moe_sparse import StepRound, build_sparse_moe
     from golden.decoder import project_residual
@@ -948,12 +953,15 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     cfg = wl.config
     weights, scales = wl.moe_weights(), wl.moe_scales()
     saturation = Saturation()
+    # The projection's requantisations: the projection round's job's with sparse
+    # dispatch, the MoE round's dense-masked (where home computes it).
+    projected = Saturation() if dispatch == "sparse" else saturation
     projection, residual = None, x
     if o is not None:
         projection = Projection(o, wl.tensors[f"attn{layer}.w_o"], wl.projection_scales(layer),
                                 handoff, fetch)
         x = project_residual(o, projection.w_o, residual, projection.scales,
-                             saturation=saturation)
+                             saturation=projected)
     if dispatch not in ("sparse", "dense"):
         raise ValueError(f"MoE dispatch {dispatch!r} is not sparse or dense")
     weight_mode = check_weights(weight_mode, dispatch, chip)
@@ -973,11 +981,21 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                                    projection, memory, step)
     golden = moe_layer(x, weights, scales, cfg.top_k, saturation=saturation)
     s = program.summary
+    rounds = []
     if dispatch == "sparse":  # what the programs do at run time, on the functional model
         model = chain.model if chain is not None and step.index else None
         issued = [len(t.issued) for t in model.tiles] if model else [0] * chip.tiles
         sent = sum(model.words_sent) if model else 0
-        functional, model = run_on_chip_model(program, model)
+        if program.projection is not None:
+            functional, model = run_projection_on_chip_model(program, model)
+            if not np.array_equal(functional, x):
+                raise AssertionError("the projection programs differ from "
+                                     "golden.decoder on the chip's functional model")
+            rounds.append(_projection_round(chip, program, phase, contexts_, model, issued,
+                                            sent, projection, residual, x, projected, wl))
+            issued = [len(t.issued) for t in model.tiles]
+            sent = sum(model.words_sent)
+        functional, model = run_on_chip_model(program, model, projected=bool(rounds))
         if not np.array_equal(functional, golden.out):
             raise AssertionError("the sparse MoE programs differ from golden.moe on the "
                                  "chip's functional model")
@@ -1006,21 +1024,60 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                          [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
                          attention_words=program.attention_words.get(t, range(0)))
              for t, p in enumerate(program.tiles)}
+    if rounds:  # the projection round's loads carry the host's words and hand-off
+        for load in loads.values():
+            load.attention_words = range(0)
     # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
                       wl.scales)
     job = Job(-1, -1, program.home, _MoeOutput(program.output_words, program.read_output,
                                                 program.summary), golden.out, inputs,
               reference, float(scales.out), saturation)
-    return ChipRound(f"{phase}-moe", contexts_, loads, [job], network_words=network_words,
-                     macs=macs, acc_reads=acc[0], acc_writes=acc[1], memory=program.memory,
-                     memory_words=s.get("memory_words", 0),
-                     summaries=[{"dispatch": dispatch, "weights": weight_mode,
-                                 "tokens": int(x.shape[0]), "macs_sparse": s["macs_sparse"],
-                                 "executed_over_sparse": macs / s["macs_sparse"],
-                                 "expert_load": [int(c) for c in golden.load], "tied": tied,
-                                 **{name: s[name] for name in
-                                    ("dispatch_words", "combine_words") if name in s}}])
+    return [*rounds, ChipRound(
+        f"{phase}-moe", contexts_, loads, [job], network_words=network_words, macs=macs,
+        acc_reads=acc[0], acc_writes=acc[1], memory=program.memory,
+        memory_words=s.get("memory_words", 0),
+        summaries=[{"dispatch": dispatch, "weights": weight_mode,
+                    "tokens": int(x.shape[0]), "macs_sparse": s["macs_sparse"],
+                    "executed_over_sparse": macs / s["macs_sparse"],
+                    "expert_load": [int(c) for c in golden.load], "tied": tied,
+                    **{name: s[name] for name in ("dispatch_words", "combine_words")
+                       if name in s}}])]
+
+
+def _projection_round(chip: ChipConfig, program, phase: str, contexts_: tuple[int, ...],
+                      model, issued: list[int], sent: int, projection, residual: np.ndarray,
+                      x: np.ndarray, saturation: Saturation, wl: Workload) -> ChipRound:
+    """The round of ``program.projection`` (``moe_round``), as the chip's functional
+    ``model`` ran it from operation ``issued[t]`` of each tile on, ``sent`` words sent
+    before: its loads (the host's words of both rounds but the handed-over attention
+    outputs), its job (``x`` on the home tile, against its float64 twin; its
+    requantisations' ``saturation``) and its counts."""
+    from compiler.moe import ProjectionPrograms, executed_acc_accesses, executed_macs
+    from golden.decoder import project_residual_float
+
+    before: ProjectionPrograms = program.projection
+    handoff = projection.at
+    arrived = range(0) if handoff is None else range(handoff, chip.tile.kv_start)
+    loads = {t: TileLoad(list(p.instructions),
+                         {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
+                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
+                         attention_words=program.attention_words.get(t, range(0)))
+             for t, p in enumerate(before.tiles)}
+    reference = project_residual_float(projection.o, projection.w_o, residual,
+                                       projection.scales)
+    output = _MoeOutput(before.output_words, before.read_output, {})
+    job = Job(-1, -1, program.home, output, x, wl, reference,
+              float(projection.scales.hidden), saturation)
+    acc = executed_acc_accesses(model, issued)
+    macs = executed_macs(model, issued)
+    return ChipRound(f"{phase}-proj", contexts_, loads, [job],
+                     network_words=sum(model.words_sent) - sent, macs=macs,
+                     acc_reads=acc[0], acc_writes=acc[1], memory=program.memory,
+                     memory_words=before.memory_words,
+                     summaries=[{"tokens": int(x.shape[0]),
+                                 "macs_sparse": int(x.shape[0]) * projection.o.shape[1]
+                                 * projection.w_o.shape[1]}])
 
 
 @functools.lru_cache(maxsize=4)
@@ -1102,7 +1159,7 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
             if plan is not None:  # the first round's rows came over the mesh
                 at = plan.at if q == 0 else handoff_at(chip, wcfg, len(x[offset:][:moe_tokens]))
                 fetch = plan.parts[q - 1] if q else None
-            out.append(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
+            out.extend(moe_round(chip, rnd.workloads[0], rnd.phase, rnd.contexts,
                                  x[offset:offset + moe_tokens], o[offset:offset + moe_tokens],
                                  layer, moe, weights, chain, at, fetch))
         step = []
@@ -1129,9 +1186,10 @@ def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
     """Keep the programs resident in each tile's instruction memory, so that the host
     writes each once and then only the words a round changes (a decode step's programs
     differ from the last step's in a few counts): each phase's programs (prefill,
-    extend, decode, and each one's MoE rounds) in a region of their own from pc 1, as
-    long as the longest program of every phase fits; else the attention programs from
-    pc 1 and the MoE programs after the longest of them (``TileLoad.base``). A tile's
+    extend, decode, and each one's projection and MoE rounds) in a region of their own
+    from pc 1, as long as the longest program of every phase fits; else the attention
+    programs from pc 1, the projection programs after the longest of them and the MoE
+    programs after the longest of those (``TileLoad.base``). A tile's
     first program starts with a SKIP at pc 0 to it; each program's HALT names where the
     tile's next one starts (``next``), so the tile runs from there when started again
     (``TileLoad.entered``). When neither fits, or the run has one phase only, every
@@ -1147,12 +1205,17 @@ def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
         for phase, size in longest.items():
             bases[phase], at = at, at + size
     else:
-        attention = max(size for phase, size in longest.items() if not phase.endswith("moe"))
-        moe = max((size for phase, size in longest.items() if phase.endswith("moe")),
-                  default=0)
-        if not moe or 1 + attention + moe > chip.tile.program_depth:
+        def kind(phase: str) -> str:
+            return phase.rpartition("-")[2] if phase.endswith(("-proj", "-moe")) else ""
+
+        sizes = {k: max(size for phase, size in longest.items() if kind(phase) == k)
+                 for k in ("", "proj", "moe") if any(kind(p) == k for p in longest)}
+        if "moe" not in sizes or 1 + sum(sizes.values()) > chip.tile.program_depth:
             return
-        bases = {phase: 1 + attention if phase.endswith("moe") else 1 for phase in longest}
+        starts, at = {}, 1
+        for k, size in sizes.items():
+            starts[k], at = at, at + size
+        bases = {phase: starts[kind(phase)] for phase in longest}
     for r in rounds:
         for load in r.loads.values():
             load.base = bases[r.phase]

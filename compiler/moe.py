@@ -64,11 +64,13 @@ from spec.memory import length_bits, nearest_channel
 from spec.numerics import NUMERICS
 
 __all__ = [
-    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection", "WeightMemory",
+    "SEM_TOKENS", "SEM_RESULTS", "MoeChipProgram", "MoeLayer", "Projection",
+    "ProjectionPrograms", "WeightMemory",
     "build_moe",
     "check_chip_synchronisation", "dense_masked_reference", "executed_acc_accesses",
     "executed_macs", "layer_problems",
     "moe_from_workload", "moe_tile_config", "projection_problems", "run_on_chip_model",
+    "run_projection_on_chip_model",
 ]
 
 #: The arrival semaphores (above the engines' completion semaphores, compiler.emit).
@@ -312,6 +314,24 @@ def _int8(values) -> np.ndarray:
 # --- the chip program ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class ProjectionPrograms:
+    """The programs of the round before a MoE round that computes the layer's input
+    ``x = clamp(residual + rq(o · W_o))`` (attention's output projection): ``tiles``
+    (the host's scratchpad words of both rounds go with these), ``x`` read back from the
+    home tile's token rows (``output_words``, ``read_output``), and ``memory_words``, the
+    words its programs load from the memory channels."""
+
+    tiles: list[TileProgram]
+    output_words: list[int]
+    _reader: OutputRows = field(repr=False)
+    memory_words: int = 0
+
+    def read_output(self, words) -> np.ndarray:
+        read = words if callable(words) else words.__getitem__
+        return self._reader(read)
+
+
+@dataclass(frozen=True)
 class MoeChipProgram:
     """Per-tile programs of one MoE layer (see the module docstring).
 
@@ -328,7 +348,10 @@ class MoeChipProgram:
     attention round), the words of each tile's ``spad_writes`` that hold them.
     ``handed``: the memory words an attention round stored that the programs load (a
     projection's ``fetch``), {channel: {address: word}}: for a functional model's run
-    of this round alone, not the host's image."""
+    of this round alone, not the host's image. ``projection``: the programs of the
+    round before this one, which computes the layer's input (:class:`ProjectionPrograms`;
+    the host writes the scratchpad words of both rounds before it), or None: this
+    round's programs compute it, or the host writes it."""
 
     config: TileConfig
     k: int
@@ -342,6 +365,7 @@ class MoeChipProgram:
     memory: dict[int, dict[int, int]] = field(default_factory=dict)
     attention_words: dict[int, range] = field(default_factory=dict)
     handed: dict[int, dict[int, int]] = field(default_factory=dict)
+    projection: ProjectionPrograms | None = None
 
     def read_output(self, words) -> np.ndarray:
         read = words if callable(words) else words.__getitem__
@@ -560,9 +584,10 @@ class _ExpertTiles:
         return min(MAX_DMA_LENGTH, (1 << length_bits(self.n)) - 1)
 
     def tile_programs(self, output_words: list[int], shape: tuple[int, int],
-                      reader: OutputRows) -> list[TileProgram]:
+                      reader: OutputRows, host: bool = True) -> list[TileProgram]:
         """Every tile's program (its emitter's operations and a HALT), the output and its
-        reader on the home tile; ValueError if one outgrows the program memory."""
+        reader on the home tile, the host's scratchpad words (none unless ``host``);
+        ValueError if one outgrows the program memory."""
         config, k, n = self.config, self.k, self.n
         programs = []
         for t in range(self.tiles):
@@ -575,7 +600,8 @@ class _ExpertTiles:
                                 {"experts": len(self.experts_on(t))})
             at_home = t == self.home
             programs.append(TileProgram(
-                config, "moe", encode_ops(ops), ops, self.words[t].writes, None, [], [], {},
+                config, "moe", encode_ops(ops), ops, self.words[t].writes if host else {},
+                None, [], [], {},
                 output_words if at_home else [], shape if at_home else (0,),
                 summary, reader if at_home else OutputRows((0,), n, 0, [])))
         return programs
@@ -977,12 +1003,35 @@ def moe_from_workload(config: TileConfig, workload, k: int = 2,
                      workload.config.top_k, x)
 
 
-def run_on_chip_model(program: MoeChipProgram, chip=None):
+def run_on_chip_model(program: MoeChipProgram, chip=None, projected: bool = False):
     """Run ``program`` on ``golden.chip_model.ChipModel`` (a fresh one sized by the config,
     with the channels its memory image names, unless given): the memory image and the
-    host writes, every tile's instructions, then the reader on the home tile. Returns
-    (output, chip). ValueError if a tile does not halt with its semaphores back at
-    zero."""
+    host writes, every tile's instructions — after its projection round's
+    (:func:`run_projection_on_chip_model`), unless ``projected`` (``chip`` ran it) —
+    then the reader on the home tile. Returns (output, chip). ValueError if a tile does
+    not halt with its semaphores back at zero."""
+    if program.projection is None:
+        chip = _loaded_model(program, chip)
+    elif not projected:
+        _, chip = run_projection_on_chip_model(program, chip)
+    elif chip is None:
+        raise ValueError("a MoE round after its projection round runs on the chip that ran it")
+    _run_tiles(chip, program.tiles)
+    return program.read_output(chip.tiles[program.home].spad), chip
+
+
+def run_projection_on_chip_model(program: MoeChipProgram, chip=None):
+    """Run the round before ``program`` (:attr:`MoeChipProgram.projection`) as
+    :func:`run_on_chip_model` runs a round; returns (the layer's input read from the
+    home tile, chip)."""
+    chip = _loaded_model(program, chip)
+    _run_tiles(chip, program.projection.tiles)
+    return program.projection.read_output(chip.tiles[program.home].spad), chip
+
+
+def _loaded_model(program: MoeChipProgram, chip=None):
+    """``chip`` (or a fresh ``golden.chip_model.ChipModel`` for ``program``) with the
+    program's memory image and the host's scratchpad words written."""
     from golden.chip_model import ChipModel
 
     cfg = program.config
@@ -996,16 +1045,22 @@ def run_on_chip_model(program: MoeChipProgram, chip=None):
     for image in (program.memory, program.handed):
         for channel, words in image.items():
             chip.channels[channel].update(words)
-    for tile, p in zip(chip.tiles, program.tiles, strict=True):
+    first = program.tiles if program.projection is None else program.projection.tiles
+    for tile, p in zip(chip.tiles, first, strict=True):
         for address, word in p.spad_writes.items():
             tile.spad[address] = word
-    chip.run([p.ops for p in program.tiles])
+    return chip
+
+
+def _run_tiles(chip, programs: list[TileProgram]) -> None:
+    """Run one program a tile on ``chip``; ValueError unless each halts with its
+    semaphores back at zero."""
+    chip.run([p.ops for p in programs])
     for i, tile in enumerate(chip.tiles):
         if not tile.halted:
             raise ValueError(f"tile {i} ended without HALT")
         if any(tile.semaphores):
             raise ValueError(f"tile {i}: semaphores not balanced at HALT: {tile.semaphores}")
-    return program.read_output(chip.tiles[program.home].spad), chip
 
 
 def executed_macs(chip, since: list[int] | None = None) -> int:

@@ -6,6 +6,9 @@ does, same arguments and the same :class:`compiler.moe.MoeChipProgram`), bit for
 with programs that follow the routing at run time (docs/moe_mapping.md, "Sparse
 dispatch"):
 
+- **Projection**, after an attention round, in a round of its own: each tile computes a
+  slice of the channels of the layer's input ``clamp(residual + rq(o · W_o))`` and
+  multicasts it to the tiles that read whole token rows (home, the shared experts').
 - **Home tile** (0, 0) holds the tokens as rows (``hidden / N`` words each). Per block of
   N tokens it computes the router logits, their top k (TOPK over logits made distinct
   and ordered, ``v = (L << 8) + c8``), the gates in top-k order (golden's softmax over
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.emit import Emitter
 from compiler.moe import (
     EVERY_TILE,
     G_BITS,
@@ -52,6 +56,7 @@ from compiler.moe import (
     MoeChipProgram,
     MoeLayer,
     Projection,
+    ProjectionPrograms,
     WeightMemory,
     _bump,
     _column_layout,
@@ -113,15 +118,20 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
                      step: StepRound = StepRound()) -> MoeChipProgram:
     """Compile ``golden.moe.moe_layer(x, weights, scales, top_k)`` for a ``k`` x ``k``
     chip of ``config`` tiles with sparse dispatch (module docstring); arguments and
-    result as :func:`compiler.moe.build_moe`. The output is read from home's rows.
+    result as :func:`compiler.moe.build_moe`. The output is read from home's rows. With
+    ``projection``, the layer's input is computed by programs of a round of their own,
+    before this one (``program.projection``, :class:`compiler.moe.ProjectionPrograms`:
+    every tile a slice of the channels, the rows then multicast to the tiles that read
+    them); the host writes the words of both before the first.
     ``summary``: ``macs_sparse`` (the router, each token's top_k routed experts and the
     shared ones: what the programs execute, plus the table, gating and combine GEMMs
     counted at run time), ``instructions``, ``experts_per_tile``, ``tokens``,
-    ``memory_words`` (words the tiles load from the memory channels). With ``memory``
+    ``memory_words`` (words the tiles load from the memory channels, the projection
+    round's not counted). With ``memory``
     (streamed weights) the router, ``W_o`` and the experts' weights and SiLU tables are
     in the program's memory image: each tile loads its slice of ``W_o`` (home the router
-    too) as it starts, and each expert tile the weights of its experts that have tokens
-    once their counts are known, all at once, the first expert computing while the
+    too) as the projection round starts, and each expert tile the weights of its experts
+    that have tokens once their counts are known, all at once, the first expert computing while the
     others' arrive; ``step`` places the round in its step's chain (module docstring): a
     round after the first loads only the routed experts no earlier round of the chain
     loaded, on a chip whose tiles kept the earlier rounds' words.
@@ -136,6 +146,8 @@ def build_sparse_moe(config: TileConfig, k: int, weights: MoEWeights, scales: Mo
                          top_k, np.asarray(x), projection, memory, step=step)
     build.place()
     build.emit_home_inputs()
+    if projection is not None:
+        build.end_projection()
     build.emit_gating()
     build.emit_tables_and_dispatch()
     build.emit_experts()
@@ -166,6 +178,7 @@ class _SparseBuild(_ExpertTiles):
         # The attention outputs an attention round stored, loaded from memory.
         self.handed: dict[int, dict[int, int]] = {}
         self.fetched_words = 0
+        self.before: ProjectionPrograms | None = None  # the projection round's programs
 
     def _check(self, x: np.ndarray) -> None:
         """One ValueError naming every reason the layer cannot run this way."""
@@ -440,6 +453,26 @@ class _SparseBuild(_ExpertTiles):
             self.x_inputs = {r: ceil_div(self.tokens * self.hc, MAX_DMA_LENGTH)
                              for r in shared_tiles - {home}}
         e.wait_arrivals(SEM_INPUTS, self.x_inputs.get(home, 0))
+
+    def end_projection(self) -> None:
+        """End the projection's programs (:class:`compiler.moe.ProjectionPrograms`, a
+        round of their own): every tile that reads the token rows waits for them there;
+        the programs that follow start on tiles that hold them."""
+        n, t, hc = self.n, self.tokens, self.hc
+        for r, count in self.x_inputs.items():
+            if r != self.home:  # home waited in emit_home_inputs
+                self.emitters[r].wait_arrivals(SEM_INPUTS, count)
+        self.x_inputs = {}
+        rows = [[self.xr + r * hc + j for j in range(hc)] for r in range(t)]
+        words = [w for row in rows for w in row]
+        reader = OutputRows((t, self.hidden), n, self.hidden,
+                            [((r,), row) for r, row in enumerate(rows)])
+        front = 0 if self.step.index else sum(
+            count for key, loads in self.streams.items() if not isinstance(key, int)
+            for *_, count in loads)
+        self.before = ProjectionPrograms(self.tile_programs(words, (t, self.hidden), reader),
+                                         words, reader, front + self.fetched_words)
+        self.emitters = [Emitter(n) for _ in range(self.tiles)]
 
     def _emit_fetch(self) -> None:
         """The attention outputs from the memory channels (``Projection.fetch``): each
@@ -1024,7 +1057,8 @@ class _SparseBuild(_ExpertTiles):
         output_words = [self.out_addr + r * hc + j for r in range(t) for j in range(hc)]
         reader = OutputRows(shape, n, self.hidden, [
             ((r,), [self.out_addr + r * hc + j for j in range(hc)]) for r in range(t)])
-        programs = self.tile_programs(output_words, shape, reader)
+        before = self.before
+        programs = self.tile_programs(output_words, shape, reader, host=before is None)
         layer = self.layer
         chosen = topk(router_logits(self.x, self.weights), self.top_k)
         load = np.bincount(chosen.ravel(), minlength=self.experts)
@@ -1036,22 +1070,25 @@ class _SparseBuild(_ExpertTiles):
                        and not self.step.index
                        or isinstance(key, int) and key < self.experts and load[key]
                        and key not in self.step.loaded
-                       for *_, count in loads)
+                       for *_, count in loads) + self.fetched_words
+        if before is not None:  # the projection round loads the front and the fetch
+            streamed -= before.memory_words
         summary = {
             "tokens": t, "mesh": f"{k}x{k}", "home": home, "dispatch": "sparse",
             "macs_sparse": (t * self.hidden * self.experts
                             + (self.top_k + layer.shared) * t * per_token
-                            + (0 if self.projection is None
+                            + (0 if self.projection is None or before is not None
                                else t * self.channels * self.hidden)),
             "expert_load": load.tolist(),
             **self._words_moved(load),
             "instructions": [p.summary.length for p in programs],
             "experts_per_tile": [len(self.experts_on(i)) for i in range(self.tiles)],
             "scratchpad_words": [p.summary.spad_words for p in programs],
-            "memory_words": streamed + self.fetched_words,
+            "memory_words": streamed,
         }
         attention = ({} if self.projection is None or self.projection.at is not None else
                      {i: range(at, at + self.tb * self.channels)
                       for i, at in self.o_addr.items()})
         return MoeChipProgram(config, k, home, programs, self.expert_tile, output_words,
-                              shape, summary, reader, self.image, attention, self.handed)
+                              shape, summary, reader, self.image, attention, self.handed,
+                              before)

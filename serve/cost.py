@@ -335,10 +335,22 @@ def _jobs(shape: Shape, record: dict) -> list[Job]:
 
 def _steps(rounds: list[dict]) -> list[list[dict]]:
     """A run's rounds by phase step: a step's attention rounds (one per job slot, the
-    same phase and contexts) and the MoE rounds after them."""
+    same phase and contexts) and the MoE rounds after them, each with the cycles, host
+    cycles and energy of the projection round before it added (the models price the
+    two as one)."""
     steps: list[list[dict]] = []
     previous = None
+    folded, before = [], None
     for record in rounds:
+        if record["phase"].endswith("proj"):
+            before = record
+            continue
+        if before is not None:
+            record = {**record, **{key: record[key] + before[key]
+                                   for key in ("cycles", "host_cycles", "energy_pj")}}
+            before = None
+        folded.append(record)
+    for record in folded:
         if not record["phase"].endswith("moe"):
             key = (record["phase"], tuple(record["contexts"]))
             if key != previous:

@@ -315,61 +315,64 @@ def accumulator_pj(record: dict, config: ChipConfig) -> float:
 
 
 def chip_figures(result: dict, config: ChipConfig) -> dict:
-    """The report's figures from a chip run on ``config``, per phase (prefill: every
-    chunk of the prompt; decode per step, i.e. per generated token of every sequence):
-    cycles of the attention rounds, of the MoE rounds and of the layer (their sum:
-    rounds run one after another); utilisation = useful MACs (the attention programs'
-    GEMMs, the MoE rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares
-    summed over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the
-    network; bytes loaded from and stored into the memory channels (of them,
-    ``memory_handoff_bytes``: attention outputs an attention round stored and a later
-    MoE round of its step loaded); bytes the host wrote into the tiles
-    before the rounds (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``; of the
-    scratchpad words, ``host_attention_bytes`` are attention outputs an earlier round
-    computed, written back where the attention round did not hand them over; of the KV
-    appends, ``host_kv_setup_bytes`` are of tokens older than the step's own: a
-    context the run starts from) and read back after them (``host_output_bytes``), the
-    host port's cycles for both
-    (``host_cycles``, outside the rounds' cycles) and the phase's cycles with them
-    (``..._with_host``); the roofline (:func:`round_bounds` summed over the phase's
-    rounds, which run one after another) and the phase's cycles
-    over its largest bound (``memory_bound_ratio``); for a prefill whose MoE rounds
-    stream weights, the tokens per prefill step at which its MoE rounds' compute bound
-    would reach their memory bound (``crossover_tokens``: the same weights loaded once
-    a step, the MACs growing with the tokens); the access-energy model's pJ by class
-    (:func:`round_energy`) and per token (decode: per sequence of the step; prefill:
-    per prompt token), and the host port's transfers' energy beside them
-    (``energy_host_pj``, ``energy_per_token_with_host_pj``); the programs the host
-    wrote once before the first round (``chip__host__programs_once_{bytes,cycles}``,
-    outside every phase) and the memory image it wrote then
-    (``chip__host__memory_once_{bytes,cycles}``: the MoE layer's streamed weights);
-    network flits;
-    simulation speed (cycles over the rounds' wall time)."""
+    """The report's figures from a chip run on ``config``, per phase (prefill: every chunk of the
+    prompt; decode per step, i.e. per generated token of every sequence): cycles of the
+    attention rounds, of the projection rounds (attention's output projection, the MoE
+    layer's input, before each MoE round), of the MoE rounds and of the layer (their sum:
+    rounds run one after another); utilisation = useful MACs (the attention programs' GEMMs,
+    the other rounds' sparse-dispatch MACs) / (tiles x N² x cycles); phase shares summed
+    over the tiles; the share of the MoE rounds' tile-cycles spent waiting on the network;
+    bytes loaded from and stored into the memory channels (of them,
+    ``memory_handoff_bytes``: attention outputs an attention round stored and a later MoE
+    round of its step loaded); bytes the host wrote into the tiles before the rounds
+    (``host_{program,scratchpad,kv}_bytes``, ``host_bytes``; of the scratchpad words,
+    ``host_attention_bytes`` are attention outputs an earlier round computed, written back
+    where the attention round did not hand them over; of the KV appends,
+    ``host_kv_setup_bytes`` are of tokens older than the step's own: a context the run
+    starts from) and read back after them (``host_output_bytes``), the host port's cycles
+    for both (``host_cycles``, outside the rounds' cycles) and the phase's cycles with them
+    (``..._with_host``); the roofline (:func:`round_bounds` summed over the phase's rounds,
+    which run one after another) and the phase's cycles over its largest bound
+    (``memory_bound_ratio``); for a prefill whose MoE rounds stream weights, the tokens per
+    prefill step at which its MoE rounds' compute bound would reach their memory bound
+    (``crossover_tokens``: the same weights loaded once a step, the MACs growing with the
+    tokens); the access-energy model's pJ by class (:func:`round_energy`) and per token
+    (decode: per sequence of the step; prefill: per prompt token), and the host port's
+    transfers' energy beside them (``energy_host_pj``, ``energy_per_token_with_host_pj``);
+    the programs the host wrote once before the first round
+    (``chip__host__programs_once_{bytes,cycles}``, outside every phase) and the memory image
+    it wrote then (``chip__host__memory_once_{bytes,cycles}``: the MoE layer's streamed
+    weights); network flits; simulation speed (cycles over the rounds' wall time)."""
     k, n = config.k, config.tile.n
     tiles = k * k
     rounds = result["rounds"]
     out: dict = {"outputs": sum(r["outputs"] for r in rounds)}
     for phase, kinds in (("prefill", ("prefill", "extend")), ("decode", ("decode",))):
         attn = [r for r in rounds if r["phase"] in kinds]
+        proj = [r for r in rounds if r["phase"] in [f"{kind}-proj" for kind in kinds]]
         moe = [r for r in rounds if r["phase"] in [f"{kind}-moe" for kind in kinds]]
+        layer = attn + proj + moe
         if not attn:
             continue
         # A prompt's chunks (extend steps) make one prefill; decode is per step.
         steps = 1 if phase == "prefill" else len({tuple(r["contexts"]) for r in attn})
         attn_cycles = sum(r["cycles"] for r in attn) // steps
+        proj_cycles = sum(r["cycles"] for r in proj) // steps
         moe_cycles = sum(r["cycles"] for r in moe) // steps
-        cycles = attn_cycles + moe_cycles
-        # Useful work: a MoE round's sparse-dispatch MACs (the router, the projection and
-        # each token's top-k experts), not what the tiles executed besides.
-        macs = sum(r.get("macs_sparse", r["macs"]) for r in attn + moe) // steps
+        cycles = attn_cycles + proj_cycles + moe_cycles
+        # Useful work: a MoE round's sparse-dispatch MACs (the router and each token's
+        # top-k experts; the projection's), not what the tiles executed besides.
+        macs = sum(r.get("macs_sparse", r["macs"]) for r in layer) // steps
         phases: dict[str, int] = {}
-        for r in attn + moe:
+        for r in layer:
             for counters in r["tiles"].values():
                 for key, value in counters.items():
                     phases[key] = phases.get(key, 0) + value
         name = "cycles" if phase == "prefill" else "cycles_per_token"
         out[f"chip__{phase}__{name}"] = cycles
         out[f"chip__{phase}__attention_cycles"] = attn_cycles
+        if proj:
+            out[f"chip__{phase}__projection_cycles"] = proj_cycles
         if moe:
             out[f"chip__{phase}__moe_cycles"] = moe_cycles
             # Tile-cycles of the MoE rounds spent held by a WAIT with no engine busy
@@ -380,7 +383,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         # Bytes the programs loaded from the memory channels (streamed weights, far KV)
         # and stored into them (attention outputs for a later MoE round, which loads
         # each word once).
-        memory = sum(map(memory_words, attn + moe)) * n // steps
+        memory = sum(map(memory_words, layer)) * n // steps
         out[f"chip__{phase}__memory_handoff_bytes"] = 2 * sum(
             sum(r.get("channel_writes") or []) for r in attn) * n // steps
         # Bytes the host wrote into the tiles before the phase's rounds (program words,
@@ -391,26 +394,27 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
         for kind, size in (("program", INSTRUCTION_BITS // 8), ("scratchpad", n),
                            ("attention", n), ("kv", n), ("kv_setup", n), ("output", n)):
             out[f"chip__{phase}__host_{kind}_bytes"] = sum(
-                r.get("host_words", {}).get(kind, 0) for r in attn + moe) * size // steps
+                r.get("host_words", {}).get(kind, 0) for r in layer) * size // steps
         out[f"chip__{phase}__host_bytes"] = sum(
             out[f"chip__{phase}__host_{kind}_bytes"] for kind in ("program", "scratchpad", "kv"))
-        host_cycles = sum(sum(r.get("host_cycles", {}).values()) for r in attn + moe) // steps
+        host_cycles = sum(sum(r.get("host_cycles", {}).values()) for r in layer) // steps
         out[f"chip__{phase}__host_cycles"] = host_cycles
         out[f"chip__{phase}__{name}_with_host"] = cycles + host_cycles
         out[f"chip__{phase}__memory_bytes{'' if phase == 'prefill' else '_per_token'}"] = memory
         per_round = {id(r): (round_bounds(r, config), round_energy(r, config))
-                     for r in attn + moe}
-        bounds = {b: sum(per_round[id(r)][0][b] for r in attn + moe) // steps
+                     for r in layer}
+        bounds = {b: sum(per_round[id(r)][0][b] for r in layer) // steps
                   for b in BOUNDS}
         for b, value in bounds.items():
             out[f"chip__{phase}__{b}_bound_cycles"] = value
         largest = max(BOUNDS, key=bounds.__getitem__)
         out[f"chip__{phase}__largest_bound"] = largest
         out[f"chip__{phase}__memory_bound_ratio"] = round(cycles / max(bounds[largest], 1), 3)
-        # Per step (its MoE rounds share the weights they stream, a later one may load
-        # none): tokens x memory bound / compute bound, over the steps that streamed.
+        # Per step (its projection and MoE rounds share the weights they stream, a later
+        # one may load none): tokens x memory bound / compute bound, over the steps that
+        # streamed.
         by_step: dict[tuple, list] = {}
-        for r in moe:
+        for r in proj + moe:
             by_step.setdefault(tuple(r["contexts"]), []).append(r)
         by_step = {key: step for key, step in by_step.items()
                    if any(map(memory_words, step))}
@@ -418,14 +422,16 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out["chip__prefill__crossover_tokens"] = round(sum(
                 sum(per_round[id(r)][0]["memory"] for r in step)
                 / max(sum(per_round[id(r)][0]["compute"] for r in step), 1)
-                * sum(r["tokens"] for r in step) for step in by_step.values()) / len(by_step))
-        energy = {c: sum(per_round[id(r)][1][c] for r in attn + moe) / steps
+                * sum(r["tokens"] for r in step if r["phase"].endswith("moe"))
+                for step in by_step.values())
+                / len(by_step))
+        energy = {c: sum(per_round[id(r)][1][c] for r in layer) / steps
                   for c in CLASSES}
         tokens = sum(r["tokens"] for r in attn) / steps  # the tokens the phase adds
         for c, value in energy.items():
             out[f"chip__{phase}__energy_{c}_pj"] = round(value)
         out[f"chip__{phase}__energy_accumulator_pj"] = round(
-            sum(accumulator_pj(r, config) for r in attn + moe) / steps)
+            sum(accumulator_pj(r, config) for r in layer) / steps)
         out[f"chip__{phase}__energy_pj"] = round(sum(energy.values()))
         out[f"chip__{phase}__energy_per_token_pj"] = round(sum(energy.values()) / tokens)
         # The host port's transfers, written and read back, outside the rounds' energy
@@ -445,9 +451,9 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out[f"chip__host__{kind}_once_cycles"] = once["host_cycles"]
     out["chip__network__flits"] = sum(r["flits"] for r in rounds)
     out["chip__network__kv_words"] = sum(r["network_words"] for r in rounds
-                                         if not r["phase"].endswith("moe"))
+                                         if not r["phase"].endswith(("moe", "proj")))
     out["chip__network__moe_words"] = sum(r["network_words"] for r in rounds
-                                          if r["phase"].endswith("moe"))
+                                          if r["phase"].endswith(("moe", "proj")))
     wall = sum(r["wall_s"] for r in rounds)
     out["chip__sim__cycles_per_s"] = round(sum(r["cycles"] for r in rounds) / wall
                                            if wall else 0.0)

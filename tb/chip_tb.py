@@ -170,6 +170,8 @@ def _sample_coverage(rnd, workload, config) -> None:
 
     for load in rnd.loads.values():
         coverage.sample_program([decode(w) for w in load.instructions], config.tile.n)
+    if rnd.phase.endswith("proj"):
+        return
     if rnd.phase.endswith("moe"):
         coverage.moe_load(rnd.summaries[0]["expert_load"])
         coverage.moe_ties(rnd.summaries[0]["tied"])
@@ -371,14 +373,15 @@ def _round_record(rnd, run, flits: int, programs: dict[int, dict[int, int]],
                                                        "executed_over_sparse", "tokens",
                                                        "expert_load")
                 if key in rnd.summaries[0]}
-               if rnd.phase.endswith("moe") else {})}
+               if rnd.phase.endswith(("moe", "proj")) else {})}
 
 
 def _dump_name(index: int, rnd, job) -> tuple[str, str]:
     """Where ``--dump`` files a job's output: (directory, output name). Attention jobs go
-    with their sequence's workload, each MoE round with its own (its token count)."""
+    with their sequence's workload, each projection and MoE round with its own (its
+    token count): ``proj-rNN``, ``moe-rNN``."""
     if job.sequence < 0:
-        return f"moe-r{index:02d}", f"r{index:02d}.{rnd.phase}.out"
+        return f"{rnd.phase.partition('-')[2]}-r{index:02d}", f"r{index:02d}.{rnd.phase}.out"
     return (f"seq{job.sequence}", f"r{index:02d}.{rnd.phase}.ctx{rnd.contexts[job.sequence]}"
                                   f".kvhead{job.kv_head}.out")
 

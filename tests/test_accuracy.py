@@ -70,8 +70,8 @@ def test_moe_rounds_hold_the_bounds(workload, batch, prefill, context, tensor_se
 def test_a_run_is_one_layer():
     """Every MoE round of a run has the same weights and scales; each step's MoE round
     takes that step's own tokens: token t of sequence s enters it as its attention output
-    projected by W_o plus its residual moe.x[t]; every attention job of the batch shares
-    the layer's scales."""
+    projected by W_o plus its residual moe.x[t] (what the projection round before it
+    computes); every attention job of the batch shares the layer's scales."""
     cfg = get_workload("tiny")
     layer = 0
     rounds = layer_rounds(chip_config(cfg), cfg, layer, batch=2, prefill=5, steps=2, seed=3)
@@ -79,8 +79,9 @@ def test_a_run_is_one_layer():
     assert [r.phase for r in moe] == ["prefill-moe", "decode-moe", "decode-moe"]
     first = moe[0].jobs[0].inputs
     sequences = rounds[0].workloads
-    attention = [r for r in rounds if not r.phase.endswith("moe")]
-    for r, step in zip(moe, attention, strict=True):
+    projections = [r for r in rounds if r.phase.endswith("proj")]
+    attention = [r for r in rounds if not r.phase.endswith(("moe", "proj"))]
+    for r, step, before in zip(moe, attention, projections, strict=True):
         inputs = r.jobs[0].inputs
         assert inputs.scales == first.scales
         for name in ("moe.router", "moe.w_gate", "moe.w_up", "moe.w_down", "attn0.w_o"):
@@ -94,10 +95,11 @@ def test_a_run_is_one_layer():
         want = project_residual(o, first.tensors["attn0.w_o"], residual,
                                 first.projection_scales(layer))
         np.testing.assert_array_equal(inputs.tensors["moe.x"], want)
+        np.testing.assert_array_equal(before.jobs[0].expected, want)
         assert not np.array_equal(want, residual)
     assert not np.array_equal(moe[1].jobs[0].inputs.tensors["moe.x"],
                               moe[2].jobs[0].inputs.tensors["moe.x"])
-    attention = [job for r in rounds if not r.phase.endswith("moe") for job in r.jobs]
+    attention = [job for r in attention for job in r.jobs]
     assert {job.sequence for job in attention} == {0, 1}
     assert len({job.out_scale for job in attention}) == 1
     assert sequences[0].scales == sequences[1].scales

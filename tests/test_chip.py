@@ -74,14 +74,16 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
                             placement=placement, moe=moe, dump=tmp_path, seed=seed + 1)
     phases = [r["phase"] for r in result["rounds"]]
     has_moe = moe != "off"
-    expected = ["prefill", "prefill"] + ["prefill-moe"] * has_moe + ["decode", "decode"] + \
-        ["decode-moe"] * has_moe
+    split = moe == "sparse"  # the projection in a round of its own
+    expected = ["prefill", "prefill"] + ["prefill-proj"] * split + ["prefill-moe"] * has_moe \
+        + ["decode", "decode"] + ["decode-proj"] * split + ["decode-moe"] * has_moe
     assert phases == expected
-    kv_words = sum(r["network_words"] for r in result["rounds"] if "moe" not in r["phase"])
+    attention = [r for r in result["rounds"] if r["phase"] in ("prefill", "decode")]
+    kv_words = sum(r["network_words"] for r in attention)
     flits = sum(r["flits"] for r in result["rounds"])
     assert (kv_words > 0) == (placement == "striped")
     assert flits >= kv_words
-    far_words = [sum(r["channel_reads"]) for r in result["rounds"] if "moe" not in r["phase"]]
+    far_words = [sum(r["channel_reads"]) for r in attention]
     assert all(words > 0 for words in far_words) == (placement == "far")
     # The host appends the KV of the prefill's 3 x 5 tokens, then of each sequence's
     # decoded token and, before it, of the context the step starts from: through the
@@ -99,7 +101,9 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
     # The dump: a golden workload directory per sequence (and per MoE round) whose RTL
     # outputs compare equal to its golden ones, output by output.
     groups = sorted(d.name for d in tmp_path.iterdir())
-    assert groups == (["moe-r02", "moe-r05"] if has_moe else []) + ["seq0", "seq1", "seq2"]
+    layer = {"sparse": ["moe-r03", "moe-r07", "proj-r02", "proj-r06"],
+             "dense": ["moe-r02", "moe-r05"], "off": []}[moe]
+    assert groups == layer + ["seq0", "seq1", "seq2"]
     moe_rounds = [r for r in result["rounds"] if r["phase"].endswith("moe")]
     assert all(r["dispatch"] == moe for r in moe_rounds)
     if moe == "sparse":  # less work than every expert over every token, on each round
@@ -112,7 +116,7 @@ def test_decoder_layer_for_a_batch_is_exact(placement, moe, tmp_path, seed):
         workload = load_workload(tmp_path / group)
         assert workload.config.name == "tiny"
         expected = load_expected(tmp_path / group)
-        assert len(expected) == (1 if group.startswith("moe") else 4)  # 2 steps x 2 heads
+        assert len(expected) == (4 if group.startswith("seq") else 1)  # 2 steps x 2 heads
         assert set(compare(expected, tmp_path / group / "rtl").values()) == {0}
 
 
@@ -137,38 +141,40 @@ def test_programs_and_held_words_stay_between_rounds_on_the_chip(seed):
     first = {}
     for i, r in enumerate(rounds):
         first.setdefault(r.phase, i)
-    assert sorted(first) == ["decode", "decode-moe", "prefill", "prefill-moe"]
+    assert sorted(first) == ["decode", "decode-moe", "decode-proj", "prefill", "prefill-moe",
+                             "prefill-proj"]
     assert written[0] == 0
     assert all(written[i] == 0 for i in first.values()), written
-    assert 0 < sum(written[-2:]) < sum(programs[-2:]) / 10, (written, programs)
+    assert 0 < sum(written[-3:]) < sum(programs[-3:]) / 10, (written, programs)
     spad = [r["host_words"]["scratchpad"] for r in result["rounds"]]
     loads = [sum(len(load.spad_writes) for load in r.loads.values()) for r in rounds]
-    assert spad[0] == loads[0] and 0 < spad[-1] < loads[-1], (spad, loads)
+    # The last projection round carries its MoE round's words, which carries none.
+    assert spad[0] == loads[0] and 0 < spad[-2] < loads[-2] and loads[-1] == 0, (spad, loads)
     attention = [(r["host_words"]["attention"], sum(len(ld.attention_words)
                                                     for ld in rnd.loads.values()))
                  for r, rnd in zip(result["rounds"], rounds, strict=True)]
-    assert all(0 < wrote <= held if rnd.phase.endswith("-moe") else wrote == held == 0
+    assert all(0 < wrote <= held if rnd.phase.endswith("-proj") else wrote == held == 0
                for (wrote, held), rnd in zip(attention, rounds, strict=True)), attention
 
 
 def test_attention_hands_its_outputs_over_the_mesh(seed):
     """tiny with heads of 16 channels (whole words): on the RTL a step's jobs multicast
-    their outputs to every tile, where the MoE round reads them and the host writes none
-    of them; every output bit-exact, the MoE rounds' included. Under local placement no
-    KV word moves, so the attention rounds' flits are the hand-off's: each of the 4 jobs
-    injects its 3 heads x 2 words once per token, 5 tokens in the prefill and one in a
-    decode step, the mesh copying them to 3 tiles."""
+    their outputs to every tile, where the projection round reads them and the host writes
+    none of them; every output bit-exact, the projection and MoE rounds' included. Under
+    local placement no KV word moves, so the attention rounds' flits are the hand-off's:
+    each of the 4 jobs injects its 3 heads x 2 words once per token, 5 tokens in the prefill
+    and one in a decode step, the mesh copying them to 3 tiles."""
     shaped = get_workload("tiny", v_head_dim=16)
     rounds = layer_rounds(TINY, shaped, 1, batch=2, prefill=5, context=9, steps=2, seed=seed)
     for r in rounds:
-        if r.phase.endswith("-moe"):
+        if r.phase.endswith(("-proj", "-moe")):
             region = range(handoff_at(TINY, shaped, 2 * r.tokens), TINY.tile.kv_start)
             assert all(not set(load.spad_writes) & set(region) for load in r.loads.values())
     result = simulate_layer(TINY, shaped, 1, batch=2, prefill=5, context=9, steps=2,
                             rounds=rounds, seed=seed)
     assert result["passed"] is True
     attention = [(r["phase"], r["network_words"], r["flits"]) for r in result["rounds"]
-                 if not r["phase"].endswith("-moe")]
+                 if not r["phase"].endswith(("-proj", "-moe"))]
     assert attention == [("prefill", 0, 4 * 5 * 3 * 2), *[("decode", 0, 4 * 3 * 2)] * 2]
 
 
@@ -177,16 +183,16 @@ def test_later_moe_rounds_load_their_attention_outputs_from_memory(seed):
     4 tokens: the prefill's 2 x 4 token rows make two MoE rounds. On the RTL the
     attention jobs multicast the first round's rows (sequence 0's) to every tile and
     store the second's (sequence 1's) in the memory channels, a STORE a token, then
-    fence each channel they stored to; the second MoE round's tiles load those rows, a
-    part each, and multicast them. The host writes none of those words, into the tiles
+    fence each channel they stored to; the second projection round's tiles load those
+    rows, a part each, and multicast them. The host writes none of those words, into the tiles
     or the channels; the channels count them written once and read once (their
     counters equal the compiler's, tb.chip_tb), and every output is bit-exact."""
     shaped = get_workload("tiny", v_head_dim=16)
     options = {"batch": 2, "prefill": 4, "context": 9, "steps": 1, "moe_tokens": 4,
                "seed": seed}
     rounds = layer_rounds(TINY, shaped, 1, **options)
-    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 2, "decode",
-                                         "decode-moe"]
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-proj", "prefill-moe"] * 2,
+                                         "decode", "decode-proj", "decode-moe"]
     plan = rounds[0].handoff
     assert (plan.first, plan.rows, plan.row, len(plan.stored)) == (4, 8, 12, 4)
     assert rounds[0].stored_words == 4 * 12
@@ -194,37 +200,42 @@ def test_later_moe_rounds_load_their_attention_outputs_from_memory(seed):
     assert not stored & {(c, a) for r in rounds for c, image in r.memory.items()
                          for a in image}
     region = range(handoff_at(TINY, shaped, 4), TINY.tile.kv_start)
-    fetched = [f for load in rounds[2].loads.values() for op, f in load.dispatched
+    fetched = [f for load in rounds[3].loads.values() for op, f in load.dispatched
                if op.name == "DMA" and DmaTarget(f["target"]) is DmaTarget.LOAD
                and f["dst"] in region]
     assert sorted((f["channel"], f["mem_addr"]) for f in fetched) == sorted(
         (c, a) for _, c, a, _, _ in plan.parts[0])
     assert sum(f["length"] for f in fetched) == 4 * 12
     assert not any(set(load.spad_writes) & set(region)
-                   for r in rounds[1:3] for load in r.loads.values())
+                   for r in rounds[1:5] for load in r.loads.values())
     result = simulate_layer(TINY, shaped, 1, rounds=rounds, **options)
     assert result["passed"] is True
     writes = [sum(r["channel_writes"]) for r in result["rounds"]]
-    assert writes == [48, 0, 0, 0, 0]
-    assert sum(result["rounds"][2]["channel_reads"]) == rounds[2].memory_words >= 48
+    assert writes == [48] + [0] * 7
+    assert sum(result["rounds"][3]["channel_reads"]) == rounds[3].memory_words >= 48
 
 
 def test_a_steps_moe_rounds_share_the_weights_they_stream(seed):
     """Rounds of 4 tokens: the prefill's 15 tokens take a chain of four rounds (4, 4,
     4 and 3 tokens). On the RTL (the channels' counters, equal to the compiler's in
-    tb.chip_tb, every output bit-exact) the first round reads the first weights
-    (``W_o``, the router, the shared expert: 544 words of tiny) and its routed experts
-    (224 words each), each later one only the experts no round before it loaded (flags
-    the tiles keep between rounds)."""
+    tb.chip_tb, every output bit-exact) the first projection round reads the first
+    weights (``W_o`` and the router: 320 words of tiny), the first MoE round the shared
+    expert (224 words) and its routed experts (224 words each), each later one only the
+    experts no round before it loaded (flags the tiles keep between rounds), the later
+    projection rounds nothing."""
     first, expert = 544, 224
     result = simulate_layer(TINY, "tiny", 1, batch=3, prefill=5, context=9, steps=1,
                             moe_tokens=4, seed=seed + 1)
     rounds = [r for r in result["rounds"] if r["phase"] == "prefill-moe"]
+    projections = [sum(r["channel_reads"]) for r in result["rounds"]
+                   if r["phase"] == "prefill-proj"]
+    assert projections == [first - expert, 0, 0, 0]
     chosen = [{e for e, n in enumerate(r["expert_load"]) if n} for r in rounds]
     assert [r["tokens"] for r in rounds] == [4, 4, 4, 3]
     expected = [first + expert * len(chosen[0]),
                 *(expert * len(chosen[i] - set().union(*chosen[:i])) for i in (1, 2, 3))]
-    assert [sum(r["channel_reads"]) for r in rounds] == expected
+    assert [sum(r["channel_reads"]) + before
+            for r, before in zip(rounds, projections, strict=True)] == expected
     assert sum(expected) == first + expert * len(set().union(*chosen))
 
 
@@ -278,12 +289,12 @@ def test_single_bit_faults_in_stored_words_are_corrected_and_outputs_stay_exact(
     result = simulate_layer(TINY, "tiny", 1, batch=2, prefill=3, context=8, steps=1,
                             faults=FaultPlan(0.1, seed=seed + 1), weights="resident")
     faults = result["faults"]
-    assert [r["phase"] for r in result["rounds"]] == ["prefill", "prefill-moe", "decode",
-                                                      "decode-moe"]
+    assert [r["phase"] for r in result["rounds"]] == ["prefill", "prefill-proj", "prefill-moe",
+                                                      "decode", "decode-proj", "decode-moe"]
     assert faults["stopped"] is None and faults["double_injected"] == 0
     assert faults["single_injected"] > 300
     assert faults["single_survived"] == faults["single_injected"] == len(faults["log"])
-    assert {f["round"] for f in faults["log"]} == {0, 1, 2, 3}
+    assert {f["round"] for f in faults["log"]} == set(range(6))
     for tile, counts in faults["tiles"].items():
         assert counts["corrected_reads"] >= counts["single"] == counts["corrected"] > 0, \
             (tile, counts)

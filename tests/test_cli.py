@@ -20,7 +20,8 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert main(["sim", "--workload", "tiny", "--batch", "2", "--prefill", "5", "--context",
                  "8", "--steps", "1", "--json", str(out), "--dump", str(tmp_path / "dump")]) == 0
     text = capsys.readouterr().out
-    assert "2x2 chip of N=8 tiles" in text and "round 4/4 decode-moe" in text
+    assert "2x2 chip of N=8 tiles" in text and "round 6/6 decode-moe" in text
+    assert "round 5/6 decode-proj" in text
     assert "bit-exact with golden.attention, golden.decoder and golden.moe" in text
     assert "time-to-first-token proxy" in text and "inter-token latency proxy" in text
     assert "sparse dispatch" in text and "flits injected" in text
@@ -28,7 +29,9 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     assert figures["passed"] is True
     metrics = figures["metrics"]
     assert metrics["chip__prefill__cycles"] == (metrics["chip__prefill__attention_cycles"]
+                                                + metrics["chip__prefill__projection_cycles"]
                                                 + metrics["chip__prefill__moe_cycles"])
+    assert "+ projection " in text
     assert 0 < metrics["chip__decode__utilisation"] < 1
     assert 1 < metrics["moe__executed_over_sparse_macs"] < 2.5  # tables, gates, combine
     # Expert tiles wait for their tokens: part of the MoE rounds, not all of them.
@@ -72,12 +75,14 @@ def test_sim_runs_a_decoder_layer_on_the_chip_and_writes_json(tmp_path, capsys):
     # Accuracy of the run's own outputs, per phase: printed and in the JSON.
     assert "accuracy     the run's outputs against float64" in text
     assert "decode-moe:" in text and "none of " in text
-    assert set(figures["accuracy"]) == {"prefill", "prefill-moe", "decode", "decode-moe"}
+    assert set(figures["accuracy"]) == {"prefill", "prefill-proj", "prefill-moe", "decode",
+                                        "decode-proj", "decode-moe"}
     assert metrics["chip__decode__accuracy_saturated"] == 0
     assert metrics["chip__prefill__accuracy_cosine"] >= 0.999
     assert metrics["chip__decode_moe__accuracy_cosine"] >= 0.99
-    # --dump: two sequences and one MoE round per phase, each a golden workload directory.
-    assert "4 workload directories" in text
+    # --dump: two sequences and one projection and one MoE round per phase, each a golden
+    # workload directory.
+    assert "6 workload directories" in text
     assert ", 0 elements differ" in text
     run = json.loads((tmp_path / "dump" / "run.json").read_text())
     assert run["workload"] == "tiny" and run["chip"]["k"] == 2
@@ -99,8 +104,9 @@ def test_sim_runs_the_moe_layer_in_rounds_of_moe_tokens(tmp_path, capsys):
         assert "the host port's transfers, outside the rounds" in text
         runs[weights] = json.loads(out.read_text())
     for run in runs.values():
-        assert [r["phase"] for r in run["rounds"]] == ["prefill", *["prefill-moe"] * 3,
-                                                       "decode", "decode-moe"]
+        assert [r["phase"] for r in run["rounds"]] == [
+            "prefill", *["prefill-proj", "prefill-moe"] * 3, "decode", "decode-proj",
+            "decode-moe"]
     streamed, resident = (runs[w]["metrics"] for w in ("streamed", "resident"))
     assert resident["chip__decode__memory_bytes_per_token"] == 0
     assert streamed["chip__decode__memory_bytes_per_token"] > 0
@@ -249,12 +255,12 @@ def test_sim_with_a_double_bit_fault_stops_with_a_named_error(tmp_path, capsys):
                  "8", "--steps", "1", "--inject-faults", "0.05,double=0.01",
                  "--fault-seed", "4", "--json", str(out)]) == 1
     text = capsys.readouterr().out
-    assert "result       STOPPED: uncorrectable ECC error in round 1: tile 0" in text
-    # Every tile's doubles were detected, tile 0's at least one (the one that stopped it).
+    assert "result       STOPPED: uncorrectable ECC error in round 1: tile 1 " in text
+    # Every tile's doubles were detected, tile 1's at least one (one that stopped it).
     doubles = re.findall(r"tile (\d+): \d+ single \(\d+ corrected\), (\d+) double "
                          r"\((\d+) detected\)", text)
     assert len(doubles) == 4 and all(d == seen for _, d, seen in doubles), doubles
-    assert int(doubles[0][1]) > 0
+    assert int(doubles[1][1]) > 0
     written = json.loads(out.read_text())
     assert written["passed"] is False
     assert {"round", "tile", "address", "bits", "cycle"} == set(written["faults"]["log"][0])

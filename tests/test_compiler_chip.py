@@ -4,7 +4,7 @@ model (golden.chip_model) bit-exact with golden; bad mappings refused."""
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from types import SimpleNamespace
 
 import numpy as np
@@ -172,14 +172,14 @@ def _hand_offs(load) -> tuple[list[dict], list[int]]:
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_attention_hands_its_outputs_to_the_moe_round(placement):
-    """gpt-oss (heads of 32 channels, whole words), 2 sequences, sparse MoE: each job
-    ends with a DMA of each of its tokens' outputs (its 8 heads', 32 words), from where
-    the MoE round reads them (``handoff_at``: row s·T + t), to every other tile, and
-    waits for the other three jobs'; the host writes none of those words before the MoE
-    round. The prefill's 8 tokens a sequence (16 rows) go over as the decode steps'
-    token (2 rows). Run round after round on the chip's functional model, every output
-    is golden's (the MoE rounds' too: their input came over the mesh), the host writing
-    only the words a tile does not hold."""
+    """gpt-oss (heads of 32 channels, whole words), 2 sequences, sparse MoE: each job ends
+    with a DMA of each of its tokens' outputs (its 8 heads', 32 words), from where the
+    projection round reads them (``handoff_at``: row s·T + t), to every other tile, and
+    waits for the other three jobs'; the host writes none of those words before the
+    projection and MoE rounds. The prefill's 8 tokens a sequence (16 rows) go over as the
+    decode steps' token (2 rows). Run round after round on the chip's functional model,
+    every output is golden's (the projection rounds' too: their input came over the mesh),
+    the host writing only the words a tile does not hold."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=8, context=40, steps=2,
                           placement=placement)
@@ -187,10 +187,10 @@ def test_attention_hands_its_outputs_to_the_moe_round(placement):
     regions = {phase: range(handoff_at(config, get_workload("gpt-oss"), n),
                             config.tile.kv_start) for phase, n in rows.items()}
     assert len(regions["decode"]) == 2 * 16 * 32 // 8  # two rows of 16 heads x 32 channels
-    assert [r.phase for r in rounds] == ["prefill", "prefill-moe",
-                                         *["decode", "decode-moe"] * 2]
+    assert [r.phase for r in rounds] == ["prefill", "prefill-proj", "prefill-moe",
+                                         *["decode", "decode-proj", "decode-moe"] * 2]
     for r in rounds:
-        phase = r.phase.removesuffix("-moe")
+        phase = r.phase.partition("-")[0]
         region, tokens = regions[phase], rows[phase] // 2
         if r.phase in rows:
             assert len(r.jobs) == 4
@@ -210,12 +210,12 @@ def test_a_steps_hand_off_spans_its_rounds():
     """gpt-oss, 4 sequences of 8 prompt tokens: 8 jobs, two attention rounds a step on
     the 4 tiles, whose 32 token rows make one MoE round. Both prefill rounds hand their
     jobs' outputs over (a DMA a token, a WAIT for the round's three other jobs' 24),
-    the second round's programs kept clear of the rows the first left; the MoE round
-    reads all 32 rows, none written by the host. Run on the chip's functional model,
+    the second round's programs kept clear of the rows the first left; the projection
+    round reads all 32 rows, none written by the host. Run on the chip's functional model,
     every output is golden's."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=4, prefill=8, steps=0)
-    assert [r.phase for r in rounds] == ["prefill", "prefill", "prefill-moe"]
+    assert [r.phase for r in rounds] == ["prefill", "prefill", "prefill-proj", "prefill-moe"]
     region = range(handoff_at(config, get_workload("gpt-oss"), 32), config.tile.kv_start)
     for r in rounds[:2]:
         for load in r.loads.values():
@@ -223,8 +223,9 @@ def test_a_steps_hand_off_spans_its_rounds():
             assert len(sends) == 8 and all(f["src"] in region for f in sends)
             assert waits == [24]
             assert not set(load.spad_writes) & set(region)
-    moe = rounds[2].loads.values()
-    assert not any(set(load.spad_writes) & set(region) or load.attention_words for load in moe)
+    layer = [load for r in rounds[2:] for load in r.loads.values()]
+    assert not any(set(load.spad_writes) & set(region) or load.attention_words
+                   for load in layer)
     run_rounds(config, rounds, resident=True, held=HeldWords(config))
 
 
@@ -235,13 +236,13 @@ def test_a_steps_later_moe_rounds_load_their_attention_outputs():
     theirs into the memory channels (a STORE of its heads' 32 words a token, into the
     channel nearest the tile that loads the row; the two jobs start on different
     channels, 16 tokens each), fence both channels and wait for the fences, and every
-    job waits for sequence 0's rows it did not send. The second MoE
+    job waits for sequence 0's rows it did not send. The second projection
     round's tiles each load a part of 8 rows from their nearest channel and multicast
     it; no host write, into a tile or a channel, holds those words. Run round after
     round on the chip's functional model, every output is golden's."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=32, steps=0)
-    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 2]
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-proj", "prefill-moe"] * 2]
     plan, row = rounds[0].handoff, 64
     assert (plan.first, plan.rows, plan.row, len(plan.stored)) == (32, 64, row, 32)
     assert rounds[0].stored_words == 32 * row
@@ -271,7 +272,7 @@ def test_a_steps_later_moe_rounds_load_their_attention_outputs():
     assert not stored & {(c, a) for r in rounds for c, image in r.memory.items()
                          for a in image}
     region = range(handoff_at(config, get_workload("gpt-oss"), 32), config.tile.kv_start)
-    for t, load in rounds[2].loads.items():
+    for t, load in rounds[3].loads.items():
         assert not set(load.spad_writes) & set(region) and not load.attention_words
         dmas = [f for op, f in load.dispatched if op == Opcode.DMA]
         loads = [(f["channel"], f["mem_addr"], f["dst"], f["length"]) for f in dmas
@@ -285,12 +286,13 @@ def test_a_steps_later_moe_rounds_load_their_attention_outputs():
 def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
     """gpt-oss, 2 sequences, two decode steps, run round after round on the chip's
     functional model with the host writing only what ``HeldWords`` lets through: every
-    word held back is still in its tile and every output is golden's. The prefill's
-    second MoE round writes less than its loads (its constants stay), the second decode
-    step's MoE round under a fifth (its token rows); with resident weights, which no
-    attention round writes over, under a tenth and a hundredth. Every attention round
-    writes all of its words (each step's queries, and constants the MoE rounds wrote
-    over)."""
+    word held back is still in its tile and every output is golden's. A projection
+    round's loads carry the words of the MoE round after it, which carries none. The
+    prefill's second projection round writes less than its loads (its constants stay),
+    the second decode step's under a fifth (its token rows); with resident weights,
+    which no attention round writes over, under a tenth and a hundredth. Every attention
+    round writes all of its words (each step's queries, and constants the MoE rounds
+    wrote over)."""
     config = chip_config("gpt-oss", k=2, n=8)
     rounds = layer_rounds(config, "gpt-oss", 1, batch=2, prefill=32, context=40, steps=2,
                           weights=weights)
@@ -301,11 +303,13 @@ def test_the_host_writes_only_words_the_tiles_do_not_hold(weights):
                         sum(len(load.spad_writes) for load in r.loads.values())))
         host.ran(r)
     phases = [phase for phase, *_ in written]
-    assert phases == ["prefill", *["prefill-moe"] * 2, *["decode", "decode-moe"] * 2], written
+    assert phases == ["prefill", *["prefill-proj", "prefill-moe"] * 2,
+                      *["decode", "decode-proj", "decode-moe"] * 2], written
     assert written[0][1] == written[0][2] and written[1][1] == written[1][2]
-    # The second MoE round of the prefill and of the decode steps: new tokens only.
+    assert all(loads == 0 for phase, _, loads in written if phase.endswith("moe"))
+    # The second projection round of the prefill and of the decode steps: new tokens only.
     share = {"streamed": (1, 1 / 5), "resident": (1 / 10, 1 / 100)}[weights]
-    for i, most in zip((2, 6), share, strict=True):
+    for i, most in zip((3, 9), share, strict=True):
         assert 0 < written[i][1] < written[i][2] * most, written
     assert all(wrote == loads for phase, wrote, loads in written if phase == "decode")
 
@@ -319,8 +323,9 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
     memory channels where rounds are of 1 token), or when a prefill's
     rows of a head are 128 words apart, past a VEC's row stride (16 heads of 64
     channels); its MoE rounds' loads name the words that hold them
-    (``TileLoad.attention_words``, which the report counts apart), those of a step that
-    hands them over none. A dense round asked to read handed-off outputs is refused."""
+    (``TileLoad.attention_words``, which the report counts apart: the projection round's,
+    or the dense MoE round's), those of a step that hands them over none. A dense round
+    asked to read handed-off outputs is refused."""
     gpt = chip_config("gpt-oss", k=2, n=8)
     wide = get_workload("gpt-oss", v_head_dim=64)
     cases = [(chip_config("tiny", k=2), "tiny", {}, False),
@@ -335,8 +340,8 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
                  if _hand_offs(load)[0] or _hand_offs(load)[1]}
         assert hands == ({"decode"} if decodes else set()), (workload, options, hands)
         for r in rounds:
-            if r.phase.endswith("-moe"):
-                handed = r.phase == "decode-moe" and decodes
+            if r.phase.endswith("-proj") or r.phase.endswith("-moe") and options.get("moe"):
+                handed = r.phase.startswith("decode") and decodes
                 words = [set(load.attention_words) for load in r.loads.values()]
                 assert all(w <= set(load.spad_writes)
                            for w, load in zip(words, r.loads.values(), strict=True))
@@ -351,20 +356,22 @@ def test_no_hand_off_where_the_moe_round_cannot_take_it():
 
 def test_programs_stay_resident_where_they_are_placed():
     """A layer of tiny with two decode steps: each phase's programs (prefill, decode and
-    their MoE rounds) sit in a region of their own from pc 1, a tile's first program
+    their projection and MoE rounds) sit in a region of their own from pc 1, a tile's first program
     jumping there from pc 0 and each program's HALT naming where the tile's next one
     starts; the host writes them all once (``first_programs``), and then a round
     changes a few words of what the step before left, the first round of a phase none;
     run from the instruction memory the rounds leave behind, every output is golden's.
     A program memory too small for a region a phase puts the attention programs from
-    pc 1 and the MoE programs after them; too small for both, every program at pc 0."""
+    pc 1, the projection programs after them and the MoE programs after those; too
+    small for the three, every program at pc 0."""
     config = chip_config("tiny", k=2)
     rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=9, steps=2)
     longest: dict[str, int] = {}
     for r in rounds:
         longest[r.phase] = max(longest.get(r.phase, 0),
                                *(len(load.instructions) for load in r.loads.values()))
-    assert list(longest) == ["prefill", "prefill-moe", "decode", "decode-moe"]
+    assert list(longest) == ["prefill", "prefill-proj", "prefill-moe", "decode", "decode-proj",
+                             "decode-moe"]
     bases = dict(zip(longest, accumulate([1, *longest.values()]), strict=False))
     assert {(r.phase, load.base) for r in rounds for load in r.loads.values()} == \
         set(bases.items())
@@ -385,30 +392,32 @@ def test_programs_stay_resident_where_they_are_placed():
             assert not any(new.values()), r.phase
         seen.add(r.phase)
         written.append(sum(map(len, new.values())))
-    last_step = sum(len(load.instructions) for r in rounds[-2:] for load in r.loads.values())
-    assert 0 < sum(written[-2:]) < last_step / 10, (written, last_step)
-    attention = max(longest["prefill"], longest["decode"])
-    moe = max(longest["prefill-moe"], longest["decode-moe"])
-    for depth, expected in ((1 + attention + moe, {(False, 1), (True, 1 + attention)}),
-                            (attention + moe, {(False, 0), (True, 0)})):
+    last_step = sum(len(load.instructions) for r in rounds[-3:] for load in r.loads.values())
+    assert 0 < sum(written[-3:]) < last_step / 10, (written, last_step)
+    attention, proj, moe = (max(longest[f"prefill{kind}"], longest[f"decode{kind}"])
+                            for kind in ("", "-proj", "-moe"))
+    for depth, expected in ((1 + attention + proj + moe,
+                             {("", 1), ("proj", 1 + attention), ("moe", 1 + attention + proj)}),
+                            (attention + proj + moe, {("", 0), ("proj", 0), ("moe", 0)})):
         for r in rounds:
             for load in r.loads.values():
                 load.base = 0
         place_programs(SimpleNamespace(tile=SimpleNamespace(program_depth=depth)), rounds)
-        assert {(r.phase.endswith("moe"), load.base) for r in rounds
+        assert {(r.phase.partition("-")[2], load.base) for r in rounds
                 for load in r.loads.values()} == expected
 
 
 def test_the_memory_image_is_written_once_and_must_agree():
     """The host writes every round's memory image once, before the first round
-    (``first_memory``): a layer's MoE rounds share one image, far placement's KV pages
-    are not in it; two rounds that put different words at one address are refused."""
+    (``first_memory``): a layer's projection and MoE rounds share one image, far
+    placement's KV pages are not in it; two rounds that put different words at one address
+    are refused."""
     config = chip_config("tiny", k=2)
     rounds = layer_rounds(config, "tiny", 1, prefill=5, context=8, steps=2, placement="far")
     image = first_memory(rounds)
-    moe = [r for r in rounds if r.phase.endswith("moe")]
+    moe = [r for r in rounds if r.phase.endswith(("proj", "moe"))]
     assert image and all(r.memory == image for r in moe)
-    assert not any(r.memory for r in rounds if not r.phase.endswith("moe"))
+    assert not any(r.memory for r in rounds if r not in moe)
     assert all(a not in image.get(c, {}) for r in rounds for c, pages in r.kv_image.items()
                for a in pages)
     channel, words = next(iter(image.items()))
@@ -566,8 +575,11 @@ def test_custom_shape_and_page_size_mismatch():
 def test_decoder_layer_rounds_add_the_moe_layer_per_step():
     config = chip_config("tiny", k=2)
     rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=8, steps=1)
-    assert [r.phase for r in rounds] == ["prefill", "prefill-moe", "decode", "decode-moe"]
+    assert [r.phase for r in rounds] == ["prefill", "prefill-proj", "prefill-moe", "decode",
+                                         "decode-proj", "decode-moe"]
     assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("moe")] == [10, 2]
+    # A projection round's job: the MoE round's input on home, golden's.
+    assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("proj")] == [10, 2]
     assert all(r.macs > 0 for r in rounds)
     run_rounds(config, rounds)
 
@@ -579,8 +591,8 @@ def test_moe_rounds_take_moe_tokens_each():
     config = chip_config("tiny", k=2, moe_tokens=4)
     rounds = layer_rounds(config, "tiny", 1, batch=2, prefill=5, context=8, steps=1,
                           moe_tokens=4)
-    assert [r.phase for r in rounds] == ["prefill", *["prefill-moe"] * 3, "decode",
-                                         "decode-moe"]
+    assert [r.phase for r in rounds] == ["prefill", *["prefill-proj", "prefill-moe"] * 3,
+                                         "decode", "decode-proj", "decode-moe"]
     assert [len(r.jobs[0].expected) for r in rounds if r.phase.endswith("moe")] == [4, 4, 2, 2]
     run_rounds(config, rounds)
     assert chip_config("gpt-oss", k=2, moe_tokens=64).tile.num_pages == 176  # 384 at 32
@@ -596,14 +608,17 @@ def test_a_steps_moe_rounds_stream_each_expert_once():
     two MoE rounds, and the second loads only the experts (3,104 words each) the first
     did not (a chain), and its token rows' attention outputs (64 words a row), which the
     attention round stored; so does the shorter second round of three sequences x 16
-    tokens; with resident weights nothing is loaded (the host writes the rows too)."""
+    tokens; with resident weights nothing is loaded (the host writes the rows too). A
+    projection round loads the rows (and, the chain's first, the router and ``W_o``), the
+    MoE round after it the experts."""
     config = chip_config("gpt-oss", k=2)
 
     def moe(batch, prefill, weights=None):
         rounds = layer_rounds(config, "gpt-oss", 1, batch=batch, prefill=prefill,
                               steps=0, weights=weights)
-        return [(r.memory_words, set(np.flatnonzero(r.summaries[0]["expert_load"])))
-                for r in rounds if r.phase.endswith("moe")]
+        return [(before.memory_words + r.memory_words,
+                 set(np.flatnonzero(r.summaries[0]["expert_load"])))
+                for before, r in pairwise(rounds) if r.phase.endswith("moe")]
 
     for batch, prefill in ((2, 32), (3, 16)):
         (first, chosen), (second, more) = moe(batch, prefill)

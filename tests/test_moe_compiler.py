@@ -15,6 +15,7 @@ from compiler.moe import (
     moe_from_workload,
     moe_tile_config,
     run_on_chip_model,
+    run_projection_on_chip_model,
 )
 from compiler.moe_sparse import build_sparse_moe
 from golden.moe import MoEWeights, moe_layer
@@ -131,10 +132,11 @@ def _build_streamed(config, k, *args):
 def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tokens, k, build):
     """With a Projection the chip computes the MoE input clamp(r + rq(o . W_o)) itself
     (golden.decoder) before routing (dense-masked: the home tile; sparse: every expert
-    tile a slice of the channels): the output is bit-exact with golden's layer on that
-    input, including an attention output so large that the residual add saturates.
-    Streamed, every tile first loads its slice of W_o (and home the router) from memory,
-    and the host writes no weight."""
+    tile a slice of the channels, in programs of a round of their own, whose x on home
+    is golden's): the output is bit-exact with golden's layer on that input, including
+    an attention output so large that the residual add saturates. Streamed, every tile
+    first loads its slice of W_o (and home the router) from memory in the projection's
+    round, and the host writes no weight."""
     from compiler.moe import Projection
     from golden.decoder import project_residual
     from golden.gemm import Saturation
@@ -151,21 +153,26 @@ def test_the_home_tile_projects_the_attention_output_into_the_residual(name, tok
                     wl.config.top_k, residual, projection)
     if build is build_moe:
         check_chip_synchronisation(program)
-    got, _ = run_on_chip_model(program)
     saturation = Saturation()
     x = project_residual(o, projection.w_o, residual, projection.scales,
                          saturation=saturation)
     assert saturation.saturated > 0  # the case is exercised
+    chip = None
+    if build is not build_moe:
+        assert all(not p.spad_writes for p in program.tiles)  # all before the projection
+        projected, chip = run_projection_on_chip_model(program)
+        np.testing.assert_array_equal(projected, x)
+    got, _ = run_on_chip_model(program, chip, projected=chip is not None)
     want = moe_layer(x, wl.moe_weights(), wl.moe_scales(), wl.config.top_k)
     np.testing.assert_array_equal(got, want.out)
     if build is _build_streamed:  # W_o's words and the router's, whatever the routing
         n = moe_tile_config().n
-        assert program.summary["memory_words"] > (channels + wl.config.experts) * ceil_div(
-            wl.config.hidden, n)
+        assert program.projection.memory_words == channels * ceil_div(
+            wl.config.hidden, n) + ceil_div(wl.config.experts, n) * wl.config.hidden
         resident = build_sparse_moe(moe_tile_config(), k, wl.moe_weights(), wl.moe_scales(),
                                     wl.config.top_k, residual, projection)
-        assert sum(len(p.spad_writes) for p in resident.tiles) - sum(
-            len(p.spad_writes) for p in program.tiles) == sum(
+        assert sum(len(p.spad_writes) for p in resident.projection.tiles) - sum(
+            len(p.spad_writes) for p in program.projection.tiles) == sum(
             len(image) for image in program.memory.values())
 
     if build is build_moe:
