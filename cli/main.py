@@ -301,7 +301,8 @@ def _memory_line(config, args: argparse.Namespace, metrics: dict) -> str:
         parts = [f"{' and '.join(what)} loaded from them"] if what else []
         if handed:
             parts.append("attention outputs an attention round stored in them for its step's "
-                         f"later MoE rounds to load ({', '.join(handed)}, stored and loaded)")
+                         f"later projection rounds to load ({', '.join(handed)}, stored and "
+                         "loaded)")
         return line + (f"{', and '.join(parts)}, within the count ({', '.join(moved)} in "
                        "all); outside it, the host's transfers (next line, docs/chip.md): "
                        "the memory image once, before the first round, and before each "

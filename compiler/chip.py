@@ -676,7 +676,7 @@ class _Batch:
             load.spad_writes.update(job.program.spad_writes)
             self.placement.place(self.chip, self.tiles, job, slot, evict, k, v, build)
         self.placement.finish(self.chip, build)
-        stored = 0  # words the jobs store for the step's later MoE rounds
+        stored = 0  # words the jobs store for the step's later projection rounds
         if plan is not None:
             self._hand_off(jobs, build.loads, plan, tokens)
             stored = self.job_words * tokens * sum(not plan.meshed(job.sequence, tokens)
@@ -713,7 +713,7 @@ class _Batch:
         """Sequence ``s``'s KV head ``g`` on ``tile``: its program, golden output and
         float64 twin; and its K and V so far. With ``plan``, the outputs go to their
         heads' places in rows s·T .. s·T + T - 1 of the step's hand-off region, and to
-        every other tile or, rows of a later MoE round, to the memory channels."""
+        every other tile or, rows of a later projection round, to the memory channels."""
         chip, full, scales, window = self.chip, self.full, self.scales, self.window
         wl, q, k, v = self.data[s]
         jl = _job_layer(full, g)

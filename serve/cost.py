@@ -11,7 +11,7 @@ it would run, each round by a linear model fitted to rounds the cycle-accurate c
   loaded from the memory channels every step) also by the busiest channel's contexts
   (the pages its tiles load) for cycles and all the jobs' contexts for energy; with
   streamed weights also by the tokens its jobs store in the memory channels, the rows
-  of a step's later MoE rounds (:class:`Job`);
+  of a step's later projection rounds (:class:`Job`);
 - a **MoE round** of ``τ`` tokens by its routing: ``τ``, the routed experts with tokens,
   whether it loads the layer's first weights (``W_o``, the router) and the most experts
   it loads behind one memory channel (expert ``e`` on tile ``e mod tiles``, a tile on
@@ -219,7 +219,7 @@ def attention_features(jobs: list[Job], channels: tuple[int, ...] = (), stores: 
     energy, (1, Σ t, Σ t x context, jobs) over its jobs. ``channels``, each tile's memory
     channel when the jobs load their KV pages from it (job i on tile i): then also the
     most context behind one channel for cycles and Σ context for energy. ``stores``, a
-    chip whose jobs may store their outputs for a later MoE round (streamed weights):
+    chip whose jobs may store their outputs for a later projection round (streamed weights):
     then also the tokens they store, Σ stored for both (the stores are spread over the
     channels)."""
     biggest = max(jobs, key=lambda job: (job.tokens * job.context, job.tokens))

@@ -381,7 +381,7 @@ def chip_figures(result: dict, config: ChipConfig) -> dict:
             out[f"chip__{phase}__moe_network_wait_share"] = round(
                 waited / max(sum(r["cycles"] * tiles for r in moe), 1), 4)
         # Bytes the programs loaded from the memory channels (streamed weights, far KV)
-        # and stored into them (attention outputs for a later MoE round, which loads
+        # and stored into them (attention outputs for a later projection round, which loads
         # each word once).
         memory = sum(map(memory_words, layer)) * n // steps
         out[f"chip__{phase}__memory_handoff_bytes"] = 2 * sum(
