@@ -414,7 +414,7 @@ def _roofline_line(phase: str, metrics: dict) -> str:
 
 def agent(args: argparse.Namespace) -> int:
     """The agent loop with the KV cache kept (hit) and evicted (miss): end-to-end cycles."""
-    from compiler.chip import agent_schedule, layer_rounds
+    from compiler.chip import agent_schedule, layer_rounds, round_kind
     from golden.workloads import get_workload
     from sim.chip_run import chip_config, simulate_layer
 
@@ -456,10 +456,9 @@ def agent(args: argparse.Namespace) -> int:
             return 1
         result = outcome["result"]
         rounds = result["rounds"]
-        attention, projection, moe = (
-            sum(r["cycles"] for r in rounds if kind(r["phase"])) for kind in (
-                lambda phase: not phase.endswith(("proj", "moe")),
-                lambda phase: phase.endswith("proj"), lambda phase: phase.endswith("moe")))
+        attention, projection, moe = (sum(r["cycles"] for r in rounds
+                                          if round_kind(r["phase"]) == kind)
+                                      for kind in ("", "proj", "moe"))
         totals[cache] = attention + projection + moe
         results[cache] = {"rounds": rounds, "cycles": totals[cache],
                           "attention_cycles": attention, "projection_cycles": projection,

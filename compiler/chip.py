@@ -49,7 +49,7 @@ __all__ = ["MAX_MOE_TOKENS", "MOE_MODES", "MOE_TOKENS", "PLACEMENTS", "PREFILL_C
            "ChipRound", "HeldWords", "MoeChain", "Job", "KvCacheFull", "Step", "accuracy",
            "agent_schedule", "attention_rounds", "batch_workloads", "check_moe_tokens",
            "changed", "chunked", "contexts", "first_memory", "first_programs", "layer_rounds",
-           "moe_round", "moe_words", "place_programs"]
+           "moe_round", "moe_words", "place_programs", "round_kind"]
 
 #: The phases of a schedule step (see :data:`Step`).
 PHASES = ("prefill", "extend", "decode")
@@ -1017,16 +1017,10 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
     logits = np.sort(router_logits(x, weights), axis=-1)[:, ::-1]
     tied = cfg.top_k < cfg.experts and bool(
         (logits[:, cfg.top_k - 1] == logits[:, cfg.top_k]).any())
-    arrived = range(0) if handoff is None else range(handoff, chip.tile.kv_start)
-    loads = {t: TileLoad(list(p.instructions),
-                         {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
-                         None if dispatch == "dense" else
-                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
-                         attention_words=program.attention_words.get(t, range(0)))
-             for t, p in enumerate(program.tiles)}
-    if rounds:  # the projection round's loads carry the host's words and hand-off
-        for load in loads.values():
-            load.attention_words = range(0)
+    # With a projection round before it, that round's loads carry the host's words.
+    sparse = dispatch == "sparse"
+    loads = _tile_loads(chip, program.tiles, handoff, model if sparse else None,
+                        issued if sparse else [], {} if rounds else program.attention_words)
     # The job's inputs: the layer's weights and scales with exactly this round's MoE input.
     inputs = Workload(replace(cfg, moe_tokens=x.shape[0]), {**wl.tensors, "moe.x": x},
                       wl.scales)
@@ -1045,6 +1039,22 @@ def moe_round(chip: ChipConfig, wl: Workload, phase: str, contexts_: tuple[int, 
                        if name in s}}])]
 
 
+def _tile_loads(chip: ChipConfig, programs: list, handoff: int | None, model,
+                issued: list[int], attention_words: dict[int, range]) -> dict[int, TileLoad]:
+    """Each tile's load of a round of MoE-layer ``programs``: its instructions, the
+    host's scratchpad words but the attention outputs an attention round left from
+    ``handoff`` up to the KV pages, what the chip's functional ``model`` dispatched from
+    its operation ``issued[t]`` on (None: its instructions say it) and
+    ``attention_words``, the words of attention outputs the host writes."""
+    arrived = range(0) if handoff is None else range(handoff, chip.tile.kv_start)
+    return {t: TileLoad(list(p.instructions),
+                        {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
+                        None if model is None else
+                        [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
+                        attention_words=attention_words.get(t, range(0)))
+            for t, p in enumerate(programs)}
+
+
 def _projection_round(chip: ChipConfig, program, phase: str, contexts_: tuple[int, ...],
                       model, issued: list[int], sent: int, projection, residual: np.ndarray,
                       x: np.ndarray, saturation: Saturation, wl: Workload) -> ChipRound:
@@ -1057,13 +1067,8 @@ def _projection_round(chip: ChipConfig, program, phase: str, contexts_: tuple[in
     from golden.decoder import project_residual_float
 
     before: ProjectionPrograms = program.projection
-    handoff = projection.at
-    arrived = range(0) if handoff is None else range(handoff, chip.tile.kv_start)
-    loads = {t: TileLoad(list(p.instructions),
-                         {a: w for a, w in p.spad_writes.items() if a not in arrived}, [],
-                         [(Opcode[name], f) for name, f in model.tiles[t].issued[issued[t]:]],
-                         attention_words=program.attention_words.get(t, range(0)))
-             for t, p in enumerate(before.tiles)}
+    loads = _tile_loads(chip, before.tiles, projection.at, model, issued,
+                        program.attention_words)
     reference = project_residual_float(projection.o, projection.w_o, residual,
                                        projection.scales)
     output = _MoeOutput(before.output_words, before.read_output, {})
@@ -1182,6 +1187,12 @@ def layer_rounds(chip: ChipConfig, workload: str | WorkloadConfig, layer: int, *
     return out
 
 
+def round_kind(phase: str) -> str:
+    """What a round of ``phase`` runs: ``proj`` (a projection round), ``moe`` or ``""``
+    (attention)."""
+    return phase.rpartition("-")[2] if phase.endswith(("-proj", "-moe")) else ""
+
+
 def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
     """Keep the programs resident in each tile's instruction memory, so that the host
     writes each once and then only the words a round changes (a decode step's programs
@@ -1205,17 +1216,14 @@ def place_programs(chip: ChipConfig, rounds: list[ChipRound]) -> None:
         for phase, size in longest.items():
             bases[phase], at = at, at + size
     else:
-        def kind(phase: str) -> str:
-            return phase.rpartition("-")[2] if phase.endswith(("-proj", "-moe")) else ""
-
-        sizes = {k: max(size for phase, size in longest.items() if kind(phase) == k)
-                 for k in ("", "proj", "moe") if any(kind(p) == k for p in longest)}
+        sizes = {k: max(size for phase, size in longest.items() if round_kind(phase) == k)
+                 for k in ("", "proj", "moe") if any(round_kind(p) == k for p in longest)}
         if "moe" not in sizes or 1 + sum(sizes.values()) > chip.tile.program_depth:
             return
         starts, at = {}, 1
         for k, size in sizes.items():
             starts[k], at = at, at + size
-        bases = {phase: starts[kind(phase)] for phase in longest}
+        bases = {phase: starts[round_kind(phase)] for phase in longest}
     for r in rounds:
         for load in r.loads.values():
             load.base = bases[r.phase]
